@@ -1,0 +1,8 @@
+// Everything a user of qkv needs.
+#pragma once
+
+#include "qkv/attention.h"
+#include "qkv/error.h"
+#include "qkv/io.h"
+#include "qkv/layer.h"
+#include "qkv/tensor.h"

@@ -1,0 +1,76 @@
+// The one struct at the kernel boundary. Validation (validate.h) builds it from user input;
+// kernels trust it completely and never throw.
+//
+// Every tensor is addressed by explicit element strides over the canonical 4-D index
+// [b, h, row, col], so heads, grouped-query sharing, broadcast masks and column blocks of a
+// wider matrix are all strides, never copies.
+#pragma once
+
+#include <cstdint>
+
+#include "qkv/tensor.h"
+
+namespace qkv::core {
+
+struct AttentionShape {
+  std::int64_t b = 1;
+  std::int64_t h = 1;    // query heads
+  std::int64_t hkv = 1;  // key/value heads; h % hkv == 0
+  std::int64_t nq = 0;
+  std::int64_t nk = 0;
+  std::int64_t d = 0;    // q and k head dimension
+  std::int64_t dv = 0;   // v head dimension
+
+  // Query heads per kv head: query head h reads kv head h / group().
+  std::int64_t group() const noexcept { return h / hkv; }
+  // Query row i lines up with key row i + diagonal_offset() (bottom-right alignment).
+  std::int64_t diagonal_offset() const noexcept { return nk - nq; }
+};
+
+struct Strides4 {
+  std::int64_t b = 0, h = 0, row = 0, col = 0;
+
+  std::int64_t at(std::int64_t ib, std::int64_t ih, std::int64_t irow,
+                  std::int64_t icol) const noexcept {
+    return ib * b + ih * h + irow * row + icol * col;
+  }
+};
+
+struct InputOperand {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;  // kF32 or kF64
+  Strides4 strides;           // h indexes this operand's own heads (hkv for K and V)
+};
+
+// data == nullptr: this output is not wanted.
+struct OutputOperand {
+  void* data = nullptr;
+  DType dtype = DType::kF32;  // kF32 or kF64
+  Strides4 strides;           // lse uses b, h and row only
+};
+
+struct Masking {
+  bool causal = false;
+  std::int64_t window_left = -1;   // -1: unbounded
+  std::int64_t window_right = -1;  // -1: unbounded
+  const void* mask = nullptr;      // nullptr: no explicit mask
+  DType mask_dtype = DType::kBool; // kBool (true = allowed) or kF32/kF64 (additive)
+  Strides4 mask_strides;           // broadcast dims have stride 0; h indexes query heads
+
+  bool has_structure() const noexcept {
+    return causal || window_left >= 0 || window_right >= 0;
+  }
+};
+
+struct AttentionParams {
+  AttentionShape shape;
+  InputOperand q, k, v;
+  double scale = 1.0;
+  Masking masking;
+  OutputOperand out;      // [b, h, nq, dv]
+  OutputOperand weights;  // [b, h, nq, nk]
+  OutputOperand lse;      // [b, h, nq]
+  int threads = 1;        // exactly this many threads, >= 1
+};
+
+}  // namespace qkv::core

@@ -1,0 +1,213 @@
+#include "core/validate.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/broadcast.h"
+#include "core/parallel_for.h"
+#include "qkv/error.h"
+
+namespace qkv::core {
+namespace {
+
+std::string str(std::int64_t n) { return std::to_string(n); }
+
+// Calls visit(value, flat_index) for each element of a float view, in C order.
+template <typename Visit>
+void for_each_real(const TensorView& view, Visit visit) {
+  const std::size_t rank = view.shape.size();
+  const std::int64_t count = view.numel();
+  std::vector<std::int64_t> index(rank, 0);
+  std::int64_t offset = 0;
+  for (std::int64_t flat = 0; flat < count; ++flat) {
+    const double value = view.dtype == DType::kF64
+                             ? static_cast<const double*>(view.data)[offset]
+                             : static_cast<double>(static_cast<const float*>(view.data)[offset]);
+    visit(value, flat);
+    for (std::size_t axis = rank; axis-- > 0;) {
+      offset += view.strides[axis];
+      if (++index[axis] < view.shape[axis]) break;
+      offset -= view.strides[axis] * view.shape[axis];
+      index[axis] = 0;
+    }
+  }
+}
+
+void require_view_consistent(const TensorView& view) {
+  if (view.strides.size() != view.shape.size()) {
+    throw Error(view.name, "has " + str(view.rank()) + " dims but " +
+                               str(static_cast<std::int64_t>(view.strides.size())) + " strides");
+  }
+  if (view.data == nullptr && view.numel() > 0) throw Error(view.name, "has no data");
+}
+
+void require_real(const TensorView& view) {
+  if (view.dtype != DType::kF32 && view.dtype != DType::kF64) {
+    throw Error(view.name, std::string("dtype ") + dtype_name(view.dtype) +
+                               " is not supported (expected float32 or float64)");
+  }
+}
+
+void require_positive(const TensorView& view, std::int64_t extent, const char* what) {
+  if (extent < 1) throw Error(view.name, std::string("has no ") + what + " (size 0)");
+}
+
+// A mask is bool or float; a float mask may hold -inf (forbidden) but not NaN or +inf.
+void validate_mask(const TensorView& mask) {
+  require_view_consistent(mask);
+  if (mask.dtype == DType::kBool) return;
+  require_real(mask);
+  for_each_real(mask, [&](double value, std::int64_t flat) {
+    if (std::isnan(value) || value == std::numeric_limits<double>::infinity()) {
+      throw Error(mask.name, std::string("float mask holds ") + (std::isnan(value) ? "NaN" : "+inf") +
+                                 " at flat index " + str(flat) +
+                                 " (only finite values and -inf are allowed)");
+    }
+  });
+}
+
+}  // namespace
+
+Strides4 canonical_strides(const Shape& strides) {
+  const std::size_t rank = strides.size();
+  Strides4 s;
+  s.col = strides[rank - 1];
+  s.row = strides[rank - 2];
+  if (rank >= 3) s.h = strides[rank - 3];
+  if (rank >= 4) s.b = strides[rank - 4];
+  return s;
+}
+
+void require_finite(const TensorView& view) {
+  for_each_real(view, [&](double value, std::int64_t flat) {
+    if (!std::isfinite(value)) {
+      throw Error(view.name, std::string("holds ") + (std::isnan(value) ? "NaN" : "an infinity") +
+                                 " at flat index " + str(flat) + " (inputs must be finite)");
+    }
+  });
+}
+
+AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionOptions& options) {
+  for (const TensorView* t : {&q, &k, &v}) {
+    require_view_consistent(*t);
+    require_real(*t);
+  }
+  if (q.rank() < 2 || q.rank() > 4) {
+    throw Error(q.name, "expected 2, 3 or 4 dims ([Nq,D], [H,Nq,D] or [B,H,Nq,D]), got " +
+                            str(q.rank()) + " " + shape_string(q.shape));
+  }
+  for (const TensorView* t : {&k, &v}) {
+    if (t->rank() != q.rank()) {
+      throw Error(t->name, "expected " + str(q.rank()) + " dims like " + q.name + ", got " +
+                               str(t->rank()) + " " + shape_string(t->shape));
+    }
+  }
+  const int rank = q.rank();
+  AttentionShape shape;
+  shape.b = rank == 4 ? q.dim(0) : 1;
+  shape.h = rank >= 3 ? q.dim(-3) : 1;
+  shape.hkv = rank >= 3 ? k.dim(-3) : 1;
+  shape.nq = q.dim(-2);
+  shape.nk = k.dim(-2);
+  shape.d = q.dim(-1);
+  shape.dv = v.dim(-1);
+
+  if (rank == 4) {
+    for (const TensorView* t : {&k, &v}) {
+      if (t->dim(0) != shape.b) {
+        throw Error(t->name, "batch size " + str(t->dim(0)) + " differs from " + q.name + "'s " +
+                                 str(shape.b));
+      }
+    }
+  }
+  if (rank >= 3) {
+    require_positive(q, shape.h, "heads");
+    require_positive(k, shape.hkv, "heads");
+    if (v.dim(-3) != shape.hkv) {
+      throw Error(v.name, "has " + str(v.dim(-3)) + " heads but " + k.name + " has " +
+                              str(shape.hkv));
+    }
+    if (shape.h % shape.hkv != 0) {
+      throw Error(k.name, str(shape.hkv) + " kv heads do not divide " + q.name + "'s " +
+                              str(shape.h) + " query heads (H % Hkv must be 0)");
+    }
+  }
+  require_positive(q, shape.d, "head dimension");
+  if (k.dim(-1) != shape.d) {
+    throw Error(k.name, "head dimension " + str(k.dim(-1)) + " differs from " + q.name + "'s " +
+                            str(shape.d));
+  }
+  if (v.dim(-2) != shape.nk) {
+    throw Error(v.name, "has " + str(v.dim(-2)) + " rows but " + k.name + " has " +
+                            str(shape.nk) + " (one value per key)");
+  }
+  for (const TensorView* t : {&q, &k, &v}) require_finite(*t);
+
+  AttentionCall call;
+  AttentionParams& p = call.params;
+  p.shape = shape;
+  p.q = {q.data, q.dtype, canonical_strides(q.strides)};
+  p.k = {k.data, k.dtype, canonical_strides(k.strides)};
+  p.v = {v.data, v.dtype, canonical_strides(v.strides)};
+
+  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(shape.d)));
+  if (!std::isfinite(scale)) throw Error("scale", "must be a finite number");
+  p.scale = scale;
+
+  p.masking.causal = options.causal;
+  if (options.window) {
+    if (options.window->left < -1 || options.window->right < -1) {
+      throw Error("window", "L and R must be >= 0, or -1 for unbounded");
+    }
+    p.masking.window_left = options.window->left;
+    p.masking.window_right = options.window->right;
+  }
+  if (options.threads < 0) throw Error("threads", "must be >= 0 (0: one per hardware thread)");
+  p.threads = resolve_thread_count(options.threads);
+
+  const Shape leading(q.shape.begin(), q.shape.end() - 2);
+  call.out_shape = leading;
+  call.out_shape.insert(call.out_shape.end(), {shape.nq, shape.dv});
+  call.weights_shape = leading;
+  call.weights_shape.insert(call.weights_shape.end(), {shape.nq, shape.nk});
+  call.lse_shape = leading;
+  call.lse_shape.push_back(shape.nq);
+
+  if (options.mask) {
+    const TensorView& mask = *options.mask;
+    validate_mask(mask);
+    const Shape strides =
+        broadcast_strides(mask, call.weights_shape,
+                          "the score shape " + shape_string(call.weights_shape) + " of " + q.name +
+                              " and " + k.name);
+    p.masking.mask = mask.data;
+    p.masking.mask_dtype = mask.dtype;
+    p.masking.mask_strides = canonical_strides(strides);
+  }
+  return call;
+}
+
+void bind_output(OutputOperand& slot, const MutableTensorView& view, const Shape& expected,
+                 bool has_columns) {
+  if (view.dtype != DType::kF32 && view.dtype != DType::kF64) {
+    throw Error(view.name, "output dtype must be float32 or float64");
+  }
+  if (view.shape != expected) {
+    throw Error(view.name, "output shape " + shape_string(view.shape) + " should be " +
+                               shape_string(expected));
+  }
+  if (view.strides.size() != view.shape.size()) {
+    throw Error(view.name, "strides do not match the shape");
+  }
+  slot.data = view.data;
+  slot.dtype = view.dtype;
+  // The lse has no column dim: a zero column stride lets the canonical mapping apply.
+  Shape strides = view.strides;
+  if (!has_columns) strides.push_back(0);
+  slot.strides = canonical_strides(strides);
+}
+
+}  // namespace qkv::core

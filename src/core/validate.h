@@ -1,0 +1,36 @@
+// The only place that checks user input. Everything past it (kernels) trusts the params.
+#pragma once
+
+#include <string>
+
+#include "core/params.h"
+#include "qkv/attention.h"
+#include "qkv/tensor.h"
+
+namespace qkv::core {
+
+// A checked attention call: the kernel params (outputs not yet bound) and the output shapes in
+// Q's rank ([.., Nq, Dv], [.., Nq, Nk], [.., Nq]).
+struct AttentionCall {
+  AttentionParams params;
+  Shape out_shape;
+  Shape weights_shape;
+  Shape lse_shape;
+};
+
+// Throws qkv::Error naming the offending tensor or option.
+AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionOptions& options);
+
+// Points `slot` at `view` after checking its dtype and that its shape is `expected`.
+// has_columns is false for the lse, whose last dim is the query row.
+void bind_output(OutputOperand& slot, const MutableTensorView& view, const Shape& expected,
+                 bool has_columns = true);
+
+// The canonical [b, h, row, col] strides of a rank-2..4 tensor's trailing dims.
+Strides4 canonical_strides(const Shape& strides);
+
+// Throws qkv::Error naming `view` if any element is NaN or infinite.
+void require_finite(const TensorView& view);
+
+}  // namespace qkv::core

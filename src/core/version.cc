@@ -1,0 +1,7 @@
+#include "qkv/error.h"
+
+namespace qkv {
+
+const char* version() noexcept { return QKV_VERSION_STRING; }
+
+}  // namespace qkv

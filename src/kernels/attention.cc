@@ -1,0 +1,79 @@
+// The public attention entry points: validate once, choose a kernel once, run it.
+#include <string>
+#include <vector>
+
+#include "core/validate.h"
+#include "kernels/kernel.h"
+#include "qkv/attention.h"
+#include "qkv/error.h"
+
+namespace qkv {
+namespace {
+
+const kernels::AttentionKernel& choose_kernel(const core::AttentionParams& params,
+                                              const std::string& requested) {
+  const auto list = kernels::attention_kernels();
+  if (!requested.empty()) {
+    for (const auto& kernel : list) {
+      if (kernel.name != requested) continue;
+      const std::string reason = kernel.declines(params);
+      if (!reason.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
+      return kernel;
+    }
+    std::string names;
+    for (const auto& kernel : list) names += (names.empty() ? "" : ", ") + std::string(kernel.name);
+    throw Error("kernel " + requested, "no such kernel (available: " + names + ")");
+  }
+  for (const auto& kernel : list) {
+    if (kernel.declines(params).empty()) return kernel;
+  }
+  return list.back();  // the reference supports every call
+}
+
+std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& options,
+                         const AttentionOutputs& outputs) {
+  core::AttentionParams& params = call.params;
+  core::bind_output(params.out, outputs.out, call.out_shape);
+  if (outputs.weights) core::bind_output(params.weights, *outputs.weights, call.weights_shape);
+  if (outputs.lse) core::bind_output(params.lse, *outputs.lse, call.lse_shape, false);
+  const kernels::AttentionKernel& kernel = choose_kernel(params, options.kernel);
+  kernel.run(params);
+  return std::string(kernel.name);
+}
+
+}  // namespace
+
+AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const AttentionOptions& options) {
+  core::AttentionCall call = core::validate_attention(q, k, v, options);
+  if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64) {
+    throw Error("out_dtype", "must be float32 or float64");
+  }
+  AttentionResult result;
+  result.out = Tensor(options.out_dtype, call.out_shape, "output");
+  AttentionOutputs outputs{result.out.mutable_view(), std::nullopt, std::nullopt};
+  if (options.return_weights) {
+    result.weights = Tensor(options.out_dtype, call.weights_shape, "weights");
+    outputs.weights = result.weights.mutable_view();
+  }
+  if (options.return_lse) {
+    result.lse = Tensor(options.out_dtype, call.lse_shape, "lse");
+    outputs.lse = result.lse.mutable_view();
+  }
+  result.kernel = bind_and_run(call, options, outputs);
+  return result;
+}
+
+std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const AttentionOptions& options, const AttentionOutputs& outputs) {
+  core::AttentionCall call = core::validate_attention(q, k, v, options);
+  return bind_and_run(call, options, outputs);
+}
+
+std::vector<std::string> attention_kernel_names() {
+  std::vector<std::string> names;
+  for (const auto& kernel : kernels::attention_kernels()) names.emplace_back(kernel.name);
+  return names;
+}
+
+}  // namespace qkv

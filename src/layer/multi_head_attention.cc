@@ -1,0 +1,236 @@
+// The multi-head layer: projections through CBLAS, then one attention call over strided views.
+//
+// With Q = X·W^Q stored as [B·N, H·dk], head h is the column block [h·dk, (h+1)·dk), so the
+// view [B, H, N, dk] has strides (N·H·dk, dk, H·dk, 1): heads are strides, never copies. The
+// attention output is written the same way into the concatenation [B·N, H·dv], which is then
+// exactly the left operand of the output projection.
+#include <optional>
+#include <string>
+
+#include "core/parallel_for.h"
+#include "core/validate.h"
+#include "layer/projection.h"
+#include "qkv/error.h"
+#include "qkv/layer.h"
+
+namespace qkv {
+namespace {
+
+std::string str(std::int64_t n) { return std::to_string(n); }
+
+void require_rank(const TensorView& t, int rank, const char* what) {
+  if (t.rank() != rank) {
+    throw Error(t.name, std::string("expected ") + what + ", got " + str(t.rank()) + " dims " +
+                            shape_string(t.shape));
+  }
+}
+
+void require_real_finite(const TensorView& t) {
+  if (t.dtype != DType::kF32 && t.dtype != DType::kF64) {
+    throw Error(t.name, std::string("dtype ") + dtype_name(t.dtype) +
+                            " is not supported (expected float32 or float64)");
+  }
+  core::require_finite(t);
+}
+
+// Checks that W is [rows, cols] with `rows` given and returns cols.
+std::int64_t check_matrix(const TensorView& w, std::int64_t rows, const std::string& rows_source) {
+  require_rank(w, 2, "a 2-D weight matrix [in, out] (the X·W convention)");
+  if (w.dim(0) != rows) {
+    throw Error(w.name, "has " + str(w.dim(0)) + " rows but " + rows_source + " has width " +
+                            str(rows) + " (weights are [in, out]: an nn.Linear weight transposed)");
+  }
+  return w.dim(1);
+}
+
+void check_bias(const std::optional<TensorView>& bias, std::int64_t width, const TensorView& w) {
+  if (!bias) return;
+  require_rank(*bias, 1, "a 1-D bias");
+  if (bias->dim(0) != width) {
+    throw Error(bias->name, "has " + str(bias->dim(0)) + " entries but " + w.name + " has " +
+                                str(width) + " columns");
+  }
+}
+
+// A [B, heads, N, width] view (or [heads, N, width] for 2-D input) of column blocks of a
+// [B·N, heads·width] matrix.
+template <typename View, typename Data>
+View head_view(Data data, DType dtype, bool batched, std::int64_t b, std::int64_t n,
+               std::int64_t heads, std::int64_t width, std::string name) {
+  const std::int64_t row = heads * width;
+  View view;
+  view.data = data;
+  view.dtype = dtype;
+  view.name = std::move(name);
+  if (batched) {
+    view.shape = {b, heads, n, width};
+    view.strides = {n * row, width, row, 1};
+  } else {
+    view.shape = {heads, n, width};
+    view.strides = {width, row, 1};
+  }
+  return view;
+}
+
+// A contiguous copy of `t` in `dtype` with all leading dims folded into rows.
+Tensor as_matrix(const TensorView& t, DType dtype) {
+  Tensor m = contiguous_copy(t, dtype);
+  std::int64_t rows = 1;
+  for (int axis = 0; axis + 1 < t.rank(); ++axis) rows *= t.dim(axis);
+  m.reshape({rows, t.dim(-1)});
+  return m;
+}
+
+Tensor as_bias(const std::optional<TensorView>& bias, DType dtype) {
+  return bias ? contiguous_copy(*bias, dtype) : Tensor();
+}
+
+}  // namespace
+
+Tensor linear(const TensorView& x, const TensorView& w, const std::optional<TensorView>& bias,
+              int threads) {
+  if (x.rank() < 1) throw Error(x.name, "expected at least 1 dim, got a scalar");
+  const std::int64_t width = check_matrix(w, x.dim(-1), x.name);
+  check_bias(bias, width, w);
+  bool all_f32 = true;
+  for (const TensorView* t : {&x, &w}) {
+    require_real_finite(*t);
+    all_f32 = all_f32 && t->dtype == DType::kF32;
+  }
+  if (bias) {
+    require_real_finite(*bias);
+    all_f32 = all_f32 && bias->dtype == DType::kF32;
+  }
+  const DType compute = all_f32 ? DType::kF32 : DType::kF64;
+  Tensor out = layer::project(as_matrix(x, compute), as_matrix(w, compute), as_bias(bias, compute),
+                              core::resolve_thread_count(threads), x.name + "·" + w.name);
+  Shape shape = x.shape;
+  shape.back() = width;
+  out.reshape(shape);
+  return out;
+}
+
+LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
+                                 const LayerOptions& options,
+                                 const std::optional<TensorView>& memory) {
+  // Validation: every shape against the contract, every value finite.
+  if (x.rank() != 2 && x.rank() != 3) {
+    throw Error(x.name, "expected [N, d] or [B, N, d] (one sample per row), got " +
+                            str(x.rank()) + " dims " + shape_string(x.shape));
+  }
+  const bool batched = x.rank() == 3;
+  const TensorView& source = memory ? *memory : x;
+  if (memory) {
+    if (memory->rank() != x.rank()) {
+      throw Error(memory->name, "expected " + str(x.rank()) + " dims like " + x.name + ", got " +
+                                    str(memory->rank()) + " " + shape_string(memory->shape));
+    }
+    if (batched && memory->dim(0) != x.dim(0)) {
+      throw Error(memory->name, "batch size " + str(memory->dim(0)) + " differs from " + x.name +
+                                    "'s " + str(x.dim(0)));
+    }
+  }
+  const std::int64_t batch = batched ? x.dim(0) : 1;
+  const std::int64_t nq = x.dim(-2);
+  const std::int64_t nk = source.dim(-2);
+  const std::int64_t d = x.dim(-1);
+  const std::int64_t d_m = source.dim(-1);
+
+  if (d < 1) throw Error(x.name, "samples have width 0");
+  if (d_m < 1) throw Error(source.name, "samples have width 0");
+
+  const std::int64_t heads = options.heads;
+  const std::int64_t kv_heads = options.kv_heads == 0 ? heads : options.kv_heads;
+  if (heads < 1) throw Error("heads", "must be at least 1");
+  if (kv_heads < 1) throw Error("kv-heads", "must be at least 1");
+  if (heads % kv_heads != 0) {
+    throw Error("kv-heads", str(kv_heads) + " kv heads do not divide " + str(heads) +
+                                " query heads (H % Hkv must be 0)");
+  }
+
+  const std::int64_t q_width = check_matrix(weights.wq, d, x.name);
+  if (q_width % heads != 0 || q_width == 0) {
+    throw Error(weights.wq.name, str(q_width) + " columns do not split into " + str(heads) +
+                                     " heads of equal width");
+  }
+  const std::int64_t dk = q_width / heads;
+  const std::int64_t k_width = check_matrix(weights.wk, d_m, source.name);
+  if (k_width != kv_heads * dk) {
+    throw Error(weights.wk.name, "has " + str(k_width) + " columns, expected " + str(kv_heads) +
+                                     " kv heads x dk " + str(dk) + " = " + str(kv_heads * dk) +
+                                     " (dk from " + weights.wq.name + ")");
+  }
+  const std::int64_t v_width = check_matrix(weights.wv, d_m, source.name);
+  if (v_width % kv_heads != 0) {
+    throw Error(weights.wv.name, str(v_width) + " columns do not split into " + str(kv_heads) +
+                                     " kv heads of equal width");
+  }
+  const std::int64_t dv = v_width / kv_heads;
+  std::int64_t d_out = heads * dv;
+  if (weights.wo) d_out = check_matrix(*weights.wo, heads * dv, "the concatenated heads");
+  if (weights.bo && !weights.wo) {
+    throw Error(weights.bo->name, "an output bias needs an output projection (--wo)");
+  }
+  check_bias(weights.bq, q_width, weights.wq);
+  check_bias(weights.bk, k_width, weights.wk);
+  check_bias(weights.bv, v_width, weights.wv);
+  if (weights.wo) check_bias(weights.bo, d_out, *weights.wo);
+
+  std::vector<const TensorView*> inputs = {&x, &weights.wq, &weights.wk, &weights.wv};
+  if (memory) inputs.push_back(&*memory);
+  for (const auto* optional : {&weights.wo, &weights.bq, &weights.bk, &weights.bv, &weights.bo}) {
+    if (*optional) inputs.push_back(&**optional);
+  }
+  bool all_f32 = options.attention.out_dtype == DType::kF32;
+  for (const TensorView* t : inputs) {
+    require_real_finite(*t);
+    all_f32 = all_f32 && t->dtype == DType::kF32;
+  }
+  const DType compute = all_f32 ? DType::kF32 : DType::kF64;
+  const int threads = core::resolve_thread_count(options.attention.threads);
+
+  // Projections: [B·N, d] · [d, width] for Q, and from the memory (or X) for K and V.
+  const Tensor x_rows = as_matrix(x, compute);
+  const Tensor m_rows = memory ? as_matrix(*memory, compute) : Tensor();
+  const Tensor& kv_rows = memory ? m_rows : x_rows;
+  const std::string q_name = "Q = " + x.name + "·" + weights.wq.name;
+  const std::string k_name = "K = " + source.name + "·" + weights.wk.name;
+  const std::string v_name = "V = " + source.name + "·" + weights.wv.name;
+  const auto project = [&](const Tensor& rows, const TensorView& w,
+                           const std::optional<TensorView>& bias, const std::string& name) {
+    return layer::project(rows, as_matrix(w, compute), as_bias(bias, compute), threads, name);
+  };
+  const Tensor q = project(x_rows, weights.wq, weights.bq, q_name);
+  const Tensor k = project(kv_rows, weights.wk, weights.bk, k_name);
+  const Tensor v = project(kv_rows, weights.wv, weights.bv, v_name);
+
+  // Attention over the heads, written straight into the concatenation.
+  LayerResult result;
+  Tensor concat(compute, {batch * nq, heads * dv}, "concatenated heads");
+  AttentionOutputs outputs;
+  outputs.out = head_view<MutableTensorView>(concat.data(), compute, batched, batch, nq, heads,
+                                             dv, concat.name());
+  Shape score_shape = {heads, nq, nk};
+  if (batched) score_shape.insert(score_shape.begin(), batch);
+  const DType out_dtype = options.attention.out_dtype;
+  if (options.attention.return_weights) {
+    result.weights = Tensor(out_dtype, score_shape, "weights");
+    outputs.weights = result.weights.mutable_view();
+  }
+  if (options.attention.return_lse) {
+    result.lse = Tensor(out_dtype, Shape(score_shape.begin(), score_shape.end() - 1), "lse");
+    outputs.lse = result.lse.mutable_view();
+  }
+  result.kernel = attention_into(
+      head_view<TensorView>(q.data(), compute, batched, batch, nq, heads, dk, q_name),
+      head_view<TensorView>(k.data(), compute, batched, batch, nk, kv_heads, dk, k_name),
+      head_view<TensorView>(v.data(), compute, batched, batch, nk, kv_heads, dv, v_name),
+      options.attention, outputs);
+
+  Tensor out = weights.wo ? project(concat, *weights.wo, weights.bo, "output") : std::move(concat);
+  out.reshape(batched ? Shape{batch, nq, d_out} : Shape{nq, d_out});
+  result.out = out.dtype() == out_dtype ? std::move(out) : out.to(out_dtype);
+  return result;
+}
+
+}  // namespace qkv

@@ -1,0 +1,59 @@
+#include "layer/projection.h"
+
+#include <cblas.h>
+
+#include <cstring>
+#include <limits>
+
+#include "qkv/error.h"
+
+// OpenBLAS's thread control, when the CBLAS in use is OpenBLAS; any other CBLAS leaves the
+// symbol null and runs as it is configured.
+extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
+
+namespace qkv::layer {
+namespace {
+
+blasint blas_int(std::int64_t n, const std::string& name) {
+  if (n > std::numeric_limits<blasint>::max()) {
+    throw Error(name, "dimension " + std::to_string(n) + " is too large for this BLAS");
+  }
+  return static_cast<blasint>(n);
+}
+
+}  // namespace
+
+Tensor project(const Tensor& in, const Tensor& w, const Tensor& bias, int threads,
+               const std::string& name) {
+  const std::int64_t rows = in.shape()[0];
+  const std::int64_t n_in = in.shape()[1];
+  const std::int64_t n_out = w.shape()[1];
+  Tensor out(in.dtype(), {rows, n_out}, name);
+  if (rows == 0 || n_out == 0) return out;
+
+  // The bias goes into every row first; GEMM then accumulates with beta = 1.
+  const bool has_bias = !bias.empty();
+  if (has_bias) {
+    const std::size_t row_bytes = bias.nbytes();
+    auto* dst = static_cast<std::byte*>(out.data());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::memcpy(dst + static_cast<std::size_t>(r) * row_bytes, bias.data(), row_bytes);
+    }
+  }
+  if (n_in == 0) return out;
+  if (openblas_set_num_threads != nullptr) openblas_set_num_threads(threads);
+
+  const blasint m = blas_int(rows, name);
+  const blasint k = blas_int(n_in, name);
+  const blasint n = blas_int(n_out, name);
+  if (in.dtype() == DType::kF64) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, in.data_as<double>(), k,
+                w.data_as<double>(), n, has_bias ? 1.0 : 0.0, out.data_as<double>(), n);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, in.data_as<float>(), k,
+                w.data_as<float>(), n, has_bias ? 1.0f : 0.0f, out.data_as<float>(), n);
+  }
+  return out;
+}
+
+}  // namespace qkv::layer

@@ -1,0 +1,71 @@
+#include "support/test_support.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+namespace qkv::testing {
+
+Tensor random_tensor(DType dtype, const Shape& shape, std::uint64_t seed, double lo, double hi) {
+  Tensor t(dtype, shape, "random");
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const double x = dist(rng);
+    switch (dtype) {
+      case DType::kF32: t.data_as<float>()[i] = static_cast<float>(x); break;
+      case DType::kF64: t.data_as<double>()[i] = x; break;
+      case DType::kBool: t.data_as<bool>()[i] = x > (lo + hi) / 2; break;
+    }
+  }
+  return t;
+}
+
+double element(const TensorView& view, std::int64_t flat_index) {
+  std::int64_t offset = 0;
+  for (int axis = view.rank() - 1; axis >= 0; --axis) {
+    const auto a = static_cast<std::size_t>(axis);
+    offset += (flat_index % view.shape[a]) * view.strides[a];
+    flat_index /= view.shape[a];
+  }
+  switch (view.dtype) {
+    case DType::kF32: return static_cast<const float*>(view.data)[offset];
+    case DType::kF64: return static_cast<const double*>(view.data)[offset];
+    case DType::kBool: return static_cast<const bool*>(view.data)[offset] ? 1.0 : 0.0;
+  }
+  return 0.0;
+}
+
+double max_abs_diff(const TensorView& a, const TensorView& b) {
+  if (a.shape != b.shape) return std::numeric_limits<double>::infinity();
+  double worst = 0.0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    const double x = element(a, i);
+    const double y = element(b, i);
+    if (std::isnan(x) != std::isnan(y)) return std::numeric_limits<double>::infinity();
+    if (x == y) continue;  // also equal infinities
+    worst = std::max(worst, std::fabs(x - y));
+  }
+  return worst;
+}
+
+double max_abs(const TensorView& a) {
+  double m = 0.0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(element(a, i)));
+  return m;
+}
+
+ScratchDir::ScratchDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "qkv_test_XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+}  // namespace qkv::testing

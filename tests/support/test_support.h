@@ -1,0 +1,38 @@
+// Helpers shared by the test suites: deterministic random tensors, comparisons, scratch folders.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "qkv/tensor.h"
+
+namespace qkv::testing {
+
+// Uniform in [lo, hi), reproducible from the seed.
+Tensor random_tensor(DType dtype, const Shape& shape, std::uint64_t seed, double lo = -1.0,
+                     double hi = 1.0);
+
+// Element-wise max |a - b| over two views of the same shape (any dtype, any strides);
+// +inf if the shapes differ or exactly one of a pair is NaN.
+double max_abs_diff(const TensorView& a, const TensorView& b);
+double max_abs(const TensorView& a);
+
+// Element i (flat, C order) of any view as a double.
+double element(const TensorView& view, std::int64_t flat_index);
+
+// A fresh folder under the system's temp dir, removed with everything in it on destruction.
+class ScratchDir {
+ public:
+  ScratchDir();
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::filesystem::path& path() const noexcept { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace qkv::testing
