@@ -1,0 +1,158 @@
+// The public attention API: validation names its subject; views, dtypes and outputs behave.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "qkv/attention.h"
+#include "qkv/error.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+Tensor named(Tensor t, const char* name) {
+  Tensor copy(t.dtype(), t.shape(), name);
+  std::memcpy(copy.data(), t.data(), t.nbytes());
+  return copy;
+}
+
+Tensor rnd(Shape shape, std::uint64_t seed, const char* name, DType dtype = DType::kF32) {
+  return named(testing::random_tensor(dtype, shape, seed), name);
+}
+
+// Runs attention expecting a qkv::Error whose subject is `subject` and whose problem contains
+// `fragment`.
+void expect_error(const TensorView& q, const TensorView& k, const TensorView& v,
+                  const AttentionOptions& o, const std::string& subject,
+                  const std::string& fragment) {
+  try {
+    attention(q, k, v, o);
+    ADD_FAILURE() << "expected an error about " << subject;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), subject) << e.what();
+    EXPECT_NE(e.problem().find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(AttentionApi, ShapeMismatchesNameTheOffendingTensor) {
+  const Tensor q = rnd({2, 4, 5, 8}, 1, "q.npy");
+  const Tensor k = rnd({2, 4, 6, 8}, 2, "k.npy");
+  const Tensor v = rnd({2, 4, 6, 3}, 3, "v.npy");
+  const AttentionOptions o;
+  expect_error(q.view(), rnd({4, 6, 8}, 4, "k3.npy").view(), v.view(), o, "k3.npy",
+               "expected 4 dims like q.npy, got 3");
+  expect_error(q.view(), rnd({2, 4, 6, 16}, 5, "k16.npy").view(), v.view(), o, "k16.npy",
+               "head dimension 16 differs from q.npy's 8");
+  expect_error(q.view(), k.view(), rnd({2, 4, 7, 3}, 6, "v7.npy").view(), o, "v7.npy",
+               "has 7 rows but k.npy has 6");
+  expect_error(q.view(), rnd({3, 4, 6, 8}, 7, "kb.npy").view(), v.view(), o, "kb.npy",
+               "batch size 3 differs");
+  expect_error(rnd({6, 5, 8}, 8, "q6.npy").view(), rnd({4, 6, 8}, 9, "k4.npy").view(),
+               rnd({4, 6, 3}, 10, "v4.npy").view(), o, "k4.npy", "do not divide");
+  expect_error(q.view(), k.view(), rnd({2, 2, 6, 3}, 11, "v2.npy").view(), o, "v2.npy",
+               "has 2 heads but k.npy has 4");
+  expect_error(rnd({8}, 12, "q1.npy").view(), k.view(), v.view(), o, "q1.npy",
+               "expected 2, 3 or 4 dims");
+}
+
+TEST(AttentionApi, NonFiniteInputsAndBadOptionsAreRejected) {
+  Tensor q = rnd({5, 8}, 1, "q.npy");
+  const Tensor k = rnd({6, 8}, 2, "k.npy");
+  const Tensor v = rnd({6, 3}, 3, "v.npy");
+  q.data_as<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+  expect_error(q.view(), k.view(), v.view(), {}, "q.npy", "NaN at flat index 7");
+  q.data_as<float>()[7] = -std::numeric_limits<float>::infinity();
+  expect_error(q.view(), k.view(), v.view(), {}, "q.npy", "an infinity");
+  q.data_as<float>()[7] = 0;
+
+  Tensor mask = rnd({6}, 4, "mask.npy");
+  mask.data_as<float>()[2] = std::numeric_limits<float>::infinity();
+  AttentionOptions o;
+  o.mask = mask.view();
+  expect_error(q.view(), k.view(), v.view(), o, "mask.npy", "+inf");
+  mask.data_as<float>()[2] = std::numeric_limits<float>::quiet_NaN();
+  expect_error(q.view(), k.view(), v.view(), o, "mask.npy", "NaN");
+  const Tensor wrong = rnd({7}, 5, "wrong.npy");
+  o.mask = wrong.view();
+  expect_error(q.view(), k.view(), v.view(), o, "wrong.npy", "does not broadcast");
+
+  AttentionOptions bad_window;
+  bad_window.window = Window{-2, 0};
+  expect_error(q.view(), k.view(), v.view(), bad_window, "window", ">= 0");
+  AttentionOptions bad_scale;
+  bad_scale.scale = std::numeric_limits<double>::infinity();
+  expect_error(q.view(), k.view(), v.view(), bad_scale, "scale", "finite");
+  AttentionOptions bad_kernel;
+  bad_kernel.kernel = "no-such";
+  expect_error(q.view(), k.view(), v.view(), bad_kernel, "kernel no-such", "reference");
+}
+
+TEST(AttentionApi, StridedColumnBlocksEqualContiguousCopies) {
+  // Q and K as head column blocks of [N, H·d] matrices in float64, V contiguous float32.
+  const Tensor wide_q = rnd({5, 3 * 8}, 1, "wq", DType::kF64);
+  const Tensor wide_k = rnd({7, 3 * 8}, 2, "wk", DType::kF64);
+  const Tensor v = rnd({3, 7, 4}, 3, "v");
+  const TensorView q{wide_q.data(), DType::kF64, {3, 5, 8}, {8, 24, 1}, "q"};
+  const TensorView k{wide_k.data(), DType::kF64, {3, 7, 8}, {8, 24, 1}, "k"};
+  AttentionOptions o;
+  o.out_dtype = DType::kF64;
+  o.causal = true;
+  const AttentionResult strided = attention(q, k, v.view(), o);
+  const Tensor q_copy = contiguous_copy(q, DType::kF64);
+  const Tensor k_copy = contiguous_copy(k, DType::kF64);
+  const AttentionResult dense = attention(q_copy.view(), k_copy.view(), v.view(), o);
+  EXPECT_EQ(testing::max_abs_diff(strided.out.view(), dense.out.view()), 0.0);
+}
+
+TEST(AttentionApi, OutputDtypeAndExtraOutputs) {
+  const Tensor q = rnd({2, 5, 8}, 1, "q");
+  const Tensor k = rnd({2, 6, 8}, 2, "k");
+  const Tensor v = rnd({2, 6, 3}, 3, "v");
+  AttentionOptions o;
+  const AttentionResult plain = attention(q.view(), k.view(), v.view(), o);
+  EXPECT_EQ(plain.out.dtype(), DType::kF32);
+  EXPECT_TRUE(plain.weights.empty());
+  EXPECT_TRUE(plain.lse.empty());
+  o.out_dtype = DType::kF64;
+  o.return_weights = o.return_lse = true;
+  const AttentionResult full = attention(q.view(), k.view(), v.view(), o);
+  EXPECT_EQ(full.out.dtype(), DType::kF64);
+  EXPECT_EQ(full.weights.shape(), (Shape{2, 5, 6}));
+  EXPECT_EQ(full.lse.shape(), (Shape{2, 5}));
+  EXPECT_LT(testing::max_abs_diff(plain.out.view(), full.out.view()), 1e-6);
+  // Rows of weights sum to one.
+  for (std::int64_t row = 0; row < 10; ++row) {
+    double sum = 0;
+    for (std::int64_t j = 0; j < 6; ++j) sum += full.weights.data_as<double>()[row * 6 + j];
+    EXPECT_NEAR(sum, 1.0, 1e-12);
+  }
+}
+
+TEST(AttentionApi, AttentionIntoWritesColumnBlocksAndChecksShapes) {
+  const Tensor q = rnd({2, 5, 8}, 1, "q");
+  const Tensor k = rnd({2, 6, 8}, 2, "k");
+  const Tensor v = rnd({2, 6, 3}, 3, "v");
+  const AttentionResult expected = attention(q.view(), k.view(), v.view());
+  // Heads side by side: [5, 2·3], head h = columns [3h, 3h+3).
+  Tensor concat(DType::kF32, {5, 6}, "concat");
+  AttentionOutputs outputs;
+  outputs.out = MutableTensorView{concat.data(), DType::kF32, {2, 5, 3}, {3, 6, 1}, "concat"};
+  attention_into(q.view(), k.view(), v.view(), {}, outputs);
+  const TensorView as_heads{concat.data(), DType::kF32, {2, 5, 3}, {3, 6, 1}, "concat"};
+  EXPECT_EQ(testing::max_abs_diff(as_heads, expected.out.view()), 0.0);
+
+  outputs.out.shape = {2, 5, 4};
+  EXPECT_THROW(attention_into(q.view(), k.view(), v.view(), {}, outputs), Error);
+}
+
+TEST(AttentionApi, KernelListEndsWithTheReference) {
+  const auto names = attention_kernel_names();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.back(), "reference");
+}
+
+}  // namespace
+}  // namespace qkv
