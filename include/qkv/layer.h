@@ -18,8 +18,11 @@ namespace qkv {
 // biases are 1-D of the matching width. (A PyTorch nn.Linear weight is the transpose.)
 struct LayerWeights {
   TensorView wq, wk, wv;
-  std::optional<TensorView> wo;
-  std::optional<TensorView> bq, bk, bv, bo;
+  std::optional<TensorView> wo = std::nullopt;
+  std::optional<TensorView> bq = std::nullopt;
+  std::optional<TensorView> bk = std::nullopt;
+  std::optional<TensorView> bv = std::nullopt;
+  std::optional<TensorView> bo = std::nullopt;
 };
 
 struct LayerOptions {

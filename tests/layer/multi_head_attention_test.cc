@@ -1,0 +1,188 @@
+// The layer against the composition of its pieces: linear(), attention() per head on copied
+// column blocks, concatenation, and the output projection.
+#include "qkv/layer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <optional>
+
+#include "qkv/error.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+Tensor rnd(Shape shape, std::uint64_t seed, const char* name, DType dtype = DType::kF64) {
+  Tensor r = testing::random_tensor(dtype, shape, seed);
+  Tensor t(dtype, shape, name);
+  std::memcpy(t.data(), r.data(), r.nbytes());
+  return t;
+}
+
+// Columns [first, first + width) of a 2-D tensor, copied.
+Tensor columns(const Tensor& m, std::int64_t first, std::int64_t width) {
+  const std::int64_t cols = m.shape()[1];
+  const TensorView block{static_cast<const double*>(m.data()) + first, DType::kF64,
+                         {m.shape()[0], width}, {cols, 1}, "block"};
+  return contiguous_copy(block, DType::kF64);
+}
+
+// The layer for one 2-D sample matrix, composed from public pieces in float64.
+Tensor composed_layer(const Tensor& x, const Tensor& memory, const LayerWeights& w,
+                      std::int64_t heads, std::int64_t kv_heads, const AttentionOptions& o) {
+  const std::int64_t dk = w.wq.shape[1] / heads;
+  const std::int64_t dv = w.wv.shape[1] / kv_heads;
+  const Tensor q = linear(x.view(), w.wq, w.bq).to(DType::kF64);
+  const Tensor k = linear(memory.view(), w.wk, w.bk).to(DType::kF64);
+  const Tensor v = linear(memory.view(), w.wv, w.bv).to(DType::kF64);
+  Tensor concat(DType::kF64, {x.shape()[0], heads * dv}, "concat");
+  AttentionOptions per_head = o;
+  per_head.kernel = "reference";
+  per_head.out_dtype = DType::kF64;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const std::int64_t hk = h / (heads / kv_heads);
+    const Tensor qh = columns(q, h * dk, dk);
+    const Tensor kh = columns(k, hk * dk, dk);
+    const Tensor vh = columns(v, hk * dv, dv);
+    const AttentionResult r = attention(qh.view(), kh.view(), vh.view(), per_head);
+    for (std::int64_t i = 0; i < x.shape()[0]; ++i) {
+      for (std::int64_t c = 0; c < dv; ++c) {
+        concat.data_as<double>()[i * heads * dv + h * dv + c] = r.out.data_as<double>()[i * dv + c];
+      }
+    }
+  }
+  return w.wo ? linear(concat.view(), *w.wo, w.bo).to(DType::kF64) : std::move(concat);
+}
+
+TEST(MultiHeadAttention, EqualsTheCompositionOfItsPieces) {
+  const Tensor x = rnd({7, 16}, 1, "x.npy");
+  const Tensor wq = rnd({16, 4 * 3}, 2, "wq.npy");
+  const Tensor wk = rnd({16, 2 * 3}, 3, "wk.npy");
+  const Tensor wv = rnd({16, 2 * 5}, 4, "wv.npy");
+  const Tensor wo = rnd({4 * 5, 6}, 5, "wo.npy");
+  const Tensor bq = rnd({12}, 6, "bq.npy");
+  const Tensor bk = rnd({6}, 7, "bk.npy");
+  const Tensor bv = rnd({10}, 8, "bv.npy");
+  const Tensor bo = rnd({6}, 9, "bo.npy");
+  const LayerWeights w{wq.view(), wk.view(), wv.view(), wo.view(),
+                       bq.view(), bk.view(), bv.view(), bo.view()};
+  LayerOptions o;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.attention.causal = true;
+  o.attention.out_dtype = DType::kF64;
+  o.attention.kernel = "reference";
+  const LayerResult r = multi_head_attention(x.view(), w, o);
+  EXPECT_EQ(r.out.shape(), (Shape{7, 6}));
+  const Tensor expected = composed_layer(x, x, w, 4, 2, o.attention);
+  EXPECT_LT(testing::max_abs_diff(r.out.view(), expected.view()), 1e-12);
+}
+
+TEST(MultiHeadAttention, BatchedCrossAttentionWithMaskAndWeights) {
+  const Tensor x = rnd({2, 5, 8}, 10, "x.npy");
+  const Tensor m = rnd({2, 9, 6}, 11, "memory.npy");
+  const Tensor wq = rnd({8, 2 * 4}, 12, "wq.npy");
+  const Tensor wk = rnd({6, 2 * 4}, 13, "wk.npy");
+  const Tensor wv = rnd({6, 2 * 3}, 14, "wv.npy");
+  Tensor padding(DType::kBool, {2, 1, 1, 9}, "mask.npy");
+  for (int j = 0; j < 18; ++j) padding.data_as<bool>()[j] = (j % 9) < (j < 9 ? 9 : 4);
+  const LayerWeights w{wq.view(), wk.view(), wv.view()};
+  LayerOptions o;
+  o.heads = 2;
+  o.attention.mask = padding.view();
+  o.attention.return_weights = true;
+  o.attention.out_dtype = DType::kF64;
+  const LayerResult r = multi_head_attention(x.view(), w, o, m.view());
+  EXPECT_EQ(r.out.shape(), (Shape{2, 5, 6}));
+  EXPECT_EQ(r.weights.shape(), (Shape{2, 2, 5, 9}));
+  for (std::int64_t b = 0; b < 2; ++b) {
+    Tensor xb(DType::kF64, {5, 8}, "xb"), mb(DType::kF64, {9, 6}, "mb");
+    std::memcpy(xb.data(), x.data_as<double>() + b * 40, xb.nbytes());
+    std::memcpy(mb.data(), m.data_as<double>() + b * 54, mb.nbytes());
+    AttentionOptions per_batch;
+    const TensorView mask_b{padding.data_as<bool>() + b * 9, DType::kBool, {9}, {1}, "mask"};
+    per_batch.mask = mask_b;
+    const Tensor expected = composed_layer(xb, mb, w, 2, 2, per_batch);
+    const TensorView out_b{r.out.data_as<double>() + b * 30, DType::kF64, {5, 6}, {6, 1}, "ob"};
+    EXPECT_LT(testing::max_abs_diff(out_b, expected.view()), 1e-12) << "batch " << b;
+  }
+  // Batch 1 pads keys 4..8: their weights are exactly zero.
+  for (std::int64_t e = 0; e < 2 * 5 * 9; ++e) {
+    if (e % 9 >= 4) {
+      EXPECT_EQ(r.weights.data_as<double>()[2 * 5 * 9 + e], 0.0);
+    }
+  }
+}
+
+TEST(MultiHeadAttention, Float32PathMatchesFloat64WithinFloat32Accuracy) {
+  const Tensor x = rnd({9, 12}, 20, "x", DType::kF32);
+  const Tensor wq = rnd({12, 12}, 21, "wq", DType::kF32);
+  const Tensor wk = rnd({12, 12}, 22, "wk", DType::kF32);
+  const Tensor wv = rnd({12, 12}, 23, "wv", DType::kF32);
+  const LayerWeights w{wq.view(), wk.view(), wv.view()};
+  LayerOptions o;
+  o.heads = 3;
+  const LayerResult single = multi_head_attention(x.view(), w, o);
+  EXPECT_EQ(single.out.dtype(), DType::kF32);
+  o.attention.out_dtype = DType::kF64;
+  const LayerResult dbl = multi_head_attention(x.view(), w, o);
+  EXPECT_LT(testing::max_abs_diff(single.out.view(), dbl.out.view()), 2e-6);
+}
+
+void expect_layer_error(const TensorView& x, const LayerWeights& w, const LayerOptions& o,
+                        const std::string& subject, const std::string& fragment) {
+  try {
+    multi_head_attention(x, w, o);
+    ADD_FAILURE() << "expected an error about " << subject;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), subject) << e.what();
+    EXPECT_NE(e.problem().find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(MultiHeadAttention, ShapeErrorsNameTheFile) {
+  const Tensor x = rnd({7, 16}, 1, "x.npy");
+  const Tensor wq = rnd({16, 12}, 2, "wq.npy");
+  const Tensor wk = rnd({16, 12}, 3, "wk.npy");
+  const Tensor wv = rnd({16, 12}, 4, "wv.npy");
+  const Tensor wrong_rows = rnd({15, 12}, 5, "wk15.npy");
+  const Tensor bo = rnd({12}, 6, "bo.npy");
+  const Tensor bq_short = rnd({11}, 7, "bq.npy");
+  LayerOptions o;
+  o.heads = 4;
+  expect_layer_error(x.view(), {wq.view(), wrong_rows.view(), wv.view()}, o, "wk15.npy",
+                     "has 15 rows but x.npy has width 16");
+  LayerOptions five = o;
+  five.heads = 5;
+  expect_layer_error(x.view(), {wq.view(), wk.view(), wv.view()}, five, "wq.npy",
+                     "do not split into 5 heads");
+  LayerWeights bias_only{wq.view(), wk.view(), wv.view()};
+  bias_only.bo = bo.view();
+  expect_layer_error(x.view(), bias_only, o, "bo.npy", "needs an output projection");
+  LayerWeights short_bias{wq.view(), wk.view(), wv.view()};
+  short_bias.bq = bq_short.view();
+  expect_layer_error(x.view(), short_bias, o, "bq.npy", "has 11 entries");
+  LayerOptions gqa = o;
+  gqa.kv_heads = 2;  // W^K then needs 2 x 3 = 6 columns
+  expect_layer_error(x.view(), {wq.view(), wk.view(), wv.view()}, gqa, "wk.npy",
+                     "expected 2 kv heads x dk 3 = 6");
+  Tensor nan_x = rnd({7, 16}, 8, "nan.npy");
+  nan_x.data_as<double>()[3] = std::numeric_limits<double>::quiet_NaN();
+  expect_layer_error(nan_x.view(), {wq.view(), wk.view(), wv.view()}, o, "nan.npy", "NaN");
+}
+
+TEST(Linear, ProjectsRowsWithBias) {
+  const double x[] = {1, 2, 3, 4};             // [2, 2]
+  const double w[] = {1, 0, 1, 0, 1, 1};       // [2, 3]
+  const double b[] = {10, 20, 30};
+  const TensorView xv{x, DType::kF64, {2, 2}, {2, 1}, "x"};
+  const TensorView wv{w, DType::kF64, {2, 3}, {3, 1}, "w"};
+  const TensorView bv{b, DType::kF64, {3}, {1}, "b"};
+  const Tensor y = linear(xv, wv, bv);
+  const double expected[] = {11, 22, 33, 13, 24, 37};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(y.data_as<double>()[i], expected[i]);
+}
+
+}  // namespace
+}  // namespace qkv
