@@ -1,0 +1,261 @@
+// End-to-end tests of the qkv executable: exit status, exactly one stderr line on failure,
+// outputs equal to the library's, and no output created or altered by a failed command.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "qkv/attention.h"
+#include "qkv/error.h"
+#include "qkv/io.h"
+#include "qkv/layer.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CommandRun {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Runs `qkv args...` in `dir` with stdout and stderr captured.
+CommandRun run_qkv(const fs::path& dir, const std::vector<std::string>& args) {
+  const fs::path out_file = dir / ".stdout", err_file = dir / ".stderr";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (chdir(dir.c_str()) != 0) _exit(126);
+    const int out = open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int err = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(out, 1);
+    dup2(err, 2);
+    std::vector<char*> argv;
+    std::string program = QKV_CLI_PATH;
+    argv.push_back(program.data());
+    std::vector<std::string> copy = args;
+    for (std::string& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(program.c_str(), argv.data());
+    _exit(127);
+  }
+  int wstatus = 0;
+  waitpid(pid, &wstatus, 0);
+  CommandRun run;
+  run.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  run.out = slurp(out_file);
+  run.err = slurp(err_file);
+  fs::remove(out_file);
+  fs::remove(err_file);
+  return run;
+}
+
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A failed command: status 1..127, one non-empty stderr line that mentions `mentions`, and the
+// folder's files exactly as before.
+void expect_clean_failure(const fs::path& dir, const std::vector<std::string>& args,
+                          const std::string& mentions) {
+  const std::vector<std::string> before = files_in(dir);
+  const CommandRun run = run_qkv(dir, args);
+  EXPECT_GE(run.status, 1);
+  EXPECT_LE(run.status, 127);
+  ASSERT_FALSE(run.err.empty());
+  EXPECT_EQ(run.err.back(), '\n');
+  EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  EXPECT_NE(run.err.find(mentions), std::string::npos) << run.err;
+  EXPECT_EQ(files_in(dir), before) << run.err;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    q_ = testing::random_tensor(DType::kF32, {2, 4, 9, 8}, 1);
+    k_ = testing::random_tensor(DType::kF32, {2, 2, 11, 8}, 2);
+    v_ = testing::random_tensor(DType::kF32, {2, 2, 11, 5}, 3);
+    write_npy(dir_ / "q.npy", q_.view(), DType::kF32);
+    write_npy(dir_ / "k.npy", k_.view(), DType::kF32);
+    write_npy(dir_ / "v.npy", v_.view(), DType::kF64);  // inputs may mix float types
+  }
+
+  testing::ScratchDir dir_;
+  Tensor q_, k_, v_;
+};
+
+TEST_F(CliTest, AttentionWritesWhatTheLibraryComputes) {
+  const CommandRun run = run_qkv(dir_.path(), {"attention", "--q", "q.npy", "--k", "k.npy", "--v",
+                                        "v.npy", "--causal", "--out", "o.npy", "--weights",
+                                        "w.npy", "--lse", "l.npy", "--out-dtype", "f64"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_TRUE(run.err.empty());
+  AttentionOptions o;
+  o.causal = true;
+  o.return_weights = o.return_lse = true;
+  o.out_dtype = DType::kF64;
+  const AttentionResult expected = attention(q_.view(), k_.view(), v_.view(), o);
+  const Tensor out = read_npy(dir_ / "o.npy");
+  const Tensor weights = read_npy(dir_ / "w.npy");
+  const Tensor lse = read_npy(dir_ / "l.npy");
+  EXPECT_EQ(out.dtype(), DType::kF64);
+  EXPECT_EQ(out.shape(), (Shape{2, 4, 9, 5}));
+  EXPECT_EQ(weights.shape(), (Shape{2, 4, 9, 11}));
+  EXPECT_EQ(lse.shape(), (Shape{2, 4, 9}));
+  EXPECT_EQ(testing::max_abs_diff(out.view(), expected.out.view()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(weights.view(), expected.weights.view()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(lse.view(), expected.lse.view()), 0.0);
+}
+
+TEST_F(CliTest, MaskScaleAndWindowFlagsReachTheLibrary) {
+  const Tensor mask = testing::random_tensor(DType::kBool, {2, 1, 1, 11}, 4);
+  write_npy(dir_ / "m.npy", mask.view(), DType::kBool);
+  const CommandRun run = run_qkv(dir_.path(), {"attention", "--q", "q.npy", "--k", "k.npy", "--v",
+                                        "v.npy", "--mask", "m.npy", "--scale", "0.5", "--window",
+                                        "3,-1", "--threads", "2", "--out", "o.npy"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  AttentionOptions o;
+  o.mask = mask.view();
+  o.scale = 0.5;
+  o.window = Window{3, -1};
+  const AttentionResult expected = attention(q_.view(), k_.view(), v_.view(), o);
+  const Tensor out = read_npy(dir_ / "o.npy");
+  EXPECT_EQ(out.dtype(), DType::kF32);
+  EXPECT_EQ(testing::max_abs_diff(out.view(), expected.out.view()), 0.0);
+}
+
+TEST_F(CliTest, BadInputFailsCleanlyAndLeavesExistingOutputsAlone) {
+  // An existing output must survive a failed command byte for byte.
+  write_npy(dir_ / "o.npy", q_.view(), DType::kF32);
+  const std::string original = slurp(dir_ / "o.npy");
+  expect_clean_failure(dir_.path(),
+                       {"attention", "--q", "q.npy", "--k", "missing.npy", "--v", "v.npy",
+                        "--out", "o.npy", "--weights", "w.npy"},
+                       "missing.npy");
+  EXPECT_EQ(slurp(dir_ / "o.npy"), original);
+
+  Tensor bad_q = q_.to(DType::kF32);
+  bad_q.data_as<float>()[5] = std::numeric_limits<float>::infinity();
+  write_npy(dir_ / "inf.npy", bad_q.view(), DType::kF32);
+  expect_clean_failure(dir_.path(),
+                       {"attention", "--q", "inf.npy", "--k", "k.npy", "--v", "v.npy", "--out",
+                        "o.npy"},
+                       "inf.npy");
+  expect_clean_failure(dir_.path(),
+                       {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "q.npy", "--out",
+                        "o.npy"},
+                       "q.npy");
+  expect_clean_failure(dir_.path(),
+                       {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--window",
+                        "3", "--out", "o.npy"},
+                       "--window");
+  {
+    std::ofstream junk(dir_ / "junk.npy", std::ios::binary);
+    junk << "not numpy at all";
+  }
+  expect_clean_failure(dir_.path(),
+                       {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--mask",
+                        "junk.npy", "--out", "o.npy"},
+                       "junk.npy");
+  // The second output cannot be written: neither appears.
+  expect_clean_failure(dir_.path(),
+                       {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out",
+                        "new.npy", "--lse", "no/such/dir/l.npy"},
+                       "no/such/dir/l.npy");
+  EXPECT_EQ(slurp(dir_ / "o.npy"), original);
+}
+
+TEST_F(CliTest, UsageErrorsAreOneLineToo) {
+  expect_clean_failure(dir_.path(), {"attention", "--k", "k.npy", "--v", "v.npy", "--out", "o"},
+                       "--q");
+  expect_clean_failure(dir_.path(), {"frobnicate"}, "frobnicate");
+  expect_clean_failure(dir_.path(),
+                       {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out",
+                        "o.npy", "--out-dtype", "f16"},
+                       "f16");
+}
+
+TEST_F(CliTest, HelpAndVersion) {
+  for (const char* command : {"attention", "layer"}) {
+    const CommandRun run = run_qkv(dir_.path(), {command, "--help"});
+    EXPECT_EQ(run.status, 0);
+    EXPECT_NE(run.out.find("Example:"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find("--causal"), std::string::npos);
+  }
+  const CommandRun version = run_qkv(dir_.path(), {"--version"});
+  EXPECT_EQ(version.status, 0);
+  EXPECT_EQ(version.out, std::string("qkv ") + qkv::version() + "\n");
+}
+
+TEST_F(CliTest, LayerWritesWhatTheLibraryComputes) {
+  const Tensor x = testing::random_tensor(DType::kF32, {2, 6, 10}, 5);
+  const Tensor wq = testing::random_tensor(DType::kF32, {10, 8}, 6);
+  const Tensor wk = testing::random_tensor(DType::kF32, {10, 4}, 7);
+  const Tensor wv = testing::random_tensor(DType::kF32, {10, 6}, 8);
+  const Tensor wo = testing::random_tensor(DType::kF32, {12, 3}, 9);
+  const Tensor bo = testing::random_tensor(DType::kF32, {3}, 10);
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x.npy", &x},
+                                {"wq.npy", &wq}, {"wk.npy", &wk}, {"wv.npy", &wv},
+                                {"wo.npy", &wo}, {"bo.npy", &bo}}) {
+    write_npy(dir_ / name, t->view(), DType::kF32);
+  }
+  const CommandRun run = run_qkv(dir_.path(), {"layer", "--x", "x.npy", "--wq", "wq.npy", "--wk",
+                                        "wk.npy", "--wv", "wv.npy", "--wo", "wo.npy", "--bo",
+                                        "bo.npy", "--heads", "4", "--kv-heads", "2", "--causal",
+                                        "--out", "o.npy", "--weights", "w.npy"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  LayerOptions o;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.attention.causal = true;
+  o.attention.return_weights = true;
+  LayerWeights w{wq.view(), wk.view(), wv.view()};
+  w.wo = wo.view();
+  w.bo = bo.view();
+  const LayerResult expected = multi_head_attention(x.view(), w, o);
+  const Tensor out = read_npy(dir_ / "o.npy");
+  EXPECT_EQ(out.shape(), (Shape{2, 6, 3}));
+  EXPECT_EQ(testing::max_abs_diff(out.view(), expected.out.view()), 0.0);
+  EXPECT_EQ(read_npy(dir_ / "w.npy").shape(), (Shape{2, 4, 6, 6}));
+
+  expect_clean_failure(dir_.path(),
+                       {"layer", "--x", "x.npy", "--wq", "wq.npy", "--wk", "wk.npy", "--wv",
+                        "wv.npy", "--heads", "4", "--out", "o2.npy"},
+                       "wk.npy");
+  expect_clean_failure(dir_.path(),
+                       {"layer", "--x", "x.npy", "--wq", "wq.npy", "--wk", "wk.npy", "--wv",
+                        "wv.npy", "--heads", "4", "--kv-heads", "2", "--bo", "bo.npy", "--out",
+                        "o2.npy"},
+                       "bo.npy");
+}
+
+TEST(CliDemo, PrintsTheSeedsWalkThrough) {
+  testing::ScratchDir dir;
+  const CommandRun run = run_qkv(dir.path(), {"demo"});
+  EXPECT_EQ(run.status, 0) << run.err;
+  for (const char* step : {"Q = X·W^Q", "K = X·W^K", "V = X·W^V", "r = Q·K^T", "weights",
+                           "O = weights·V"}) {
+    EXPECT_NE(run.out.find(step), std::string::npos) << step;
+  }
+}
+
+}  // namespace
+}  // namespace qkv

@@ -36,6 +36,20 @@ int main(int argc, char** argv) {
   qkv::cli::register_layer_command(app);
   qkv::cli::register_demo_command(app);
 
+  // CLI11 would only say that a subcommand is required; name the word it did not know.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      found = found || sub->get_name() == argv[1];
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!found) {
+      std::fprintf(stderr, "qkv: unknown command '%s' (commands: %s)\n", argv[1], known.c_str());
+      return kExitUsage;
+    }
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
