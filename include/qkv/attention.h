@@ -66,4 +66,32 @@ std::string attention_into(const TensorView& q, const TensorView& k, const Tenso
 // The kernel list, fastest first, the reference last; any name may go in options.kernel.
 std::vector<std::string> attention_kernel_names();
 
+// Which kernel attention() would choose for this call and why: one line per kernel in list
+// order ("fused_hwy: chosen (SIMD target AVX3)", "x: declines: reason", "y: not tried"), for
+// the CLI to print under QKV_VERBOSE=1 (the library itself prints nothing). Throws like
+// attention() on bad input or an unknown / unsuitable options.kernel.
+std::string explain_kernel_choice(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const AttentionOptions& options = {});
+
+// Errors of one computed tensor against the float64 reference.
+struct ErrorStats {
+  double max_abs_error = 0.0;      // max |computed - reference|; equal infinities count as 0
+  double max_rel_error = 0.0;      // max_abs_error / max |reference| (0 if that is 0): relative
+                                   // to the tensor's scale, as outputs cross zero
+  double max_abs_reference = 0.0;  // max |reference| over its finite elements
+};
+
+struct AccuracyReport {
+  std::string kernel;               // result.kernel, the kernel that was checked
+  ErrorStats out;
+  std::optional<ErrorStats> weights;  // when result.weights is not empty
+  std::optional<ErrorStats> lse;      // when result.lse is not empty
+};
+
+// `qkv attention --check`: runs the float64 reference on the same inputs and options and
+// compares `result` (from attention(q, k, v, options)) with it.
+AccuracyReport compare_with_reference(const TensorView& q, const TensorView& k,
+                                      const TensorView& v, const AttentionOptions& options,
+                                      const AttentionResult& result);
+
 }  // namespace qkv

@@ -70,6 +70,30 @@ std::string attention_into(const TensorView& q, const TensorView& k, const Tenso
   return bind_and_run(call, options, outputs);
 }
 
+std::string explain_kernel_choice(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const AttentionOptions& options) {
+  core::AttentionCall call = core::validate_attention(q, k, v, options);
+  const kernels::AttentionKernel& chosen = choose_kernel(call.params, options.kernel);
+  std::string text;
+  bool after = false;
+  for (const auto& kernel : kernels::attention_kernels()) {
+    text += std::string(kernel.name) + ": ";
+    if (&kernel == &chosen) {
+      text += options.kernel.empty() ? "chosen" : "chosen (--kernel)";
+      if (kernel.name == "fused_hwy") text += " (SIMD target " + kernels::simd_target_name() + ")";
+      after = true;
+    } else if (after) {
+      text += "not tried";
+    } else if (!options.kernel.empty()) {
+      text += "skipped (--kernel " + options.kernel + ")";
+    } else {
+      text += "declines: " + kernel.declines(call.params);
+    }
+    text += "\n";
+  }
+  return text;
+}
+
 std::vector<std::string> attention_kernel_names() {
   std::vector<std::string> names;
   for (const auto& kernel : kernels::attention_kernels()) names.emplace_back(kernel.name);

@@ -3,9 +3,11 @@
 // reference supports every call, so the default choice always finds one.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/params.h"
 
@@ -24,5 +26,27 @@ std::span<const AttentionKernel> attention_kernels();
 // The kernels, each declared beside its twin; all share AttentionKernel's signature.
 std::string attention_fwd_reference_declines(const core::AttentionParams& params);
 void attention_fwd_reference(const core::AttentionParams& params) noexcept;
+
+// The fused kernel (online softmax over key tiles, O(n) memory): the SIMD version (absent from
+// the list in a portable build) and its portable scalar twin, sharing one loop nest.
+std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& params);
+void attention_fwd_fused_hwy(const core::AttentionParams& params) noexcept;
+std::string attention_fwd_fused_scalar_declines(const core::AttentionParams& params);
+void attention_fwd_fused_scalar(const core::AttentionParams& params) noexcept;
+
+// Two CBLAS sgemm calls per head with a softmax between them: n x n workspace.
+std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& params);
+void attention_fwd_unfused_blas(const core::AttentionParams& params) noexcept;
+
+// Shared by the float32 kernels: why float32 cannot represent these inputs, or empty.
+std::string float32_declines(const core::AttentionParams& params);
+
+// The SIMD targets compiled into the fused kernel that this CPU supports, best first (empty in
+// a portable build); forcing one (0 restores the CPU's best) is for tests, which run every
+// target on one machine. simd_target_name() names the target that dispatch picks now.
+std::vector<std::int64_t> simd_targets();
+void simd_force_target(std::int64_t target);
+std::string simd_target_name();
+std::string simd_target_name(std::int64_t target);
 
 }  // namespace qkv::kernels

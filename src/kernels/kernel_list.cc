@@ -2,12 +2,32 @@
 
 namespace qkv::kernels {
 
+// Fastest first. In a SIMD build the fused kernel supports every call that float32 can
+// represent, so it is the default; the unfused CBLAS composition comes before the scalar twin
+// because where its n x n workspace fits it is far faster than scalar code (in a portable build
+// it is the default for all but the largest shapes); the reference supports every call.
 std::span<const AttentionKernel> attention_kernels() {
   static const AttentionKernel kKernels[] = {
+#if QKV_HAVE_HWY
+      {"fused_hwy", "fused online-softmax kernel, SIMD (Highway, run-time dispatch), O(n) memory",
+       attention_fwd_fused_hwy_declines, attention_fwd_fused_hwy},
+#endif
+      {"unfused_blas", "two CBLAS sgemm calls per head with a softmax between (n x n workspace)",
+       attention_fwd_unfused_blas_declines, attention_fwd_unfused_blas},
+      {"fused_scalar", "fused online-softmax kernel, portable scalar twin of fused_hwy",
+       attention_fwd_fused_scalar_declines, attention_fwd_fused_scalar},
       {"reference", "float64 row-by-row statement of the formulas; supports every call",
        attention_fwd_reference_declines, attention_fwd_reference},
   };
   return kKernels;
 }
+
+#if !QKV_HAVE_HWY
+// The portable build has no SIMD targets.
+std::vector<std::int64_t> simd_targets() { return {}; }
+void simd_force_target(std::int64_t) {}
+std::string simd_target_name() { return "none (portable build)"; }
+std::string simd_target_name(std::int64_t) { return "none"; }
+#endif
 
 }  // namespace qkv::kernels

@@ -1,0 +1,211 @@
+// The ISA-independent half of the fused kernels: tiling plan, task order, which key tiles a
+// query tile needs and which of them need per-element mask checks, packing of operand tiles to
+// contiguous float32, the per-element mask path and the strided stores. The loop nest itself is
+// in fused_driver-inl.h; see the comment there.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/mask_rule.h"
+#include "core/parallel_for.h"
+#include "core/params.h"
+#include "kernels/online_softmax.h"
+
+namespace qkv::kernels::fused {
+
+// Keys per tile (BK). 64 keys are 4 AVX-512 vectors: the q·K^T micro-kernel keeps a 4-row x
+// 4-vector block of scores in 16 registers, and one tile's packed K^T (d x 64) and V (64 x dv)
+// stay within L1/L2 for d <= 128. Larger tiles amortise the per-tile softmax bookkeeping
+// better but push the score tile out of L1.
+constexpr std::int64_t kKeyTile = 64;
+// Query rows per task (BQ), counted over all the query heads that share one kv head: the K/V
+// tile packed once serves all of them (GQA/MQA), and a task's Q, O and score tiles
+// (64 x (d + dv + 64) floats, 80 KiB at d = dv = 128) stay in L2.
+constexpr std::int64_t kTaskRows = 64;
+
+constexpr float kInfF = std::numeric_limits<float>::infinity();
+
+inline std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept { return (n + m - 1) / m * m; }
+
+// A 64-byte aligned, zeroed float buffer.
+struct FreeDeleter {
+  void operator()(float* p) const noexcept { std::free(p); }
+};
+using Buffer = std::unique_ptr<float[], FreeDeleter>;
+
+inline Buffer make_buffer(std::int64_t count) noexcept {
+  const std::size_t bytes =
+      static_cast<std::size_t>(round_up(std::max<std::int64_t>(count, 1) * 4, 64));
+  auto* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+  if (p != nullptr) std::memset(p, 0, bytes);
+  return Buffer(p);
+}
+
+// Tasks are (batch, kv head, query tile); a query tile holds bq rows of each of the g query
+// heads of its kv head.
+struct Plan {
+  std::int64_t g = 1;        // query heads per kv head
+  std::int64_t bq = 1;       // query rows per head in a task
+  std::int64_t q_tiles = 1;  // per (b, kv head)
+  std::int64_t tasks = 0;
+  std::int64_t max_rows = 1;  // g * bq
+};
+
+inline Plan make_plan(const core::AttentionShape& s) noexcept {
+  Plan plan;
+  plan.g = s.group();
+  plan.bq = std::max<std::int64_t>(1, kTaskRows / plan.g);
+  plan.bq = std::min(plan.bq, s.nq);
+  plan.q_tiles = (s.nq + plan.bq - 1) / plan.bq;
+  plan.tasks = s.b * s.hkv * plan.q_tiles;
+  plan.max_rows = plan.g * plan.bq;
+  return plan;
+}
+
+struct Task {
+  std::int64_t b = 0, hk = 0, i0 = 0, i1 = 0;
+};
+
+// Task t, heaviest first: under causal masking later query tiles see more keys, so they are
+// handed out first and the dynamic schedule balances. The order never changes a result: each
+// task owns its output rows.
+inline Task task_at(const Plan& plan, const core::AttentionShape& s, std::int64_t t) noexcept {
+  const std::int64_t per_tile = s.b * s.hkv;
+  const std::int64_t qt = plan.q_tiles - 1 - t / per_tile;
+  const std::int64_t bh = t % per_tile;
+  Task task;
+  task.b = bh / s.hkv;
+  task.hk = bh % s.hkv;
+  task.i0 = qt * plan.bq;
+  task.i1 = std::min(s.nq, task.i0 + plan.bq);
+  return task;
+}
+
+// The keys that rows [i0, i1) may need: the union of their causal/window ranges. Both ends of a
+// row's range are non-decreasing in i, so the union runs from the first row's start to the last
+// row's end.
+inline core::KeyRange task_key_range(const core::Masking& m, const core::AttentionShape& s,
+                                     std::int64_t i0, std::int64_t i1) noexcept {
+  const core::KeyRange first = core::allowed_key_range(m, s.nk, i0 + s.diagonal_offset());
+  const core::KeyRange last = core::allowed_key_range(m, s.nk, i1 - 1 + s.diagonal_offset());
+  if (last.last <= first.first) return {0, 0};
+  return {first.first, last.last};
+}
+
+// True when causal/window allow every key of [j0, j1) for every row of [i0, i1): such a tile
+// runs without per-element checks.
+inline bool tile_fully_allowed(const core::Masking& m, const core::AttentionShape& s,
+                               std::int64_t i0, std::int64_t i1, std::int64_t j0,
+                               std::int64_t j1) noexcept {
+  if (!m.has_structure()) return true;
+  const core::KeyRange top = core::allowed_key_range(m, s.nk, i0 + s.diagonal_offset());
+  const core::KeyRange bottom = core::allowed_key_range(m, s.nk, i1 - 1 + s.diagonal_offset());
+  return bottom.first <= j0 && j1 <= top.last;
+}
+
+// dst[r * dst_stride + c] = operand[b, h, row0 + r, c] for r < rows, c < cols, as float.
+inline void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h,
+                      std::int64_t row0, std::int64_t rows, std::int64_t cols, float* dst,
+                      std::int64_t dst_stride) noexcept {
+  const core::Strides4& st = op.strides;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t base = st.at(b, h, row0 + r, 0);
+    float* out = dst + r * dst_stride;
+    if (op.dtype == DType::kF32) {
+      const float* in = static_cast<const float*>(op.data) + base;
+      if (st.col == 1) {
+        std::memcpy(out, in, static_cast<std::size_t>(cols) * sizeof(float));
+      } else {
+        for (std::int64_t c = 0; c < cols; ++c) out[c] = in[c * st.col];
+      }
+    } else {
+      const double* in = static_cast<const double*>(op.data) + base;
+      for (std::int64_t c = 0; c < cols; ++c) out[c] = static_cast<float>(in[c * st.col]);
+    }
+  }
+}
+
+// dst[c * dst_stride + r] = operand[b, h, row0 + r, c]: K transposed, so that the q·K^T
+// micro-kernel reads a contiguous vector of keys for each head-dimension index c.
+inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::int64_t h,
+                            std::int64_t row0, std::int64_t rows, std::int64_t cols, float* dst,
+                            std::int64_t dst_stride) noexcept {
+  const core::Strides4& st = op.strides;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t base = st.at(b, h, row0 + r, 0);
+    if (op.dtype == DType::kF32) {
+      const float* in = static_cast<const float*>(op.data) + base;
+      for (std::int64_t c = 0; c < cols; ++c) dst[c * dst_stride + r] = in[c * st.col];
+    } else {
+      const double* in = static_cast<const double*>(op.data) + base;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        dst[c * dst_stride + r] = static_cast<float>(in[c * st.col]);
+      }
+    }
+  }
+}
+
+// The per-element path for one row of a score tile: s[j] = scale · s[j] + bias for keys that
+// causal/window and the mask allow, -inf for the rest and for the padding past `count`.
+inline void scale_and_mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
+                               std::int64_t i, std::int64_t j0, std::int64_t count, float scale,
+                               bool check_structure, float* s) noexcept {
+  const core::Masking& m = p.masking;
+  const std::int64_t diag = i + p.shape.diagonal_offset();
+  for (std::int64_t j = 0; j < count; ++j) {
+    if (check_structure && !core::structurally_allowed(m, diag, j0 + j)) {
+      s[j] = -kInfF;
+      continue;
+    }
+    // Written as a separate product and sum so that the value matches the unmasked path's
+    // plain product bit for bit where the bias is 0.
+    const float scaled = s[j] * scale;
+    if (m.mask == nullptr) {
+      s[j] = scaled;
+      continue;
+    }
+    const float bias = static_cast<float>(core::mask_bias(m, b, h, i, j0 + j));
+    s[j] = bias == -kInfF ? -kInfF : scaled + bias;
+  }
+  for (std::int64_t j = count; j < kKeyTile; ++j) s[j] = -kInfF;
+}
+
+// out[b, h, i, c0 + c] = src[c] · factor for c < count.
+inline void store_row(const core::OutputOperand& out, std::int64_t b, std::int64_t h,
+                      std::int64_t i, std::int64_t c0, const float* src, std::int64_t count,
+                      float factor) noexcept {
+  const core::Strides4& st = out.strides;
+  const std::int64_t base = st.at(b, h, i, c0);
+  if (out.dtype == DType::kF32) {
+    float* dst = static_cast<float*>(out.data) + base;
+    for (std::int64_t c = 0; c < count; ++c) dst[c * st.col] = src[c] * factor;
+  } else {
+    double* dst = static_cast<double*>(out.data) + base;
+    for (std::int64_t c = 0; c < count; ++c) {
+      dst[c * st.col] = static_cast<double>(src[c] * factor);
+    }
+  }
+}
+
+inline void store_zeros(const core::OutputOperand& out, std::int64_t b, std::int64_t h,
+                        std::int64_t i, std::int64_t c0, std::int64_t count) noexcept {
+  const core::Strides4& st = out.strides;
+  const std::int64_t base = st.at(b, h, i, c0);
+  if (out.dtype == DType::kF32) {
+    float* dst = static_cast<float*>(out.data) + base;
+    for (std::int64_t c = 0; c < count; ++c) dst[c * st.col] = 0.0f;
+  } else {
+    double* dst = static_cast<double*>(out.data) + base;
+    for (std::int64_t c = 0; c < count; ++c) dst[c * st.col] = 0.0;
+  }
+}
+
+}  // namespace qkv::kernels::fused

@@ -1,0 +1,200 @@
+// Shared by the kernel sweep and determinism tests: a case description that builds its inputs
+// (any dtype, head column blocks of a wider matrix, every mask form), and a naive float32
+// attention, the yardstick of the accuracy criterion.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/mask_rule.h"
+#include "core/validate.h"
+#include "qkv/attention.h"
+#include "support/test_support.h"
+
+namespace qkv::testing {
+
+enum class MaskKind { kNone, kBoolFull, kBoolRowBroadcast, kFloatFull, kFloatColumn, kDeadRows };
+
+struct KernelCase {
+  std::string name;
+  std::int64_t b = 1, h = 2, hkv = 2, nq = 33, nk = 33, d = 16, dv = 16;
+  bool causal = false;
+  std::optional<Window> window;
+  MaskKind mask = MaskKind::kNone;
+  double magnitude = 1.0;  // inputs uniform in [-magnitude, magnitude)
+  std::optional<double> scale;
+  DType in_dtype = DType::kF32;
+  bool strided = false;  // Q, K, V (and the output) as head column blocks of wider matrices
+};
+
+// Owns a case's inputs and exposes them as views.
+struct CaseInputs {
+  Tensor q_store, k_store, v_store, mask_store;
+  TensorView q, k, v;
+  std::optional<TensorView> mask;
+
+  AttentionOptions options(const KernelCase& c) const {
+    AttentionOptions o;
+    o.causal = c.causal;
+    o.window = c.window;
+    o.scale = c.scale;
+    o.mask = mask;
+    return o;
+  }
+};
+
+// A [B, H, N, D] view over a [B, N, H·D + 3] matrix: each head a column block.
+inline TensorView head_blocks(const Tensor& store, std::int64_t b, std::int64_t h,
+                              std::int64_t n, std::int64_t d, const std::string& name) {
+  const std::int64_t width = h * d + 3;
+  return TensorView{store.data(), store.dtype(), {b, h, n, d}, {n * width, d, width, 1}, name};
+}
+
+inline CaseInputs make_inputs(const KernelCase& c, std::uint64_t seed) {
+  CaseInputs in;
+  const double m = c.magnitude;
+  if (c.strided) {
+    in.q_store = random_tensor(c.in_dtype, {c.b, c.nq, c.h * c.d + 3}, seed + 1, -m, m);
+    in.k_store = random_tensor(c.in_dtype, {c.b, c.nk, c.hkv * c.d + 3}, seed + 2, -m, m);
+    in.v_store = random_tensor(c.in_dtype, {c.b, c.nk, c.hkv * c.dv + 3}, seed + 3, -1.0, 1.0);
+    in.q = head_blocks(in.q_store, c.b, c.h, c.nq, c.d, "Q");
+    in.k = head_blocks(in.k_store, c.b, c.hkv, c.nk, c.d, "K");
+    in.v = head_blocks(in.v_store, c.b, c.hkv, c.nk, c.dv, "V");
+  } else {
+    in.q_store = random_tensor(c.in_dtype, {c.b, c.h, c.nq, c.d}, seed + 1, -m, m);
+    in.k_store = random_tensor(c.in_dtype, {c.b, c.hkv, c.nk, c.d}, seed + 2, -m, m);
+    in.v_store = random_tensor(c.in_dtype, {c.b, c.hkv, c.nk, c.dv}, seed + 3, -1.0, 1.0);
+    in.q = in.q_store.view();
+    in.k = in.k_store.view();
+    in.v = in.v_store.view();
+  }
+  in.q.name = "Q";
+  in.k.name = "K";
+  in.v.name = "V";
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  switch (c.mask) {
+    case MaskKind::kNone:
+      break;
+    case MaskKind::kBoolFull:
+    case MaskKind::kBoolRowBroadcast:
+    case MaskKind::kDeadRows: {
+      const Shape shape = c.mask == MaskKind::kBoolRowBroadcast ? Shape{1, 1, 1, c.nk}
+                                                                 : Shape{c.b, c.h, c.nq, c.nk};
+      in.mask_store = Tensor(DType::kBool, shape, "M");
+      const Tensor u = random_tensor(DType::kF64, shape, seed + 4, 0.0, 1.0);
+      bool* bits = static_cast<bool*>(in.mask_store.data());
+      for (std::int64_t e = 0; e < u.numel(); ++e) {
+        bits[e] = u.data_as<double>()[e] < 0.7;
+        // Every third query row forbids every key.
+        if (c.mask == MaskKind::kDeadRows && (e / c.nk) % 3 == 1) bits[e] = false;
+      }
+      break;
+    }
+    case MaskKind::kFloatFull:
+    case MaskKind::kFloatColumn: {
+      const Shape shape =
+          c.mask == MaskKind::kFloatColumn ? Shape{c.nq, 1} : Shape{c.b, c.h, c.nq, c.nk};
+      in.mask_store = random_tensor(DType::kF32, shape, seed + 5, -3.0, 3.0);
+      float* x = in.mask_store.data_as<float>();
+      for (std::int64_t e = 0; e < in.mask_store.numel(); ++e) {
+        if (x[e] < -2.0f) x[e] = kNegInf;
+      }
+      if (c.mask == MaskKind::kFloatColumn) x[0] = kNegInf;  // query row 0: all -inf
+      break;
+    }
+  }
+  if (!in.mask_store.empty()) {
+    in.mask = in.mask_store.view();
+    in.mask->name = "M";
+  }
+  return in;
+}
+
+// Naive float32 attention, row by row, straight from the formulas: the yardstick that a fast
+// kernel may err at most twice as much as. Outputs in float64 tensors of the result's shapes.
+struct NaiveResult {
+  Tensor out, weights, lse;
+};
+
+inline NaiveResult naive_f32(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const AttentionOptions& options) {
+  core::AttentionCall call = core::validate_attention(q, k, v, options);
+  const core::AttentionParams& p = call.params;
+  const core::AttentionShape& s = p.shape;
+  NaiveResult r{Tensor(DType::kF64, call.out_shape), Tensor(DType::kF64, call.weights_shape),
+                Tensor(DType::kF64, call.lse_shape)};
+  double* out = r.out.data_as<double>();
+  double* weights = r.weights.data_as<double>();
+  double* lse = r.lse.data_as<double>();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float scale = static_cast<float>(p.scale);
+  std::vector<float> w(static_cast<std::size_t>(s.nk));
+  std::vector<float> acc(static_cast<std::size_t>(s.dv));
+  for (std::int64_t b = 0; b < s.b; ++b) {
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      const std::int64_t hk = h / s.group();
+      for (std::int64_t i = 0; i < s.nq; ++i) {
+        const std::int64_t row = (b * s.h + h) * s.nq + i;
+        float m = -inf;
+        for (std::int64_t j = 0; j < s.nk; ++j) {
+          float x = -inf;
+          const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
+          if (core::structurally_allowed(p.masking, i + s.diagonal_offset(), j) && bias != -inf) {
+            float dot = 0.0f;
+            for (std::int64_t c = 0; c < s.d; ++c) {
+              dot += static_cast<float>(core::load_real(p.q.data, p.q.dtype, p.q.strides.at(b, h, i, c))) *
+                     static_cast<float>(core::load_real(p.k.data, p.k.dtype, p.k.strides.at(b, hk, j, c)));
+            }
+            x = dot * scale + bias;
+          }
+          w[static_cast<std::size_t>(j)] = x;
+          m = std::max(m, x);
+        }
+        float sum = 0.0f;
+        for (float& x : w) {
+          x = m == -inf ? 0.0f : std::exp(x - m);
+          sum += x;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (std::int64_t j = 0; j < s.nk; ++j) {
+          float& x = w[static_cast<std::size_t>(j)];
+          x = sum > 0.0f ? x / sum : 0.0f;
+          for (std::int64_t c = 0; c < s.dv; ++c) {
+            acc[static_cast<std::size_t>(c)] +=
+                x * static_cast<float>(core::load_real(p.v.data, p.v.dtype, p.v.strides.at(b, hk, j, c)));
+          }
+          weights[row * s.nk + j] = x;
+        }
+        for (std::int64_t c = 0; c < s.dv; ++c) out[row * s.dv + c] = acc[static_cast<std::size_t>(c)];
+        lse[row] = m == -inf ? -static_cast<double>(inf) : static_cast<double>(m + std::log(sum));
+      }
+    }
+  }
+  return r;
+}
+
+// max |a - b| where equal infinities count as equal.
+inline double max_error(const TensorView& a, const TensorView& b) {
+  const Tensor x = contiguous_copy(a, DType::kF64);
+  const Tensor y = contiguous_copy(b, DType::kF64);
+  double e = 0.0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const double u = x.data_as<double>()[i];
+    const double v = y.data_as<double>()[i];
+    if (u == v) continue;
+    const double d = std::abs(u - v);
+    e = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(e, d);
+  }
+  return e;
+}
+
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+}  // namespace qkv::testing

@@ -1,0 +1,226 @@
+// Every kernel in the list, on every compiled SIMD target, against the float64 reference over a
+// sweep of shapes and options. The criterion (STYLE.md, "tolerances are earned"): a kernel's
+// max error is at most twice the naive float32 implementation's on the same inputs, plus a
+// floor of 1e-7 · max|V| (1e-7 for the weights, 1e-7 · max(1, |lse|) for the lse).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernel_cases.h"
+#include "kernels/kernel.h"
+
+namespace qkv::testing {
+namespace {
+
+std::vector<KernelCase> sweep_cases() {
+  std::vector<KernelCase> cases;
+  // Head dims 1..257, odd ones included, around the vector widths and the fast paths.
+  for (std::int64_t d : {1, 3, 7, 16, 31, 64, 72, 80, 96, 100, 128, 129, 256, 257}) {
+    KernelCase c;
+    c.name = "d" + std::to_string(d);
+    c.d = c.dv = d;
+    c.nq = 37;
+    c.nk = 70;
+    cases.push_back(c);
+  }
+  // Sequence lengths at the tile boundaries (64 keys, 64 task rows) +-1, Nq != Nk.
+  for (auto [nq, nk] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {63, 64}, {64, 65}, {65, 63}, {127, 129}, {129, 128}, {1, 200}, {200, 1}}) {
+    for (bool causal : {false, true}) {
+      KernelCase c;
+      c.name = "n" + std::to_string(nq) + "x" + std::to_string(nk) + (causal ? "_causal" : "");
+      c.nq = nq;
+      c.nk = nk;
+      c.d = 24;
+      c.dv = 40;
+      c.causal = causal;
+      cases.push_back(c);
+    }
+  }
+  auto add = [&](const std::string& name, auto edit) {
+    KernelCase c;
+    c.name = name;
+    c.nq = 70;
+    c.nk = 150;
+    c.d = 32;
+    c.dv = 48;
+    edit(c);
+    cases.push_back(c);
+  };
+  add("window", [](KernelCase& c) { c.window = Window{20, 5}; });
+  add("window_left_only", [](KernelCase& c) { c.window = Window{70, -1}; });
+  add("window_right_only", [](KernelCase& c) { c.window = Window{-1, 3}; });
+  add("causal_window", [](KernelCase& c) { c.causal = true; c.window = Window{33, 0}; });
+  add("causal_nq_gt_nk", [](KernelCase& c) { c.causal = true; c.nq = 150; c.nk = 70; });
+  add("bool_mask", [](KernelCase& c) { c.mask = MaskKind::kBoolFull; });
+  add("bool_mask_broadcast", [](KernelCase& c) { c.mask = MaskKind::kBoolRowBroadcast; });
+  add("float_mask", [](KernelCase& c) { c.mask = MaskKind::kFloatFull; });
+  add("float_mask_column", [](KernelCase& c) { c.mask = MaskKind::kFloatColumn; });
+  add("dead_rows", [](KernelCase& c) { c.mask = MaskKind::kDeadRows; });
+  add("mask_and_causal", [](KernelCase& c) { c.mask = MaskKind::kBoolFull; c.causal = true; });
+  add("gqa", [](KernelCase& c) { c.h = 6; c.hkv = 2; });
+  add("mqa", [](KernelCase& c) { c.h = 5; c.hkv = 1; c.causal = true; });
+  add("mqa_many_heads", [](KernelCase& c) { c.h = 96; c.hkv = 1; c.nq = 9; c.nk = 80; });
+  add("batch", [](KernelCase& c) { c.b = 3; c.h = 2; c.hkv = 1; c.mask = MaskKind::kFloatFull; });
+  add("huge_logits", [](KernelCase& c) { c.magnitude = 30.0; c.scale = 1.0; });
+  add("huge_logits_causal", [](KernelCase& c) { c.magnitude = 30.0; c.causal = true; });
+  add("negative_scale", [](KernelCase& c) { c.scale = -0.3; c.causal = true; });
+  add("f64_inputs", [](KernelCase& c) { c.in_dtype = DType::kF64; c.mask = MaskKind::kFloatFull; });
+  add("strided", [](KernelCase& c) { c.strided = true; c.h = 4; c.hkv = 2; c.causal = true; });
+  add("strided_f64", [](KernelCase& c) { c.strided = true; c.in_dtype = DType::kF64; });
+  return cases;
+}
+
+struct KernelRun {
+  std::string label;
+  std::string kernel;
+  std::int64_t target = 0;  // SIMD target for fused_hwy, else 0
+};
+
+std::vector<KernelRun> runs() {
+  std::vector<KernelRun> list;
+  for (const std::string& name : attention_kernel_names()) {
+    if (name == "fused_hwy") {
+      for (std::int64_t t : kernels::simd_targets()) {
+        list.push_back({name + "/" + kernels::simd_target_name(t), name, t});
+      }
+    } else {
+      list.push_back({name, name, 0});
+    }
+  }
+  return list;
+}
+
+class KernelSweep : public ::testing::TestWithParam<KernelCase> {};
+
+TEST_P(KernelSweep, EveryKernelWithinTwiceNaiveFloat32) {
+  const KernelCase& c = GetParam();
+  const CaseInputs in = make_inputs(c, 1234);
+  AttentionOptions options = in.options(c);
+  options.threads = 2;
+  options.return_weights = true;
+  options.return_lse = true;
+
+  AttentionOptions ref_options = options;
+  ref_options.kernel = "reference";
+  ref_options.out_dtype = DType::kF64;
+  const AttentionResult ref = attention(in.q, in.k, in.v, ref_options);
+  const NaiveResult naive = naive_f32(in.q, in.k, in.v, options);
+
+  const double max_v = max_abs(in.v);
+  double max_lse = 1.0;
+  for (std::int64_t e = 0; e < ref.lse.numel(); ++e) {
+    const double x = ref.lse.data_as<double>()[e];
+    if (std::isfinite(x)) max_lse = std::max(max_lse, std::abs(x));
+  }
+  const double naive_out = max_error(naive.out.view(), ref.out.view());
+  const double naive_w = max_error(naive.weights.view(), ref.weights.view());
+  const double naive_lse = max_error(naive.lse.view(), ref.lse.view());
+
+  for (const KernelRun& run : runs()) {
+    SCOPED_TRACE(run.label);
+    kernels::simd_force_target(run.target);
+    options.kernel = run.kernel;
+    AttentionResult got;
+    if (c.strided) {
+      // Write into a head column block of a wider float32 output.
+      const std::int64_t width = c.h * c.dv + 5;
+      Tensor wide(DType::kF32, {c.b, c.nq, width}, "O");
+      AttentionOutputs outputs;
+      outputs.out = MutableTensorView{wide.data(), DType::kF32, {c.b, c.h, c.nq, c.dv},
+                                      {c.nq * width, c.dv, width, 1}, "O"};
+      got.weights = Tensor(DType::kF32, ref.weights.shape(), "weights");
+      got.lse = Tensor(DType::kF64, ref.lse.shape(), "lse");
+      outputs.weights = got.weights.mutable_view();
+      outputs.lse = got.lse.mutable_view();
+      got.kernel = attention_into(in.q, in.k, in.v, options, outputs);
+      got.out = contiguous_copy(outputs.out, DType::kF32);
+    } else {
+      got = attention(in.q, in.k, in.v, options);
+    }
+    kernels::simd_force_target(0);
+    EXPECT_EQ(got.kernel, run.kernel);
+    const double e_out = max_error(got.out.view(), ref.out.view());
+    const double e_w = max_error(got.weights.view(), ref.weights.view());
+    const double e_lse = max_error(got.lse.view(), ref.lse.view());
+    EXPECT_LE(e_out, 2.0 * naive_out + 1e-7 * max_v) << "naive f32 error " << naive_out;
+    EXPECT_LE(e_w, 2.0 * naive_w + 1e-7) << "naive f32 weights error " << naive_w;
+    EXPECT_LE(e_lse, 2.0 * naive_lse + 1e-7 * max_lse) << "naive f32 lse error " << naive_lse;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, KernelSweep, ::testing::ValuesIn(sweep_cases()),
+                         [](const ::testing::TestParamInfo<KernelCase>& param) {
+                           return param.param.name;
+                         });
+
+// Fully masked rows follow the contract exactly in every kernel: zero output and weights,
+// lse = -inf, never NaN.
+TEST(KernelContract, DeadRowsAreZeroWithMinusInfinityLse) {
+  KernelCase c;
+  c.nq = 9;
+  c.nk = 70;
+  c.mask = MaskKind::kDeadRows;
+  const CaseInputs in = make_inputs(c, 7);
+  for (const KernelRun& run : runs()) {
+    SCOPED_TRACE(run.label);
+    kernels::simd_force_target(run.target);
+    AttentionOptions options = in.options(c);
+    options.kernel = run.kernel;
+    options.return_weights = true;
+    options.return_lse = true;
+    const AttentionResult r = attention(in.q, in.k, in.v, options);
+    kernels::simd_force_target(0);
+    for (std::int64_t h = 0; h < c.h; ++h) {
+      for (std::int64_t i = 1; i < c.nq; i += 3) {
+        const std::int64_t row = h * c.nq + i;
+        EXPECT_EQ(r.lse.data_as<float>()[row], -std::numeric_limits<float>::infinity());
+        for (std::int64_t x = 0; x < c.dv; ++x) EXPECT_EQ(r.out.data_as<float>()[row * c.dv + x], 0.0f);
+        for (std::int64_t j = 0; j < c.nk; ++j) {
+          EXPECT_EQ(r.weights.data_as<float>()[row * c.nk + j], 0.0f);
+        }
+      }
+    }
+  }
+}
+
+// The choice report names the chosen kernel and gives a reason for each that declined.
+TEST(KernelChoice, ExplainsTheDefaultAndForcedChoice) {
+  KernelCase c;
+  const CaseInputs in = make_inputs(c, 3);
+  const std::string text = explain_kernel_choice(in.q, in.k, in.v, in.options(c));
+  EXPECT_NE(text.find(attention_kernel_names().front() + ": chosen"), std::string::npos) << text;
+  AttentionOptions forced = in.options(c);
+  forced.kernel = "reference";
+  const std::string forced_text = explain_kernel_choice(in.q, in.k, in.v, forced);
+  EXPECT_NE(forced_text.find("reference: chosen (--kernel)"), std::string::npos) << forced_text;
+}
+
+// The float32 kernels decline float64 inputs that float32 cannot hold; the reference takes them.
+TEST(KernelChoice, Float32KernelsDeclineOutOfRangeDoubles) {
+  KernelCase c;
+  c.in_dtype = DType::kF64;
+  CaseInputs in = make_inputs(c, 5);
+  in.k_store.data_as<double>()[3] = 1e300;
+  AttentionOptions options = in.options(c);
+  EXPECT_EQ(attention(in.q, in.k, in.v, options).kernel, "reference");
+}
+
+TEST(AccuracyReport, ComparesWithTheReference) {
+  KernelCase c;
+  const CaseInputs in = make_inputs(c, 11);
+  AttentionOptions options = in.options(c);
+  options.return_lse = true;
+  const AttentionResult r = attention(in.q, in.k, in.v, options);
+  const AccuracyReport report = compare_with_reference(in.q, in.k, in.v, options, r);
+  EXPECT_EQ(report.kernel, r.kernel);
+  EXPECT_GT(report.out.max_abs_reference, 0.0);
+  EXPECT_LT(report.out.max_abs_error, 1e-5);
+  EXPECT_LT(report.out.max_rel_error, 1e-5);
+  ASSERT_TRUE(report.lse.has_value());
+  EXPECT_FALSE(report.weights.has_value());
+}
+
+}  // namespace
+}  // namespace qkv::testing
