@@ -49,4 +49,8 @@ void simd_force_target(std::int64_t target);
 std::string simd_target_name();
 std::string simd_target_name(std::int64_t target);
 
+// The machine's fp32 FMA peak in GFLOP/s on `threads` threads, measured by a short probe
+// (about 0.5 s) on the best SIMD target; 0 in a portable build.
+double measure_fma_peak_gflops(int threads);
+
 }  // namespace qkv::kernels

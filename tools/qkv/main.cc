@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   qkv::cli::register_attention_command(app);
   qkv::cli::register_layer_command(app);
   qkv::cli::register_demo_command(app);
+  qkv::cli::register_bench_command(app);
 
   // CLI11 would only say that a subcommand is required; name the word it did not know.
   if (argc > 1 && argv[1][0] != '-') {

@@ -1,0 +1,233 @@
+// qkv bench: times the attention call in-process, for the chosen kernel and for the unfused
+// CBLAS baseline in the same run, on random inputs of a given shape.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/mask_rule.h"
+#include "core/parallel_for.h"
+#include "kernels/kernel.h"
+#include "qkv/attention.h"
+#include "qkv/error.h"
+
+namespace qkv::cli {
+namespace {
+
+struct BenchCommand {
+  std::int64_t n = 0, nk = 0, d = 0, dv = 0, heads = 0, kv_heads = 0, batch = 1;
+  bool causal = false;
+  int threads = 0;
+  std::string kernel;
+  bool json = false;
+  bool peak_only = false;
+  bool no_baseline = false;
+  double peak_gflops = 0.0;
+  int repeats = 0;
+};
+
+struct Timing {
+  std::string kernel;
+  double ms = 0.0;  // median
+  double min_ms = 0.0;
+  int runs = 0;
+  double gflops = 0.0;
+  double peak_rss_mib = 0.0;  // process peak RSS after this kernel's runs
+};
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+// Fills a tensor with a cheap deterministic pattern in [-1, 1).
+Tensor pattern_tensor(const Shape& shape, std::uint64_t seed, const char* name) {
+  Tensor t(DType::kF32, shape, name);
+  float* x = t.data_as<float>();
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = static_cast<float>(static_cast<double>(state >> 40) / static_cast<double>(1ull << 24)) * 2.0f - 1.0f;
+  }
+  return t;
+}
+
+// The useful flops: 2·(d + dv) per allowed (query, key) pair and head.
+double useful_flops(const BenchCommand& c) {
+  core::Masking m;
+  m.causal = c.causal;
+  double pairs = 0.0;
+  for (std::int64_t i = 0; i < c.n; ++i) {
+    const core::KeyRange r = core::allowed_key_range(m, c.nk, i + c.nk - c.n);
+    pairs += static_cast<double>(r.last - r.first);
+  }
+  return 2.0 * pairs * static_cast<double>(c.d + c.dv) * static_cast<double>(c.heads * c.batch);
+}
+
+Timing time_kernel(const BenchCommand& c, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const std::string& kernel, double flops) {
+  AttentionOptions options;
+  options.causal = c.causal;
+  options.threads = c.threads;
+  options.kernel = kernel;
+  Tensor out(DType::kF32, {c.batch, c.heads, c.n, c.dv}, "out");
+  const AttentionOutputs outputs{out.mutable_view(), std::nullopt, std::nullopt};
+  Timing t;
+  t.kernel = attention_into(q, k, v, options, outputs);  // warm-up
+  std::vector<double> ms;
+  double total = 0.0;
+  const int max_runs = c.repeats > 0 ? c.repeats : 50;
+  while (static_cast<int>(ms.size()) < max_runs &&
+         (c.repeats > 0 || ms.size() < 3 || total < 1000.0)) {
+    const auto start = std::chrono::steady_clock::now();
+    attention_into(q, k, v, options, outputs);
+    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+    ms.push_back(took.count());
+    total += took.count();
+  }
+  std::sort(ms.begin(), ms.end());
+  t.runs = static_cast<int>(ms.size());
+  t.ms = ms[ms.size() / 2];
+  t.min_ms = ms.front();
+  t.gflops = flops / (t.ms * 1e-3) * 1e-9;
+  t.peak_rss_mib = peak_rss_mib();
+  return t;
+}
+
+void print_json_timing(const char* key, const Timing& t, double peak) {
+  std::printf("  \"%s\": {\"kernel\": \"%s\", \"ms\": %.4f, \"min_ms\": %.4f, \"runs\": %d, "
+              "\"gflops\": %.2f, \"fraction_of_peak\": %.4f, \"peak_rss_mib\": %.1f}",
+              key, t.kernel.c_str(), t.ms, t.min_ms, t.runs, t.gflops,
+              peak > 0 ? t.gflops / peak : 0.0, t.peak_rss_mib);
+}
+
+void run_bench(BenchCommand c) {
+  const int threads = core::resolve_thread_count(c.threads);
+  c.threads = threads;
+  if (c.peak_only) {
+    const double peak = kernels::measure_fma_peak_gflops(threads);
+    if (c.json) {
+      std::printf("{\"threads\": %d, \"simd_target\": \"%s\", \"peak_gflops\": %.2f}\n", threads,
+                  kernels::simd_target_name().c_str(), peak);
+    } else {
+      std::printf("fp32 FMA peak: %.1f GFLOP/s on %d thread(s) (%s)\n", peak, threads,
+                  kernels::simd_target_name().c_str());
+    }
+    return;
+  }
+  if (c.n <= 0 || c.d <= 0 || c.heads <= 0) throw Error("bench", "--n, --d and --heads are required (> 0)");
+  if (c.nk <= 0) c.nk = c.n;
+  if (c.dv <= 0) c.dv = c.d;
+  if (c.kv_heads <= 0) c.kv_heads = c.heads;
+  if (c.heads % c.kv_heads != 0) throw Error("--kv-heads", "must divide --heads");
+
+  const Tensor q = pattern_tensor({c.batch, c.heads, c.n, c.d}, 1, "Q");
+  const Tensor k = pattern_tensor({c.batch, c.kv_heads, c.nk, c.d}, 2, "K");
+  const Tensor v = pattern_tensor({c.batch, c.kv_heads, c.nk, c.dv}, 3, "V");
+  const double input_output_mib =
+      static_cast<double>(q.nbytes() + k.nbytes() + v.nbytes() +
+                          static_cast<std::size_t>(c.batch * c.heads * c.n * c.dv) * 4) /
+      (1024.0 * 1024.0);
+  const double flops = useful_flops(c);
+  const double peak =
+      c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(threads);
+
+  const Timing main = time_kernel(c, q.view(), k.view(), v.view(), c.kernel, flops);
+  std::optional<Timing> base;
+  std::string base_note;
+  if (!c.no_baseline && main.kernel != "unfused_blas") {
+    try {
+      base = time_kernel(c, q.view(), k.view(), v.view(), "unfused_blas", flops);
+    } catch (const Error& e) {
+      base_note = e.what();
+    }
+  }
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  const char* l2 = std::getenv("OPENBLAS_L2_SIZE");
+  const bool blas_env = coretype != nullptr || l2 != nullptr;
+
+  if (c.json) {
+    std::printf("{\n  \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, \"heads\": %lld, "
+                "\"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d,\n"
+                "  \"simd_target\": \"%s\", \"peak_gflops\": %.2f, \"useful_gflop\": %.4f, "
+                "\"inputs_outputs_mib\": %.1f, \"openblas_env_set\": %s,\n",
+                static_cast<long long>(c.n), static_cast<long long>(c.nk),
+                static_cast<long long>(c.d), static_cast<long long>(c.dv),
+                static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads),
+                static_cast<long long>(c.batch), c.causal ? "true" : "false", threads,
+                kernels::simd_target_name().c_str(), peak, flops * 1e-9, input_output_mib,
+                blas_env ? "true" : "false");
+    print_json_timing("chosen", main, peak);
+    if (base) {
+      std::printf(",\n");
+      print_json_timing("baseline", *base, peak);
+      std::printf(",\n  \"speedup_vs_baseline\": %.4f\n}\n", base->ms / main.ms);
+    } else {
+      std::printf("\n}\n");
+    }
+    return;
+  }
+  std::printf("attention B=%lld H=%lld Hkv=%lld n=%lld nk=%lld d=%lld dv=%lld%s, %d thread(s), "
+              "SIMD %s\n",
+              static_cast<long long>(c.batch), static_cast<long long>(c.heads),
+              static_cast<long long>(c.kv_heads), static_cast<long long>(c.n),
+              static_cast<long long>(c.nk), static_cast<long long>(c.d),
+              static_cast<long long>(c.dv), c.causal ? " causal" : "", threads,
+              kernels::simd_target_name().c_str());
+  std::printf("useful work %.3f GFLOP; fp32 FMA peak %.1f GFLOP/s; inputs+output %.1f MiB\n",
+              flops * 1e-9, peak, input_output_mib);
+  auto line = [&](const char* role, const Timing& t) {
+    std::printf("%-9s %-13s %10.3f ms (min %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of peak  "
+                "peak RSS %.0f MiB\n",
+                role, t.kernel.c_str(), t.ms, t.min_ms, t.runs, t.gflops,
+                peak > 0 ? 100.0 * t.gflops / peak : 0.0, t.peak_rss_mib);
+  };
+  line("chosen", main);
+  if (base) {
+    line("baseline", *base);
+    std::printf("speedup vs baseline: %.2fx\n", base->ms / main.ms);
+  } else if (!base_note.empty()) {
+    std::printf("baseline: not run (%s)\n", base_note.c_str());
+  }
+  if (blas_env) {
+    std::printf("note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set; OpenBLAS may pick slow kernels "
+                "for the baseline (bench/run_grid.sh unsets them)\n");
+  }
+}
+
+}  // namespace
+
+void register_bench_command(CLI::App& app) {
+  auto command = std::make_shared<BenchCommand>();
+  CLI::App* sub = app.add_subcommand(
+      "bench", "time attention in-process: the chosen kernel against the unfused CBLAS baseline");
+  sub->add_option("--n", command->n, "query rows (and key rows unless --nk)");
+  sub->add_option("--nk", command->nk, "key rows (default n)");
+  sub->add_option("--d", command->d, "head dimension of Q and K");
+  sub->add_option("--dv", command->dv, "head dimension of V (default d)");
+  sub->add_option("--heads", command->heads, "query heads H");
+  sub->add_option("--kv-heads", command->kv_heads, "key/value heads (default H)");
+  sub->add_option("--batch", command->batch, "batch size B (default 1)");
+  sub->add_flag("--causal", command->causal, "bottom-right causal mask");
+  sub->add_option("--threads", command->threads, "threads (default: one per hardware thread)");
+  sub->add_option("--kernel", command->kernel, "force a kernel (default: the library's choice)");
+  sub->add_option("--repeats", command->repeats, "timed runs (default: >= 3 and ~1 s)");
+  sub->add_option("--peak-gflops", command->peak_gflops, "use this peak instead of measuring");
+  sub->add_flag("--no-baseline", command->no_baseline, "skip the unfused CBLAS baseline");
+  sub->add_flag("--json", command->json, "print one JSON object");
+  sub->add_flag("--peak", command->peak_only, "only measure the fp32 FMA peak");
+  sub->footer(
+      "Example:\n"
+      "  qkv bench --n 4096 --d 64 --heads 8 --causal --threads 2\n"
+      "GFLOP/s count the useful work 2·(d+dv) per allowed (query, key) pair and head.");
+  sub->callback([command] { run_bench(*command); });
+}
+
+}  // namespace qkv::cli
