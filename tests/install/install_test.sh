@@ -14,5 +14,5 @@ output=$(LD_LIBRARY_PATH="$scratch/prefix/lib:$scratch/prefix/lib64:${LD_LIBRARY
   "$scratch/build/consumer")
 echo "$output"
 # softmax([1, 0]) = [e, 1] / (e + 1): out = w0·[1, 2] + w1·[3, 4].
-expected="qkv $(sed -n 's/^project(qkv VERSION \([0-9.]*\).*/\1/p' "$(dirname "$0")/../../CMakeLists.txt"): 1.537882 2.537882"
+expected="qkv $(sed -n 's/^project(qkv VERSION \([0-9.]*\).*/\1/p' "$(dirname "$0")/../../CMakeLists.txt"): 1.537883 2.537883"
 [ "$output" = "$expected" ] || { echo "expected: $expected" >&2; exit 1; }
