@@ -35,6 +35,9 @@ struct AttentionOptions {
   DType out_dtype = DType::kF32;
   int threads = 0;       // 0: one per hardware thread
   std::string kernel;    // empty: the fastest kernel that supports the call
+  // Bytes the call may allocate (outputs it returns and kernel workspace); 0: no limit. A call
+  // that would need more throws qkv::Error (subject "max_memory") before allocating anything.
+  std::uint64_t max_memory = 0;
 };
 
 struct AttentionResult {

@@ -2,6 +2,7 @@
 // partial or damaged output (temporary file, then rename).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -43,5 +44,30 @@ class OutputFiles {
 
 // Writes one .npy file atomically.
 void write_npy(const std::filesystem::path& path, const TensorView& view, DType dtype);
+
+// One tensor listed in a .safetensors header.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // as the file says it: "F32", "BF16", "I64", ...
+  Shape shape;
+  std::uint64_t begin = 0;  // data_offsets, relative to the start of the data buffer
+  std::uint64_t end = 0;
+};
+
+// The tensors of a .safetensors file (https://github.com/huggingface/safetensors), sorted by
+// their offsets, after validating the whole header as the reference implementation does: an
+// 8-byte little-endian header length with an upper bound, a JSON object header ('__metadata__'
+// tolerated), a known dtype, shape and data_offsets for every tensor, offsets consistent with
+// dtype and shape, sorted, contiguous, without overlap or overflow, and a data buffer that ends
+// exactly at the end of the file. Throws qkv::Error naming the file otherwise.
+std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path);
+
+// Reads tensor `name` of a .safetensors file: F32, F16 and BF16 as float32, F64 as float64,
+// BOOL as bool; other dtypes are refused. The tensor's name is "PATH:NAME".
+Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
+
+// A tensor named the way the command line names one: "FILE.npy" (or any path: read as .npy), or
+// "FILE.safetensors:NAME" for the tensor NAME inside a safetensors file.
+Tensor read_tensor(const std::string& spec);
 
 }  // namespace qkv

@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory_budget.h"
 #include "core/validate.h"
 #include "kernels/kernel.h"
 #include "qkv/attention.h"
@@ -49,6 +50,8 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
   if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64) {
     throw Error("out_dtype", "must be float32 or float64");
   }
+  core::check_memory_budget(core::attention_memory(call, options, true), options.max_memory,
+                            "attention");
   AttentionResult result;
   result.out = Tensor(options.out_dtype, call.out_shape, "output");
   AttentionOutputs outputs{result.out.mutable_view(), std::nullopt, std::nullopt};
@@ -67,6 +70,8 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
 std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionOptions& options, const AttentionOutputs& outputs) {
   core::AttentionCall call = core::validate_attention(q, k, v, options);
+  core::check_memory_budget(core::attention_memory(call, options, false), options.max_memory,
+                            "attention");
   return bind_and_run(call, options, outputs);
 }
 

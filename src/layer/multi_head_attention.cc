@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "core/memory_budget.h"
 #include "core/parallel_for.h"
 #include "core/validate.h"
 #include "layer/projection.h"
@@ -188,6 +189,12 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   }
   const DType compute = all_f32 ? DType::kF32 : DType::kF64;
   const int threads = core::resolve_thread_count(options.attention.threads);
+
+  // Refused here, before the projections allocate anything, if the whole call cannot fit.
+  const core::LayerShape layer_shape{batch, nq, nk, d, d_m, heads, kv_heads, dk, dv, d_out,
+                                     memory.has_value(), weights.wo.has_value(), compute};
+  core::check_memory_budget(core::layer_memory(layer_shape, options.attention, threads),
+                            options.attention.max_memory, "the layer");
 
   // Projections: [B·N, d] · [d, width] for Q, and from the memory (or X) for K and V.
   const Tensor x_rows = as_matrix(x, compute);

@@ -1,8 +1,14 @@
 #include "cli_common.h"
 
+#include <unistd.h>
+
 #include <charconv>
+#include <cmath>
+#include <fstream>
+#include <limits>
 
 #include "qkv/error.h"
+#include "core/memory_budget.h"
 #include "qkv/io.h"
 
 namespace qkv::cli {
@@ -19,7 +25,76 @@ std::int64_t parse_window_side(const std::string& text, const std::string& whole
   return value;
 }
 
+std::uint64_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  std::uint64_t bytes = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_size);
+  // A container's limit (cgroup v2), when lower, is what the process can really use.
+  std::ifstream limit("/sys/fs/cgroup/memory.max");
+  std::uint64_t cgroup = 0;
+  if (limit >> cgroup && cgroup > 0 && cgroup < bytes) bytes = cgroup;
+  return bytes;
+}
+
+std::uint64_t parse_memory(const std::string& text) {
+  const auto fail = [&]() -> std::uint64_t {
+    throw Error("--max-memory", "expected a size such as 8G, 512MiB, 25% or 0 (no limit), got '" +
+                                    text + "'");
+  };
+  if (text == "none" || text == "0") return 0;
+  double value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || !std::isfinite(value) || value < 0) return fail();
+  std::string unit(ptr, end);
+  if (unit == "%") {
+    if (value > 100) return fail();
+    return static_cast<std::uint64_t>(static_cast<double>(physical_memory()) * value / 100.0);
+  }
+  if (unit.ends_with("iB")) unit.resize(unit.size() - 2);
+  else if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  double scale = 1;
+  if (unit.empty() || unit == "B") {
+    scale = 1;
+  } else if (unit == "K" || unit == "k") {
+    scale = 1024.0;
+  } else if (unit == "M") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "G") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "T") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return fail();
+  }
+  const double bytes = value * scale;
+  if (bytes >= 1.8e19) return fail();
+  const auto result = static_cast<std::uint64_t>(bytes);
+  return result == 0 ? fail() : result;
+}
+
 }  // namespace
+
+Tensor read_input(const std::string& spec) { return read_tensor(spec); }
+
+std::uint64_t memory_budget(const AttentionFlags& flags) {
+  if (!flags.max_memory.empty()) return parse_memory(flags.max_memory);
+  return static_cast<std::uint64_t>(static_cast<double>(physical_memory()) *
+                                    kDefaultMemoryFraction);
+}
+
+void apply_memory_budget(const AttentionFlags& flags, std::uint64_t input_bytes,
+                         AttentionOptions& options) {
+  const std::uint64_t budget = memory_budget(flags);
+  options.max_memory = 0;
+  if (budget == 0) return;
+  if (input_bytes >= budget) {
+    throw Error("--max-memory", "the inputs alone take " + core::format_bytes_exact(input_bytes) +
+                                    "; the memory budget is " + core::format_bytes_exact(budget));
+  }
+  options.max_memory = budget - input_bytes;
+}
 
 void add_attention_flags(CLI::App& command, AttentionFlags& flags) {
   command.add_option("--mask", flags.mask_path,
@@ -40,6 +115,9 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags) {
       ->check(CLI::NonNegativeNumber);
   command.add_option("--kernel", flags.kernel,
                      "force a kernel (default: the fastest that supports the call)");
+  command.add_option("--max-memory", flags.max_memory,
+                     "memory budget: refuse, before allocating, a run that needs more (e.g. 8G, "
+                     "512MiB, 25%; 0: no limit; default 75% of physical memory)");
 }
 
 Window parse_window(const std::string& text) {
@@ -53,7 +131,7 @@ Window parse_window(const std::string& text) {
 
 std::optional<Tensor> load_mask(const AttentionFlags& flags) {
   if (flags.mask_path.empty()) return std::nullopt;
-  return read_npy(flags.mask_path);
+  return read_input(flags.mask_path);
 }
 
 AttentionOptions attention_options(const AttentionFlags& flags, const std::optional<Tensor>& mask) {

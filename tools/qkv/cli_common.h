@@ -3,11 +3,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "qkv/attention.h"
+#include "qkv/error.h"
 #include "qkv/tensor.h"
 
 namespace qkv::cli {
@@ -24,12 +26,38 @@ struct AttentionFlags {
   std::string out_dtype = "f32";
   int threads = 0;
   std::string kernel;
+  std::string max_memory;  // empty: the default budget
 };
 
 void add_attention_flags(CLI::App& command, AttentionFlags& flags);
 
 // The library options these flags describe; the mask (when given) must outlive the options.
 AttentionOptions attention_options(const AttentionFlags& flags, const std::optional<Tensor>& mask);
+
+// Reads a tensor argument: "FILE.npy" or "FILE.safetensors:NAME".
+Tensor read_input(const std::string& spec);
+
+// The memory budget in bytes that --max-memory sets ("8G", "512MiB", "25%" of physical memory,
+// "0" or "none" for no limit), or by default kDefaultMemoryFraction of the physical memory (or
+// of the cgroup's limit, when lower). Throws qkv::Error naming --max-memory.
+std::uint64_t memory_budget(const AttentionFlags& flags);
+constexpr double kDefaultMemoryFraction = 0.75;
+
+// Sets options.max_memory to what is left of the budget once the inputs (`input_bytes`, already
+// held) are counted; throws qkv::Error naming --max-memory if they alone exceed it.
+void apply_memory_budget(const AttentionFlags& flags, std::uint64_t input_bytes,
+                         AttentionOptions& options);
+
+// Runs a library call, reporting a refused memory budget against the --max-memory flag.
+template <typename Call>
+auto within_memory_budget(Call&& call) -> decltype(call()) {
+  try {
+    return call();
+  } catch (const Error& e) {
+    if (e.subject() == "max_memory") throw Error("--max-memory", e.problem());
+    throw;
+  }
+}
 
 // Reads the mask named by --mask, if any.
 std::optional<Tensor> load_mask(const AttentionFlags& flags);

@@ -1,0 +1,66 @@
+// Memory budgets: what a call will allocate, estimated from its shapes before anything is
+// allocated, and the refusal when that exceeds options.max_memory.
+//
+// The estimate is an upper bound on the library's own allocations: the outputs it returns, the
+// intermediates of the layer (projections, the concatenation, converted copies) and the kernel
+// workspace — per thread, the fused kernels' tiles (64 query rows of each head of a group,
+// 64 keys) and the reference kernel's rows, and, when the unfused CBLAS kernel may be chosen,
+// its nq x nk score matrix (which that kernel caps at 2 GiB). Inputs the caller already holds
+// are not counted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/params.h"
+#include "core/validate.h"
+#include "qkv/attention.h"
+
+namespace qkv::core {
+
+struct MemoryEstimate {
+  std::uint64_t outputs = 0;        // tensors returned to the caller
+  std::uint64_t intermediates = 0;  // the layer's projections and copies
+  std::uint64_t workspace = 0;      // kernel scratch
+  std::uint64_t total() const noexcept;
+};
+
+// a * b and a + b, saturating at UINT64_MAX: a shape from a file may make them overflow.
+std::uint64_t saturating_mul(std::uint64_t a, std::uint64_t b) noexcept;
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept;
+
+// Workspace of the kernels for an attention call of this shape on `threads` threads;
+// `kernel` is options.kernel (the n x n matrix counts only when unfused_blas may run).
+std::uint64_t attention_workspace_bytes(const AttentionShape& shape, int threads,
+                                        const std::string& kernel) noexcept;
+
+// Bytes of a contiguous tensor of this shape and dtype (saturating).
+std::uint64_t tensor_bytes(const Shape& shape, DType dtype) noexcept;
+
+// What attention() (allocates_outputs) or attention_into() allocates for a validated call.
+MemoryEstimate attention_memory(const AttentionCall& call, const AttentionOptions& options,
+                                bool allocates_outputs) noexcept;
+
+// The sizes of a multi-head layer call, as multi_head_attention has checked them.
+struct LayerShape {
+  std::int64_t b = 1, nq = 0, nk = 0, d = 0, d_m = 0;  // nk, d_m: of the memory (or X)
+  std::int64_t heads = 1, kv_heads = 1, dk = 0, dv = 0, d_out = 0;
+  bool cross = false;      // K and V from a separate memory
+  bool has_wo = false;
+  DType compute = DType::kF32;
+};
+
+// What multi_head_attention allocates: projections, converted copies, the concatenation, the
+// outputs and the attention workspace.
+MemoryEstimate layer_memory(const LayerShape& shape, const AttentionOptions& options,
+                            int threads) noexcept;
+
+// Throws qkv::Error (subject "max_memory") giving the bytes needed and the budget when
+// estimate.total() > budget; budget 0 means no limit. `what` names the call ("attention").
+void check_memory_budget(const MemoryEstimate& estimate, std::uint64_t budget,
+                         const std::string& what);
+
+// "17179869184 bytes (16 GiB)".
+std::string format_bytes_exact(std::uint64_t bytes);
+
+}  // namespace qkv::core

@@ -1,0 +1,596 @@
+// Safetensors files: a reader that validates the whole header before reading any tensor.
+//
+// The format (huggingface/safetensors). A file is
+//
+//   N        header                data buffer
+//   8 bytes  N bytes of JSON       the tensors' bytes, back to back
+//
+// N is a little-endian uint64. The header is a UTF-8 JSON object that maps each tensor name to
+//   {"dtype": "F32", "shape": [768, 2304], "data_offsets": [BEGIN, END]}
+// where BEGIN and END are byte offsets into the data buffer (END exclusive), plus an optional
+// "__metadata__" object of string values. Writers may pad the header with trailing spaces so
+// that the buffer is aligned. Tensors are little-endian and C order.
+//
+// Validation, as the reference implementation (safetensors' Rust crate, `SafeTensors::
+// read_metadata` and `Metadata::validate`) does it, in this order:
+//  - N is at most kMaxHeaderBytes (100 MB, the reference's bound) and 8 + N lies within the file;
+//  - the header is valid UTF-8 JSON that starts with '{' and holds only the keys above;
+//  - every tensor has a known dtype, a shape of non-negative integers and two data offsets;
+//  - sorted by offsets, the tensors tile the buffer: the first starts at 0, each starts where
+//    the previous ends (no gap, no overlap), and END - BEGIN = numel · bits / 8, computed
+//    without overflow and a whole number of bytes;
+//  - the last tensor ends exactly at the end of the file.
+// Stricter than the reference, as the .npy reader is: a tensor name may appear only once (a
+// JSON parser would silently keep one of them), unknown keys in a tensor's entry are refused,
+// and bool data must be 0 or 1.
+//
+// Threat model as for .npy: nothing larger than the header is allocated before the offsets
+// have been checked against the file's size, the header is parsed by a SAX handler that keeps
+// only what it needs (no document tree, nesting limited to the format's three levels), and
+// bytes from the file reach messages only escaped, so that every error is one printable line.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "qkv/error.h"
+#include "qkv/io.h"
+
+namespace qkv {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "qkv reads little-endian safetensors data by copying bytes");
+
+// The reference implementation's bound (safetensors::tensor::MAX_HEADER_SIZE).
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr std::size_t kMaxRank = 64;
+constexpr std::size_t kQuoteLimit = 60;
+constexpr const char* kSuffix = ".safetensors";
+constexpr const char* kSupported = "qkv reads F32, F64, F16, BF16 and BOOL";
+
+std::string errno_message(int err) {
+  return std::error_code(err, std::generic_category()).message();
+}
+
+// Text from the file in single quotes, made safe for a one-line message.
+std::string quote(std::string_view text) {
+  std::string out = "'";
+  std::size_t shown = 0;
+  for (const char c : text) {
+    if (shown++ == kQuoteLimit) {
+      out += "...";
+      break;
+    }
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\\' || c == '\'') {
+      out += '\\';
+      out += c;
+    } else if (byte >= 0x20 && byte < 0x7f) {
+      out += c;
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(byte));
+      out += escaped;
+    }
+  }
+  return out + "'";
+}
+
+std::string str(std::uint64_t n) { return std::to_string(n); }
+
+// Bits per element of every dtype the format defines, so that a file can be validated whole
+// even when it holds tensors qkv does not read. 0: not a safetensors dtype.
+std::uint64_t dtype_bits(std::string_view dtype) {
+  static constexpr std::array<std::pair<std::string_view, std::uint64_t>, 22> kBits = {{
+      {"BOOL", 8},     {"U8", 8},       {"I8", 8},       {"F8_E5M2", 8}, {"F8_E4M3", 8},
+      {"F8_E8M0", 8},  {"I16", 16},     {"U16", 16},     {"F16", 16},    {"BF16", 16},
+      {"I32", 32},     {"U32", 32},     {"F32", 32},     {"F64", 64},    {"I64", 64},
+      {"U64", 64},     {"C64", 64},     {"F4", 4},       {"F6_E2M3", 6}, {"F6_E3M2", 6},
+      {"F8_E4M3FN", 8}, {"F8_E5M2FNUZ", 8},
+  }};
+  for (const auto& [name, bits] : kBits) {
+    if (name == dtype) return bits;
+  }
+  return 0;
+}
+
+// A file opened for reading, closed on every path out.
+class InputFile {
+ public:
+  InputFile(const std::filesystem::path& path, const std::string& subject) : subject_(subject) {
+    do {
+      fd_.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    } while (fd_.fd < 0 && errno == EINTR);
+    if (fd_.fd < 0) throw Error(subject_, "cannot open: " + errno_message(errno));
+    struct stat info {};
+    if (::fstat(fd_.fd, &info) != 0) fail_read(errno);
+    if (S_ISDIR(info.st_mode)) fail_read(EISDIR);
+    if (!S_ISREG(info.st_mode)) throw Error(subject_, "cannot read: not a regular file");
+    size_ = static_cast<std::uint64_t>(info.st_size);
+  }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  std::uint64_t size() const noexcept { return size_; }
+
+  // Reads exactly `count` bytes at `offset`, which the caller has checked lie within size().
+  void read_at(std::uint64_t offset, void* buffer, std::size_t count) const {
+    auto* out = static_cast<char*>(buffer);
+    while (count > 0) {
+      const ssize_t got = ::pread(fd_.fd, out, count, static_cast<off_t>(offset));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        fail_read(errno);
+      }
+      if (got == 0) throw Error(subject_, "cannot read: the file shrank while being read");
+      const auto n = static_cast<std::size_t>(got);
+      out += n;
+      offset += n;
+      count -= n;
+    }
+  }
+
+ private:
+  [[noreturn]] void fail_read(int err) const {
+    throw Error(subject_, "cannot read: " + errno_message(err));
+  }
+
+  // Owns the descriptor, so that it is closed also when the constructor throws.
+  struct Descriptor {
+    int fd = -1;
+    ~Descriptor() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+
+  const std::string& subject_;
+  Descriptor fd_;
+  std::uint64_t size_ = 0;
+};
+
+// Parses the header into entries, refusing anything the format does not allow. Each callback
+// returns false to stop the parser at the first problem, which it records in error().
+class HeaderHandler final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  const std::string& error() const noexcept { return error_; }
+  std::vector<SafetensorsEntry>& entries() noexcept { return entries_; }
+
+  bool null() override { return unexpected("null"); }
+  bool boolean(bool) override { return unexpected("a boolean"); }
+  bool number_integer(number_integer_t value) override {
+    if (value >= 0) return number_unsigned(static_cast<number_unsigned_t>(value));
+    return unexpected("a negative number");
+  }
+  bool number_unsigned(number_unsigned_t value) override {
+    if (depth_ != 3) return unexpected("a number");
+    std::vector<std::uint64_t>& list = field_ == Field::kShape ? shape_ : offsets_;
+    if (list.size() == (field_ == Field::kShape ? kMaxRank : 2)) {
+      return fail(field_ == Field::kShape
+                      ? "has more than " + str(kMaxRank) + " dimensions"
+                      : "'data_offsets' must hold exactly two numbers [BEGIN, END]");
+    }
+    list.push_back(value);
+    return true;
+  }
+  bool number_float(number_float_t, const string_t& text) override {
+    return unexpected("the number " + quote(text) + " (not a non-negative integer within 64 bits)");
+  }
+  bool binary(binary_t&) override { return unexpected("binary data"); }
+
+  bool string(string_t& value) override {
+    if (depth_ == 2 && in_metadata_) return true;
+    if (depth_ == 2 && field_ == Field::kDtype) {
+      if (has_dtype_) return fail("has 'dtype' twice");
+      if (dtype_bits(value) == 0) {
+        return fail("has unknown dtype " + quote(value) +
+                    " (safetensors dtypes: BOOL, U8, I8, F16, BF16, F32, F64, I64, ...)");
+      }
+      current_.dtype = value;
+      has_dtype_ = true;
+      return true;
+    }
+    return unexpected("a string");
+  }
+
+  bool start_object(std::size_t) override {
+    if (depth_ == 0) {
+      depth_ = 1;
+      return true;
+    }
+    if (depth_ != 1) return unexpected("an object");
+    depth_ = 2;
+    if (in_metadata_) return true;
+    current_ = SafetensorsEntry{};
+    current_.name = name_;
+    has_dtype_ = has_shape_ = has_offsets_ = false;
+    return true;
+  }
+
+  bool key(string_t& key) override {
+    if (depth_ == 1) {
+      name_ = key;
+      if (!names_.insert(key).second) {
+        return fail_root("holds the name " + quote(key) + " more than once");
+      }
+      in_metadata_ = key == "__metadata__";
+      return true;
+    }
+    if (in_metadata_) return true;
+    if (key == "dtype") {
+      field_ = Field::kDtype;
+    } else if (key == "shape") {
+      field_ = Field::kShape;
+    } else if (key == "data_offsets") {
+      field_ = Field::kOffsets;
+    } else {
+      return fail("has the unknown key " + quote(key) +
+                  " (expected 'dtype', 'shape' and 'data_offsets')");
+    }
+    return true;
+  }
+
+  bool end_object() override {
+    if (depth_ == 1) {
+      depth_ = 0;
+      return true;
+    }
+    depth_ = 1;
+    if (in_metadata_) {
+      in_metadata_ = false;
+      return true;
+    }
+    if (!has_dtype_) return fail("has no 'dtype'");
+    if (!has_shape_) return fail("has no 'shape'");
+    if (!has_offsets_) return fail("has no 'data_offsets'");
+    entries_.push_back(std::move(current_));
+    return true;
+  }
+
+  bool start_array(std::size_t) override {
+    if (depth_ != 2 || in_metadata_) return unexpected("a list");
+    if (field_ == Field::kShape) {
+      if (has_shape_) return fail("has 'shape' twice");
+      shape_.clear();
+    } else if (field_ == Field::kOffsets) {
+      if (has_offsets_) return fail("has 'data_offsets' twice");
+      offsets_.clear();
+    } else {
+      return unexpected("a list");
+    }
+    depth_ = 3;
+    return true;
+  }
+
+  bool end_array() override {
+    depth_ = 2;
+    if (field_ == Field::kShape) {
+      for (const std::uint64_t dim : shape_) {
+        if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+          return fail("has dimension " + str(dim) + ", too large for a 64-bit signed integer");
+        }
+        current_.shape.push_back(static_cast<std::int64_t>(dim));
+      }
+      has_shape_ = true;
+    } else {
+      if (offsets_.size() != 2) {
+        return fail("'data_offsets' must hold exactly two numbers [BEGIN, END]");
+      }
+      current_.begin = offsets_[0];
+      current_.end = offsets_[1];
+      has_offsets_ = true;
+    }
+    return true;
+  }
+
+  bool parse_error(std::size_t position, const std::string& last_token,
+                   const nlohmann::detail::exception& exception) override {
+    if (!error_.empty()) return false;
+    // nlohmann's message starts "[json.exception.parse_error.101] parse error at line 1, column
+    // 7: "; keep what follows and give a byte position instead.
+    std::string what = exception.what();
+    const std::size_t colon = what.find(": ");
+    if (colon != std::string::npos) what = what.substr(colon + 2);
+    const std::size_t last_read = what.find("; last read: ");
+    if (last_read != std::string::npos) what = what.substr(0, last_read);
+    error_ = "malformed JSON header at byte " + str(position) + ": " + what + " (near " +
+             quote(last_token) + ")";
+    return false;
+  }
+
+ private:
+  enum class Field { kDtype, kShape, kOffsets };
+
+  bool fail_root(const std::string& problem) {
+    if (error_.empty()) error_ = "header " + problem;
+    return false;
+  }
+  bool fail(const std::string& problem) {
+    if (error_.empty()) {
+      error_ = in_metadata_ ? "'__metadata__' " + problem : "tensor " + quote(name_) + " " + problem;
+    }
+    return false;
+  }
+  bool unexpected(const std::string& what) {
+    if (depth_ == 0) return fail_root("is not a JSON object");
+    if (depth_ == 1) return fail("must map to an object, found " + what);
+    if (in_metadata_) return fail("values must be strings, found " + what);
+    if (depth_ == 2) {
+      switch (field_) {
+        case Field::kDtype:
+          return fail("'dtype' must be a string, found " + what);
+        case Field::kShape:
+          return fail("'shape' must be a list of non-negative integers, found " + what);
+        case Field::kOffsets:
+          return fail("'data_offsets' must be a list [BEGIN, END], found " + what);
+      }
+    }
+    return fail(std::string(field_ == Field::kShape ? "'shape'" : "'data_offsets'") +
+                " must hold non-negative integers, found " + what);
+  }
+
+  std::vector<SafetensorsEntry> entries_;
+  std::unordered_set<std::string> names_;
+  SafetensorsEntry current_;
+  std::string name_;
+  std::vector<std::uint64_t> shape_, offsets_;
+  std::string error_;
+  int depth_ = 0;  // 1: the root object; 2: a tensor entry; 3: a shape or offsets list
+  Field field_ = Field::kDtype;
+  bool in_metadata_ = false;
+  bool has_dtype_ = false, has_shape_ = false, has_offsets_ = false;
+};
+
+// The bytes tensor `entry` occupies, or throws naming it if that overflows or is not a whole
+// number of bytes.
+std::uint64_t tensor_bytes(const SafetensorsEntry& entry, const std::string& subject) {
+  std::uint64_t numel = 1;
+  for (const std::int64_t dim : entry.shape) {
+    const auto d = static_cast<std::uint64_t>(dim);
+    if (d != 0 && numel > std::numeric_limits<std::uint64_t>::max() / d) {
+      throw Error(subject, "tensor " + quote(entry.name) + " has shape " +
+                               shape_string(entry.shape) + " whose size overflows 64 bits");
+    }
+    numel *= d;
+  }
+  const std::uint64_t bits = dtype_bits(entry.dtype);
+  if (numel > std::numeric_limits<std::uint64_t>::max() / bits) {
+    throw Error(subject, "tensor " + quote(entry.name) + " has shape " + shape_string(entry.shape) +
+                             " whose size in bytes overflows 64 bits");
+  }
+  if (numel * bits % 8 != 0) {
+    throw Error(subject, "tensor " + quote(entry.name) + " of " + str(numel) + " " + entry.dtype +
+                             " values is not a whole number of bytes");
+  }
+  return numel * bits / 8;
+}
+
+struct Index {
+  std::vector<SafetensorsEntry> entries;  // sorted by offsets
+  std::uint64_t data_offset = 0;          // of the buffer in the file
+};
+
+Index read_index(const InputFile& file, const std::string& subject) {
+  const std::uint64_t file_size = file.size();
+  if (file_size < 8) {
+    throw Error(subject, "is truncated: " + str(file_size) +
+                             " bytes is too short for a safetensors header length (8 bytes)");
+  }
+  std::array<unsigned char, 8> length_bytes{};
+  file.read_at(0, length_bytes.data(), length_bytes.size());
+  std::uint64_t header_length = 0;
+  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[static_cast<std::size_t>(i)];
+  if (header_length > kMaxHeaderBytes) {
+    throw Error(subject, "header length " + str(header_length) + " bytes exceeds the limit of " +
+                             str(kMaxHeaderBytes) + " bytes (is this a safetensors file?)");
+  }
+  if (header_length > file_size - 8) {
+    throw Error(subject, "truncated header: its length field says " + str(header_length) +
+                             " bytes but the file ends " + str(file_size - 8) +
+                             " bytes after it");
+  }
+  if (header_length == 0) throw Error(subject, "has an empty header (length 0)");
+
+  std::string header(header_length, '\0');
+  file.read_at(8, header.data(), header.size());
+  if (header[0] != '{') {
+    throw Error(subject, "header does not start with '{' (found " + quote(header.substr(0, 1)) +
+                             "): not a safetensors file");
+  }
+  HeaderHandler handler;
+  const bool parsed = nlohmann::json::sax_parse(header, &handler,
+                                                nlohmann::json::input_format_t::json, true);
+  if (!handler.error().empty()) throw Error(subject, handler.error());
+  if (!parsed) throw Error(subject, "malformed JSON header");
+
+  Index index;
+  index.entries = std::move(handler.entries());
+  index.data_offset = 8 + header_length;
+  const std::uint64_t buffer_length = file_size - index.data_offset;
+
+  for (const SafetensorsEntry& entry : index.entries) {
+    if (entry.end < entry.begin) {
+      throw Error(subject, "tensor " + quote(entry.name) + " has data_offsets [" +
+                               str(entry.begin) + ", " + str(entry.end) + "] that end before they begin");
+    }
+  }
+  std::stable_sort(index.entries.begin(), index.entries.end(),
+                   [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
+  std::uint64_t position = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const SafetensorsEntry& entry : index.entries) {
+    const std::string offsets = "[" + str(entry.begin) + ", " + str(entry.end) + "]";
+    if (entry.begin < position) {
+      throw Error(subject, "tensor " + quote(entry.name) + " at data_offsets " + offsets +
+                               " overlaps tensor " + quote(previous->name) + ", which ends at " +
+                               str(position));
+    }
+    if (entry.begin > position) {
+      throw Error(subject, "tensor " + quote(entry.name) + " at data_offsets " + offsets +
+                               " leaves a gap of " + str(entry.begin - position) +
+                               " bytes before it (tensors must be contiguous)");
+    }
+    const std::uint64_t bytes = tensor_bytes(entry, subject);
+    if (entry.end - entry.begin != bytes) {
+      throw Error(subject, "tensor " + quote(entry.name) + " of shape " +
+                               shape_string(entry.shape) + " and dtype " + entry.dtype +
+                               " needs " + str(bytes) + " bytes but its data_offsets " + offsets +
+                               " span " + str(entry.end - entry.begin));
+    }
+    if (entry.end > buffer_length) {
+      throw Error(subject, "tensor " + quote(entry.name) + " at data_offsets " + offsets +
+                               " lies past the end of the file, whose data buffer holds " +
+                               str(buffer_length) + " bytes");
+    }
+    position = entry.end;
+    previous = &entry;
+  }
+  if (position != buffer_length) {
+    throw Error(subject, "data buffer holds " + str(buffer_length) + " bytes but its tensors cover " +
+                             str(position) + " (" + str(buffer_length - position) +
+                             " bytes after the last tensor)");
+  }
+  return index;
+}
+
+// IEEE binary16 to binary32, exactly (every half is a float).
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu;
+  std::uint32_t mantissa = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // infinity or NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {
+    // Subnormal: normalise. The value is mantissa · 2^-24.
+    std::uint32_t e = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --e;
+    }
+    bits = sign | (e << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+float bfloat16_to_float(std::uint16_t b) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
+std::string available_names(const std::vector<SafetensorsEntry>& entries,
+                            const std::string& wanted) {
+  // Names ending in the one asked for first (a missing "transformer." prefix, say).
+  std::vector<std::string> names;
+  for (const SafetensorsEntry& entry : entries) {
+    if (entry.name.size() > wanted.size() && entry.name.ends_with("." + wanted)) {
+      names.push_back(entry.name);
+    }
+  }
+  if (!names.empty()) return "did you mean " + quote(names.front()) + "?";
+  if (entries.empty()) return "the file holds no tensors";
+  std::vector<std::string> all;
+  for (const SafetensorsEntry& entry : entries) all.push_back(entry.name);
+  std::sort(all.begin(), all.end());
+  std::string text = "the file holds " + str(all.size()) + (all.size() == 1 ? " tensor: " : " tensors: ");
+  for (std::size_t i = 0; i < all.size() && i < 4; ++i) text += (i ? ", " : "") + quote(all[i]);
+  if (all.size() > 4) text += ", ...";
+  return text;
+}
+
+}  // namespace
+
+std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  return read_index(file, subject).entries;
+}
+
+Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  const Index index = read_index(file, subject);
+  const auto found = std::find_if(index.entries.begin(), index.entries.end(),
+                                  [&](const SafetensorsEntry& e) { return e.name == name; });
+  if (found == index.entries.end()) {
+    throw Error(subject, "has no tensor named " + quote(name) + "; " +
+                             available_names(index.entries, name));
+  }
+  const SafetensorsEntry& entry = *found;
+  const std::string tensor_name = subject + ":" + name;
+  DType dtype;
+  if (entry.dtype == "F32" || entry.dtype == "F16" || entry.dtype == "BF16") {
+    dtype = DType::kF32;
+  } else if (entry.dtype == "F64") {
+    dtype = DType::kF64;
+  } else if (entry.dtype == "BOOL") {
+    dtype = DType::kBool;
+  } else {
+    throw Error(tensor_name, "has dtype " + entry.dtype + ", which is not supported; " + kSupported);
+  }
+  const std::uint64_t offset = index.data_offset + entry.begin;
+  const std::uint64_t bytes = entry.end - entry.begin;
+
+  Tensor tensor(dtype, entry.shape, tensor_name);
+  if (entry.dtype == "F16" || entry.dtype == "BF16") {
+    std::vector<std::uint16_t> raw(bytes / 2);
+    if (bytes > 0) file.read_at(offset, raw.data(), bytes);
+    float* out = tensor.data_as<float>();
+    const bool half = entry.dtype == "F16";
+    for (std::size_t i = 0; i < raw.size(); ++i) {
+      out[i] = half ? half_to_float(raw[i]) : bfloat16_to_float(raw[i]);
+    }
+  } else if (bytes > 0) {
+    file.read_at(offset, tensor.data(), bytes);
+  }
+  if (dtype == DType::kBool) {
+    const auto* values = static_cast<const unsigned char*>(tensor.data());
+    for (std::uint64_t i = 0; i < bytes; ++i) {
+      if (values[i] > 1) {
+        throw Error(tensor_name, "bool element " + str(i) + " holds the byte " +
+                                     str(values[i]) + "; bool data must be 0 or 1");
+      }
+    }
+  }
+  return tensor;
+}
+
+Tensor read_tensor(const std::string& spec) {
+  const std::string marker = std::string(kSuffix) + ":";
+  const std::size_t at = spec.find(marker);
+  if (at != std::string::npos) {
+    const std::string path = spec.substr(0, at + marker.size() - 1);
+    const std::string name = spec.substr(at + marker.size());
+    if (name.empty()) {
+      throw Error(spec, "names no tensor; write FILE.safetensors:NAME");
+    }
+    return read_safetensors_tensor(path, name);
+  }
+  if (spec.ends_with(kSuffix)) {
+    throw Error(spec, "is a safetensors file: name the tensor as " + spec + ":NAME");
+  }
+  return read_npy(spec);
+}
+
+}  // namespace qkv
