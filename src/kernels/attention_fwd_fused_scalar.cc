@@ -3,8 +3,8 @@
 // attention_fwd_fused_hwy; this file states its inner loops as plain C++, the readable
 // definition of what the vector micro-kernels compute:
 //
-//   scores        S[r][j] = sum_c Q[r][c] · K^T[c][j]      (r < rows, j < 64, c < d)
-//   scale_max     S[r][j] *= scale; returns max_j
+//   scores        S[r][j] = scale · sum_c Q[r][c] · K^T[c][j]  (r < rows, j < 64, c < d),
+//                 and each row's max over its 64 scores
 //   exp_sum       S[r][j] = exp(S[r][j] - m); returns sum_j (the tile's sum, formed first)
 //   accumulate_pv o[r][c] = alpha[r] · o[r][c] + sum_{j < bk} P[r][j] · V[j][c]
 //
@@ -24,7 +24,7 @@ struct ScalarMicro {
   static constexpr std::int64_t kTile = fused::kKeyTile;
 
   static void scores(const float* q, std::int64_t rows, std::int64_t d, const float* kt,
-                     float* s) noexcept {
+                     float scale, float* s, float* row_max) noexcept {
     for (std::int64_t r = 0; r < rows; ++r) {
       float* row = s + r * kTile;
       for (std::int64_t j = 0; j < kTile; ++j) row[j] = 0.0f;
@@ -33,16 +33,12 @@ struct ScalarMicro {
         const float* k = kt + c * kTile;
         for (std::int64_t j = 0; j < kTile; ++j) row[j] += qc * k[j];
       }
+      row_max[r] = -fused::kInfF;
+      for (std::int64_t j = 0; j < kTile; ++j) {
+        row[j] *= scale;
+        row_max[r] = std::max(row_max[r], row[j]);
+      }
     }
-  }
-
-  static float scale_max(float* s, float scale) noexcept {
-    float m = -fused::kInfF;
-    for (std::int64_t j = 0; j < kTile; ++j) {
-      s[j] *= scale;
-      m = std::max(m, s[j]);
-    }
-    return m;
   }
 
   static float row_max(const float* s) noexcept {
@@ -65,13 +61,14 @@ struct ScalarMicro {
   }
 
   static void accumulate_pv(const float* p, std::int64_t rows, std::int64_t bk, const float* v,
-                            std::int64_t dvp, const float* alpha, float* o) noexcept {
+                            std::int64_t ldv, std::int64_t dvp, const float* alpha,
+                            float* o) noexcept {
     for (std::int64_t r = 0; r < rows; ++r) {
       float* acc = o + r * dvp;
       for (std::int64_t c = 0; c < dvp; ++c) acc[c] *= alpha[r];
       for (std::int64_t j = 0; j < bk; ++j) {
         const float w = p[r * kTile + j];
-        const float* vj = v + j * dvp;
+        const float* vj = v + j * ldv;
         for (std::int64_t c = 0; c < dvp; ++c) acc[c] += w * vj[c];
       }
     }

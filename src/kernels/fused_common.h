@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -74,16 +75,15 @@ struct Task {
   std::int64_t b = 0, hk = 0, i0 = 0, i1 = 0;
 };
 
-// Task t, heaviest first: under causal masking later query tiles see more keys, so they are
-// handed out first and the dynamic schedule balances. The order never changes a result: each
-// task owns its output rows.
-inline Task task_at(const Plan& plan, const core::AttentionShape& s, std::int64_t t) noexcept {
-  const std::int64_t per_tile = s.b * s.hkv;
-  const std::int64_t qt = plan.q_tiles - 1 - t / per_tile;
-  const std::int64_t bh = t % per_tile;
+// Query tile q of (b, kv head) g, heaviest first: under causal masking later query tiles see
+// more keys, so they are handed out first and the dynamic schedule balances. The order never
+// changes a result: each task owns its output rows.
+inline Task task_at(const Plan& plan, const core::AttentionShape& s, std::int64_t g,
+                    std::int64_t q) noexcept {
+  const std::int64_t qt = plan.q_tiles - 1 - q;
   Task task;
-  task.b = bh / s.hkv;
-  task.hk = bh % s.hkv;
+  task.b = g / s.hkv;
+  task.hk = g % s.hkv;
   task.i0 = qt * plan.bq;
   task.i1 = std::min(s.nq, task.i0 + plan.bq);
   return task;
@@ -153,11 +153,11 @@ inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::i
   }
 }
 
-// The per-element path for one row of a score tile: s[j] = scale · s[j] + bias for keys that
+// The per-element path for one row of a tile of scaled scores: s[j] + bias for keys that
 // causal/window and the mask allow, -inf for the rest and for the padding past `count`.
-inline void scale_and_mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
-                               std::int64_t i, std::int64_t j0, std::int64_t count, float scale,
-                               bool check_structure, float* s) noexcept {
+inline void mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
+                     std::int64_t i, std::int64_t j0, std::int64_t count, bool check_structure,
+                     float* s) noexcept {
   const core::Masking& m = p.masking;
   const std::int64_t diag = i + p.shape.diagonal_offset();
   for (std::int64_t j = 0; j < count; ++j) {
@@ -165,15 +165,9 @@ inline void scale_and_mask_row(const core::AttentionParams& p, std::int64_t b, s
       s[j] = -kInfF;
       continue;
     }
-    // Written as a separate product and sum so that the value matches the unmasked path's
-    // plain product bit for bit where the bias is 0.
-    const float scaled = s[j] * scale;
-    if (m.mask == nullptr) {
-      s[j] = scaled;
-      continue;
-    }
+    if (m.mask == nullptr) continue;
     const float bias = static_cast<float>(core::mask_bias(m, b, h, i, j0 + j));
-    s[j] = bias == -kInfF ? -kInfF : scaled + bias;
+    s[j] = bias == -kInfF ? -kInfF : s[j] + bias;
   }
   for (std::int64_t j = count; j < kKeyTile; ++j) s[j] = -kInfF;
 }

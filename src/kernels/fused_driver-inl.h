@@ -15,9 +15,10 @@
 //            for each key tile [j0, j0 + 64) inside the union of the rows' causal/window ranges
 //            (tiles outside it are never touched):
 //              pack K^T [d x 64] and V [64 x dvp] as float32         (read once per task)
-//              S = Q · K^T                      micro-kernel, rows x 64, over any d
-//              per row: S *= scale (+ mask, -inf where forbidden: only on tiles that the
-//                       causal/window boundary crosses, or with an explicit mask)
+//              S = scale · Q · K^T              micro-kernel, rows x 64, over any d, with
+//                                               each row's max taken in registers
+//              per row: S += mask, -inf where forbidden: only on tiles that the causal/window
+//                       boundary crosses, with an explicit mask, or the short last tile
 //                       m' = max(m, max_j S_j);  P_j = exp(S_j - m');  l_t = sum_j P_j
 //                       (m, l) := merge((m, l), (m', l_t)) -> alpha = exp(m - m')
 //              o := alpha · o + P · V           micro-kernel, rows x dvp, the rescale fused in
@@ -34,14 +35,17 @@
 // Each tile's sum l_t is formed over its 64 keys before it enters l (a long row summed one
 // element at a time loses accuracy at nk = 65536).
 //
-// Memory: per worker the Q, S and o tiles and one K/V tile, about 64 (d + dv + 64) + 64 (d + dv)
-// floats; nothing grows with nk. Traffic: each K/V element is read once per query task
-// (nq / bq times per kv head), each Q and O element once.
+// Memory: per worker the Q, S and o tiles, 64 (d + 64 + dv) floats; shared, the packed K^T
+// (and V when it cannot be read in place) of two kv heads, 2 · nk · (d [+ dv]) floats. No
+// n x n buffer anywhere. Traffic: K and V are converted/transposed once per kv head, then each
+// K/V tile is read (from L2/L3) once per query task, nq / bq times per kv head; each Q and O
+// element is read or written once.
 //
 // The policy `Micro` supplies the inner loops (all on 64-key rows of S):
-//   kLanes; scores(q, rows, d, kt, s); scale_max(s, scale) -> max; row_max(s) -> max;
+//   kLanes; scores(q, rows, d, kt, scale, s, row_max) (S = scale · Q·K^T and each row's max);
+//   row_max(s) -> max;
 //   exp_sum(s, m) -> sum (s := exp(s - m)); exp_scale(s, m, f) (s := exp(s - m) · f);
-//   accumulate_pv(p, rows, bk, v, dvp, alpha, o).
+//   accumulate_pv(p, rows, bk, v, ldv, dvp, alpha, o) (V rows ldv apart, o rows dvp apart).
 
 #if defined(QKV_KERNELS_FUSED_DRIVER_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef QKV_KERNELS_FUSED_DRIVER_INL_H_
@@ -49,6 +53,16 @@
 #else
 #define QKV_KERNELS_FUSED_DRIVER_INL_H_
 #endif
+
+// One (b, kv head)'s K^T and V as the micro-kernels read them: K^T in tiles of [d x 64]
+// (tile t at kt + t·d·64, the last one zero-padded), V as rows of ldv floats (the caller's own
+// memory when it is float32 with unit column stride and dv a whole number of vectors, else a
+// padded float32 copy).
+struct HeadPack {
+  const float* kt = nullptr;
+  const float* v = nullptr;
+  std::int64_t ldv = 0;
+};
 
 template <class Micro>
 class FusedWorker {
@@ -58,16 +72,15 @@ class FusedWorker {
         plan_(plan),
         dvp_(fused::round_up(p.shape.dv, Micro::kLanes)),
         q_(fused::make_buffer(plan.max_rows * p.shape.d)),
-        kt_(fused::make_buffer(p.shape.d * fused::kKeyTile)),
-        v_(fused::make_buffer(fused::kKeyTile * dvp_)),
         s_(fused::make_buffer(plan.max_rows * fused::kKeyTile)),
         o_(fused::make_buffer(plan.max_rows * dvp_)),
         alpha_(fused::make_buffer(plan.max_rows)),
+        max_(fused::make_buffer(plan.max_rows)),
         state_(static_cast<std::size_t>(plan.max_rows)) {}
 
-  bool ok() const noexcept { return q_ && kt_ && v_ && s_ && o_ && alpha_; }
+  bool ok() const noexcept { return q_ && s_ && o_ && alpha_ && max_; }
 
-  void run(const fused::Task& t) noexcept {
+  void run(const fused::Task& t, const HeadPack& kv) noexcept {
     const core::AttentionShape& sh = p_.shape;
     const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t rows = plan_.g * per_head;
@@ -79,13 +92,17 @@ class FusedWorker {
     std::fill(state_.begin(), state_.end(), SoftmaxState{});
 
     const core::KeyRange range = fused::task_key_range(p_.masking, sh, t.i0, t.i1);
-    for (std::int64_t j0 = range.first; j0 < range.last; j0 += fused::kKeyTile) {
-      const std::int64_t bk = std::min(fused::kKeyTile, range.last - j0);
-      load_key_tile(t, j0, bk);
-      fused::pack_rows(p_.v, t.b, t.hk, j0, bk, sh.dv, v_.get(), dvp_);
+    const std::int64_t tile_end = (range.last + fused::kKeyTile - 1) / fused::kKeyTile;
+    for (std::int64_t kt = range.first / fused::kKeyTile; kt < tile_end; ++kt) {
+      const std::int64_t j0 = kt * fused::kKeyTile;
+      const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
+      Micro::scores(q_.get(), rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, scale(), s_.get(),
+                    max_.get());
+      const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
+                        fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
       for (std::int64_t r = 0; r < rows; ++r) {
         float* s = s_.get() + r * fused::kKeyTile;
-        const float tile_max = prepared_max(t, r, per_head, j0, bk, s);
+        const float tile_max = full ? max_.get()[r] : masked_max(t, r, j0, bk, s);
         const float m = std::max(state_[static_cast<std::size_t>(r)].max, tile_max);
         float tile_sum = 0.0f;
         if (m == -fused::kInfF) {
@@ -100,7 +117,8 @@ class FusedWorker {
         }
         alpha_.get()[r] = merge(state_[static_cast<std::size_t>(r)], SoftmaxState{m, tile_sum}).a;
       }
-      Micro::accumulate_pv(s_.get(), rows, bk, v_.get(), dvp_, alpha_.get(), o_.get());
+      Micro::accumulate_pv(s_.get(), rows, bk, kv.v + j0 * kv.ldv, kv.ldv, dvp_, alpha_.get(),
+                           o_.get());
     }
 
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -112,52 +130,50 @@ class FusedWorker {
         core::store_real(p_.lse.data, p_.lse.dtype, p_.lse.strides.at(t.b, h, i, 0), f.lse);
       }
     }
-    if (p_.weights.data != nullptr) write_weights(t, range);
+    if (p_.weights.data != nullptr) write_weights(t, range, kv);
   }
 
  private:
-  // Packs K^T for keys [j0, j0 + bk) and computes the raw score tile S = Q · K^T.
-  void load_key_tile(const fused::Task& t, std::int64_t j0, std::int64_t bk) noexcept {
-    const core::AttentionShape& sh = p_.shape;
-    if (bk < fused::kKeyTile) {
-      std::fill(kt_.get(), kt_.get() + sh.d * fused::kKeyTile, 0.0f);
-    }
-    fused::pack_transposed(p_.k, t.b, t.hk, j0, bk, sh.d, kt_.get(), fused::kKeyTile);
-    Micro::scores(q_.get(), plan_.g * (t.i1 - t.i0), sh.d, kt_.get(), s_.get());
-  }
+  float scale() const noexcept { return static_cast<float>(p_.scale); }
 
-  // Turns row r of the raw score tile into scaled, masked scores and returns their max. Tiles
-  // wholly inside every row's causal/window range and without an explicit mask take the
-  // vector path with no per-element checks.
-  float prepared_max(const fused::Task& t, std::int64_t r, std::int64_t per_head,
-                     std::int64_t j0, std::int64_t bk, float* s) const noexcept {
-    const float scale = static_cast<float>(p_.scale);
-    const bool full = bk == fused::kKeyTile &&
-                      fused::tile_fully_allowed(p_.masking, p_.shape, t.i0, t.i1, j0, j0 + bk);
-    if (full && p_.masking.mask == nullptr) return Micro::scale_max(s, scale);
+  // The per-element path for row r of a tile that the causal/window boundary crosses, that
+  // has an explicit mask, or that is the short last tile: mask, and the row's max.
+  float masked_max(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk,
+                   float* s) const noexcept {
+    const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t h = t.hk * plan_.g + r / per_head;
     const std::int64_t i = t.i0 + r % per_head;
-    fused::scale_and_mask_row(p_, t.b, h, i, j0, bk, scale, !full, s);
+    fused::mask_row(p_, t.b, h, i, j0, bk, p_.masking.has_structure(), s);
     return Micro::row_max(s);
   }
 
-  // The attention weights, recomputed tile by tile from the final (m, l) of each row.
-  void write_weights(const fused::Task& t, const core::KeyRange& range) noexcept {
+  // The attention weights, recomputed tile by tile from the final (m, l) of each row, with
+  // the same score arithmetic as the forward sweep.
+  void write_weights(const fused::Task& t, const core::KeyRange& range,
+                     const HeadPack& kv) noexcept {
     const core::AttentionShape& sh = p_.shape;
     const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t rows = plan_.g * per_head;
+    const std::int64_t tile_begin = range.first / fused::kKeyTile;
+    const std::int64_t tile_end = (range.last + fused::kKeyTile - 1) / fused::kKeyTile;
+    const std::int64_t key_begin = std::min(sh.nk, tile_begin * fused::kKeyTile);
+    const std::int64_t key_end = std::min(sh.nk, tile_end * fused::kKeyTile);
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t h = t.hk * plan_.g + r / per_head;
       const std::int64_t i = t.i0 + r % per_head;
-      fused::store_zeros(p_.weights, t.b, h, i, 0, range.first);
-      fused::store_zeros(p_.weights, t.b, h, i, range.last, sh.nk - range.last);
+      fused::store_zeros(p_.weights, t.b, h, i, 0, key_begin);
+      fused::store_zeros(p_.weights, t.b, h, i, key_end, sh.nk - key_end);
     }
-    for (std::int64_t j0 = range.first; j0 < range.last; j0 += fused::kKeyTile) {
-      const std::int64_t bk = std::min(fused::kKeyTile, range.last - j0);
-      load_key_tile(t, j0, bk);
+    for (std::int64_t kt = tile_begin; kt < tile_end; ++kt) {
+      const std::int64_t j0 = kt * fused::kKeyTile;
+      const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
+      Micro::scores(q_.get(), rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, scale(), s_.get(),
+                    max_.get());
+      const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
+                        fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
       for (std::int64_t r = 0; r < rows; ++r) {
         float* s = s_.get() + r * fused::kKeyTile;
-        prepared_max(t, r, per_head, j0, bk, s);
+        if (!full) masked_max(t, r, j0, bk, s);
         const SoftmaxState& st = state_[static_cast<std::size_t>(r)];
         const Finished f = finish(st);
         if (st.max == -fused::kInfF) {
@@ -179,23 +195,66 @@ class FusedWorker {
   const core::AttentionParams& p_;
   const fused::Plan& plan_;
   std::int64_t dvp_;
-  fused::Buffer q_, kt_, v_, s_, o_, alpha_;
+  fused::Buffer q_, s_, o_, alpha_, max_;
   std::vector<SoftmaxState> state_;
 };
 
-// Runs the fused forward pass for all tasks on exactly p.threads threads.
+// Runs the fused forward pass on exactly min(p.threads, tasks) threads. The (b, kv head) pairs
+// go one after another; for each, every worker first packs its share of the head's K^T tiles
+// (and V, when it cannot be read in place) into one of two slots, all meet at a barrier, then
+// take the head's query tiles from a shared counter. Two slots let a worker that ran out of
+// query tiles pack the next head while the others finish: the slot it overwrites belonged to
+// the head before, whose tiles were all finished before the previous barrier opened. Memory:
+// two heads' K^T (and V), 2 · nk · (d [+ dv]) floats, plus a few tiles per worker.
 template <class Micro>
 void run_fused(const core::AttentionParams& p) noexcept {
-  const fused::Plan plan = fused::make_plan(p.shape);
+  const core::AttentionShape& sh = p.shape;
+  const fused::Plan plan = fused::make_plan(sh);
   if (plan.tasks == 0) return;
+  const std::int64_t heads = sh.b * sh.hkv;
+  const std::int64_t key_tiles = (sh.nk + fused::kKeyTile - 1) / fused::kKeyTile;
+  const std::int64_t dvp = fused::round_up(sh.dv, Micro::kLanes);
+  const bool v_in_place = p.v.dtype == DType::kF32 && p.v.strides.col == 1 &&
+                          sh.dv % Micro::kLanes == 0;
+  fused::Buffer kt_slots[2], v_slots[2];
+  for (int slot = 0; slot < 2 && slot < heads; ++slot) {
+    kt_slots[slot] = fused::make_buffer(key_tiles * sh.d * fused::kKeyTile);
+    if (!kt_slots[slot]) std::abort();  // out of memory for O(n) buffers: nothing sane to do
+    if (!v_in_place) {
+      v_slots[slot] = fused::make_buffer(key_tiles * fused::kKeyTile * dvp);
+      if (!v_slots[slot]) std::abort();
+    }
+  }
   const std::int64_t workers = std::min<std::int64_t>(p.threads, plan.tasks);
-  std::atomic<std::int64_t> next{0};
+  std::vector<std::atomic<std::int64_t>> next(static_cast<std::size_t>(heads));
+  std::barrier<> packed(workers);
   core::parallel_for(workers, static_cast<int>(workers), [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t w = begin; w < end; ++w) {
       FusedWorker<Micro> worker(p, plan);
-      if (!worker.ok()) std::abort();  // out of memory for a few tiles: nothing sane to do
-      for (std::int64_t t = next.fetch_add(1); t < plan.tasks; t = next.fetch_add(1)) {
-        worker.run(fused::task_at(plan, p.shape, t));
+      if (!worker.ok()) std::abort();
+      for (std::int64_t g = 0; g < heads; ++g) {
+        const std::int64_t b = g / sh.hkv;
+        const std::int64_t hk = g % sh.hkv;
+        float* kt = kt_slots[g % 2].get();
+        float* v = v_slots[g % 2].get();
+        for (std::int64_t t = w; t < key_tiles; t += workers) {
+          const std::int64_t j0 = t * fused::kKeyTile;
+          const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
+          float* tile = kt + t * sh.d * fused::kKeyTile;
+          if (bk < fused::kKeyTile) std::fill(tile, tile + sh.d * fused::kKeyTile, 0.0f);
+          fused::pack_transposed(p.k, b, hk, j0, bk, sh.d, tile, fused::kKeyTile);
+          if (!v_in_place) fused::pack_rows(p.v, b, hk, j0, bk, sh.dv, v + j0 * dvp, dvp);
+        }
+        packed.arrive_and_wait();
+        HeadPack kv{kt, v, dvp};
+        if (v_in_place) {
+          kv.v = static_cast<const float*>(p.v.data) + p.v.strides.at(b, hk, 0, 0);
+          kv.ldv = p.v.strides.row;
+        }
+        std::atomic<std::int64_t>& counter = next[static_cast<std::size_t>(g)];
+        for (std::int64_t q = counter.fetch_add(1); q < plan.q_tiles; q = counter.fetch_add(1)) {
+          worker.run(fused::task_at(plan, sh, g, q), kv);
+        }
       }
     }
   });

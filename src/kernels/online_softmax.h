@@ -35,7 +35,8 @@ struct SoftmaxState {
 inline float rescale_factor(float from, float to) noexcept {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   if (from == -kInf) return 0.0f;
-  if (to == kInf) return from == kInf ? 1.0f : 0.0f;
+  if (from == to) return 1.0f;  // the common case once the max has settled: no exp call
+  if (to == kInf) return 0.0f;
   return std::exp(from - to);
 }
 
