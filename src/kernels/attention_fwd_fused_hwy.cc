@@ -134,7 +134,7 @@ struct HwyMicro {
     return hn::GetLane(hn::MaxOfLanes(df, m));
   }
 
-  static float exp_sum(float* s, float max) noexcept {
+  static void exp_accumulate(float* s, float max, float alpha, float* lsum) noexcept {
     const D df;
     const V vm = hn::Set(df, max);
     V sum = hn::Zero(df);
@@ -143,7 +143,7 @@ struct HwyMicro {
       hn::Store(e, df, s + j);
       sum = hn::Add(sum, e);
     }
-    return hn::GetLane(hn::SumOfLanes(df, sum));
+    hn::Store(hn::MulAdd(hn::Load(df, lsum), hn::Set(df, alpha), sum), df, lsum);
   }
 
   static void exp_scale(float* s, float max, float factor) noexcept {

@@ -5,7 +5,8 @@
 //
 //   scores        S[r][j] = scale · sum_c Q[r][c] · K^T[c][j]  (r < rows, j < 64, c < d),
 //                 and each row's max over its 64 scores
-//   exp_sum       S[r][j] = exp(S[r][j] - m); returns sum_j (the tile's sum, formed first)
+//   exp_accumulate S[r][j] = exp(S[r][j] - m); l = alpha · l + sum_j S[r][j] (the tile's sum
+//                 formed first)
 //   accumulate_pv o[r][c] = alpha[r] · o[r][c] + sum_{j < bk} P[r][j] · V[j][c]
 //
 // Every loop order keeps the innermost index contiguous, so the compiler may vectorise it for
@@ -47,13 +48,13 @@ struct ScalarMicro {
     return m;
   }
 
-  static float exp_sum(float* s, float m) noexcept {
+  static void exp_accumulate(float* s, float m, float alpha, float* lsum) noexcept {
     float sum = 0.0f;
     for (std::int64_t j = 0; j < kTile; ++j) {
       s[j] = std::exp(s[j] - m);
       sum += s[j];
     }
-    return sum;
+    lsum[0] = lsum[0] * alpha + sum;
   }
 
   static void exp_scale(float* s, float m, float factor) noexcept {

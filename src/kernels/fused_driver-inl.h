@@ -44,7 +44,8 @@
 // The policy `Micro` supplies the inner loops (all on 64-key rows of S):
 //   kLanes; scores(q, rows, d, kt, scale, s, row_max) (S = scale · Q·K^T and each row's max);
 //   row_max(s) -> max;
-//   exp_sum(s, m) -> sum (s := exp(s - m)); exp_scale(s, m, f) (s := exp(s - m) · f);
+//   exp_accumulate(s, m, alpha, lsum) (s := exp(s - m); lsum[lane] := alpha · lsum[lane] + the
+//   lane's part of sum_j s_j); exp_scale(s, m, f) (s := exp(s - m) · f);
 //   accumulate_pv(p, rows, bk, v, ldv, dvp, alpha, o) (V rows ldv apart, o rows dvp apart).
 
 #if defined(QKV_KERNELS_FUSED_DRIVER_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -76,9 +77,10 @@ class FusedWorker {
         o_(fused::make_buffer(plan.max_rows * dvp_)),
         alpha_(fused::make_buffer(plan.max_rows)),
         max_(fused::make_buffer(plan.max_rows)),
+        lsum_(fused::make_buffer(plan.max_rows * Micro::kLanes)),
         state_(static_cast<std::size_t>(plan.max_rows)) {}
 
-  bool ok() const noexcept { return q_ && s_ && o_ && alpha_ && max_; }
+  bool ok() const noexcept { return q_ && s_ && o_ && alpha_ && max_ && lsum_; }
 
   void run(const fused::Task& t, const HeadPack& kv) noexcept {
     const core::AttentionShape& sh = p_.shape;
@@ -90,6 +92,7 @@ class FusedWorker {
     }
     std::fill(o_.get(), o_.get() + rows * dvp_, 0.0f);
     std::fill(state_.begin(), state_.end(), SoftmaxState{});
+    std::fill(lsum_.get(), lsum_.get() + rows * Micro::kLanes, 0.0f);
 
     const core::KeyRange range = fused::task_key_range(p_.masking, sh, t.i0, t.i1);
     const std::int64_t tile_end = (range.last + fused::kKeyTile - 1) / fused::kKeyTile;
@@ -103,28 +106,37 @@ class FusedWorker {
       for (std::int64_t r = 0; r < rows; ++r) {
         float* s = s_.get() + r * fused::kKeyTile;
         const float tile_max = full ? max_.get()[r] : masked_max(t, r, j0, bk, s);
-        const float m = std::max(state_[static_cast<std::size_t>(r)].max, tile_max);
-        float tile_sum = 0.0f;
-        if (m == -fused::kInfF) {
+        SoftmaxState& st = state_[static_cast<std::size_t>(r)];
+        // The tile's exponentials are taken against the merged max, so its factor is 1; the
+        // running sum lives in kLanes lanes beside the state (a horizontal sum per row and
+        // tile would cost as much as the exp), each lane adding the tile's partial sum.
+        const float alpha = merge(st, SoftmaxState{std::max(st.max, tile_max), 0.0f}).a;
+        float* lsum = lsum_.get() + r * Micro::kLanes;
+        if (st.max == -fused::kInfF) {
           std::fill(s, s + fused::kKeyTile, 0.0f);
-        } else if (m == fused::kInfF) {
+        } else if (st.max == fused::kInfF) {
+          for (std::int64_t x = 0; x < Micro::kLanes; ++x) lsum[x] *= alpha;
           for (std::int64_t j = 0; j < fused::kKeyTile; ++j) {
             s[j] = s[j] == fused::kInfF ? 1.0f : 0.0f;
-            tile_sum += s[j];
+            lsum[0] += s[j];
           }
         } else {
-          tile_sum = Micro::exp_sum(s, m);
+          Micro::exp_accumulate(s, st.max, alpha, lsum);
         }
-        alpha_.get()[r] = merge(state_[static_cast<std::size_t>(r)], SoftmaxState{m, tile_sum}).a;
+        alpha_.get()[r] = alpha;
       }
       Micro::accumulate_pv(s_.get(), rows, bk, kv.v + j0 * kv.ldv, kv.ldv, dvp_, alpha_.get(),
                            o_.get());
     }
 
     for (std::int64_t r = 0; r < rows; ++r) {
+      SoftmaxState& st = state_[static_cast<std::size_t>(r)];
+      const float* lsum = lsum_.get() + r * Micro::kLanes;
+      st.sum = 0.0f;
+      for (std::int64_t x = 0; x < Micro::kLanes; ++x) st.sum += lsum[x];
       const std::int64_t h = t.hk * plan_.g + r / per_head;
       const std::int64_t i = t.i0 + r % per_head;
-      const Finished f = finish(state_[static_cast<std::size_t>(r)]);
+      const Finished f = finish(st);
       fused::store_row(p_.out, t.b, h, i, 0, o_.get() + r * dvp_, sh.dv, f.inv_sum);
       if (p_.lse.data != nullptr) {
         core::store_real(p_.lse.data, p_.lse.dtype, p_.lse.strides.at(t.b, h, i, 0), f.lse);
@@ -195,19 +207,22 @@ class FusedWorker {
   const core::AttentionParams& p_;
   const fused::Plan& plan_;
   std::int64_t dvp_;
-  fused::Buffer q_, s_, o_, alpha_, max_;
+  fused::Buffer q_, s_, o_, alpha_, max_, lsum_;
   std::vector<SoftmaxState> state_;
 };
 
 // Runs the fused forward pass on exactly min(p.threads, tasks) threads. The (b, kv head) pairs
-// go one after another; for each, every worker first packs its share of the head's K^T tiles
-// (and V, when it cannot be read in place) into one of two slots, all meet at a barrier, then
-// take the head's query tiles from a shared counter. Two slots let a worker that ran out of
-// query tiles pack the next head while the others finish: the slot it overwrites belonged to
-// the head before, whose tiles were all finished before the previous barrier opened. Memory:
-// two heads' K^T (and V), 2 · nk · (d [+ dv]) floats, plus a few tiles per worker.
+// are packed in chunks: all of them at once when their K^T (and V, when it cannot be read in
+// place) fit in kPackBudgetFloats, else one per chunk in two alternating slots. For each chunk,
+// every worker packs its share of the tiles, all meet at a barrier, then they take the chunk's
+// (query tile, head) tasks from a shared counter, heaviest first. With one chunk there is one
+// barrier per call; with two slots a worker that ran out of tasks packs the next chunk while
+// the others finish, and the slot it overwrites belonged to the chunk before, all of whose
+// tasks were finished before the previous barrier opened. Memory: at most kPackBudgetFloats of
+// packed operands (32 MiB), plus a few tiles per worker; nothing n x n.
 template <class Micro>
 void run_fused(const core::AttentionParams& p) noexcept {
+  constexpr std::int64_t kPackBudgetFloats = std::int64_t{8} << 20;
   const core::AttentionShape& sh = p.shape;
   const fused::Plan plan = fused::make_plan(sh);
   if (plan.tasks == 0) return;
@@ -216,44 +231,53 @@ void run_fused(const core::AttentionParams& p) noexcept {
   const std::int64_t dvp = fused::round_up(sh.dv, Micro::kLanes);
   const bool v_in_place = p.v.dtype == DType::kF32 && p.v.strides.col == 1 &&
                           sh.dv % Micro::kLanes == 0;
-  fused::Buffer kt_slots[2], v_slots[2];
-  for (int slot = 0; slot < 2 && slot < heads; ++slot) {
-    kt_slots[slot] = fused::make_buffer(key_tiles * sh.d * fused::kKeyTile);
-    if (!kt_slots[slot]) std::abort();  // out of memory for O(n) buffers: nothing sane to do
-    if (!v_in_place) {
-      v_slots[slot] = fused::make_buffer(key_tiles * fused::kKeyTile * dvp);
-      if (!v_slots[slot]) std::abort();
-    }
+  const std::int64_t kt_floats = key_tiles * sh.d * fused::kKeyTile;
+  const std::int64_t v_floats = v_in_place ? 0 : key_tiles * fused::kKeyTile * dvp;
+  const std::int64_t head_floats = kt_floats + v_floats;
+  const bool all_at_once = heads * head_floats <= kPackBudgetFloats;
+  const std::int64_t chunk = all_at_once ? heads : 1;
+  const std::int64_t chunks = heads / chunk;
+  fused::Buffer slots[2];
+  for (std::int64_t slot = 0; slot < std::min<std::int64_t>(2, chunks); ++slot) {
+    slots[slot] = fused::make_buffer(chunk * head_floats);
+    if (!slots[slot]) std::abort();  // out of memory for O(n) buffers: nothing sane to do
   }
   const std::int64_t workers = std::min<std::int64_t>(p.threads, plan.tasks);
-  std::vector<std::atomic<std::int64_t>> next(static_cast<std::size_t>(heads));
+  std::vector<std::atomic<std::int64_t>> next(static_cast<std::size_t>(chunks));
   std::barrier<> packed(workers);
   core::parallel_for(workers, static_cast<int>(workers), [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t w = begin; w < end; ++w) {
       FusedWorker<Micro> worker(p, plan);
       if (!worker.ok()) std::abort();
-      for (std::int64_t g = 0; g < heads; ++g) {
-        const std::int64_t b = g / sh.hkv;
-        const std::int64_t hk = g % sh.hkv;
-        float* kt = kt_slots[g % 2].get();
-        float* v = v_slots[g % 2].get();
-        for (std::int64_t t = w; t < key_tiles; t += workers) {
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        float* base = slots[c % 2].get();
+        for (std::int64_t item = w; item < chunk * key_tiles; item += workers) {
+          const std::int64_t g = c * chunk + item / key_tiles;
+          const std::int64_t t = item % key_tiles;
           const std::int64_t j0 = t * fused::kKeyTile;
           const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
-          float* tile = kt + t * sh.d * fused::kKeyTile;
+          float* head = base + (g - c * chunk) * head_floats;
+          float* tile = head + t * sh.d * fused::kKeyTile;
           if (bk < fused::kKeyTile) std::fill(tile, tile + sh.d * fused::kKeyTile, 0.0f);
-          fused::pack_transposed(p.k, b, hk, j0, bk, sh.d, tile, fused::kKeyTile);
-          if (!v_in_place) fused::pack_rows(p.v, b, hk, j0, bk, sh.dv, v + j0 * dvp, dvp);
+          fused::pack_transposed(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d, tile,
+                                 fused::kKeyTile);
+          if (!v_in_place) {
+            fused::pack_rows(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv,
+                             head + kt_floats + j0 * dvp, dvp);
+          }
         }
         packed.arrive_and_wait();
-        HeadPack kv{kt, v, dvp};
-        if (v_in_place) {
-          kv.v = static_cast<const float*>(p.v.data) + p.v.strides.at(b, hk, 0, 0);
-          kv.ldv = p.v.strides.row;
-        }
-        std::atomic<std::int64_t>& counter = next[static_cast<std::size_t>(g)];
-        for (std::int64_t q = counter.fetch_add(1); q < plan.q_tiles; q = counter.fetch_add(1)) {
-          worker.run(fused::task_at(plan, sh, g, q), kv);
+        std::atomic<std::int64_t>& counter = next[static_cast<std::size_t>(c)];
+        const std::int64_t tasks = chunk * plan.q_tiles;
+        for (std::int64_t t = counter.fetch_add(1); t < tasks; t = counter.fetch_add(1)) {
+          const std::int64_t g = c * chunk + t % chunk;
+          const float* head = base + (t % chunk) * head_floats;
+          HeadPack kv{head, head + kt_floats, dvp};
+          if (v_in_place) {
+            kv.v = static_cast<const float*>(p.v.data) + p.v.strides.at(g / sh.hkv, g % sh.hkv, 0, 0);
+            kv.ldv = p.v.strides.row;
+          }
+          worker.run(fused::task_at(plan, sh, g, t / chunk), kv);
         }
       }
     }
