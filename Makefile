@@ -19,7 +19,7 @@ build: deps
 	@cmake --build build -j $(JOBS)
 
 demo: build
-	./build/qkv demo
+	./build/qkv explain --html qkv-explain.html
 
 # Every test: the unit and CLI suites, the PyTorch oracle (when ../shared/oracle is there),
 # then the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer.

@@ -7,18 +7,32 @@ packages=(
   libopenblas-dev libcli11-dev libhwy-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-numpy
+  chromium nodejs
 )
+# The browser test (tests/browser) drives Debian's chromium with playwright-core from npm. Some
+# machines have Node.js from elsewhere with its own npm, which Debian's npm package would clash
+# with: ask for npm only where there is none.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install-deps: missing packages: ${missing[*]} (run as root, or install them)" >&2
-  exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# playwright-core for the browser test, exactly as package-lock.json pins it; only when the
+# installed version differs (npm ci starts from an empty node_modules each time).
+browser="$(cd "$(dirname "$0")/../tests/browser" && pwd)"
+wanted=$(node -p "require('$browser/package.json').dependencies['playwright-core']")
+have=$(node -p "try { require('$browser/node_modules/playwright-core/package.json').version } catch { '' }")
+if [ "$have" != "$wanted" ]; then
+  (cd "$browser" && npm ci --no-audit --no-fund --loglevel=error)
+fi

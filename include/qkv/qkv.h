@@ -3,6 +3,7 @@
 
 #include "qkv/attention.h"
 #include "qkv/error.h"
+#include "qkv/explain.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
 #include "qkv/tensor.h"

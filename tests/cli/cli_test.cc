@@ -247,15 +247,5 @@ TEST_F(CliTest, LayerWritesWhatTheLibraryComputes) {
                        "bo.npy");
 }
 
-TEST(CliDemo, PrintsTheSeedsWalkThrough) {
-  testing::ScratchDir dir;
-  const CommandRun run = run_qkv(dir.path(), {"demo"});
-  EXPECT_EQ(run.status, 0) << run.err;
-  for (const char* step : {"Q = X·W^Q", "K = X·W^K", "V = X·W^V", "r = Q·K^T", "weights",
-                           "O = weights·V"}) {
-    EXPECT_NE(run.out.find(step), std::string::npos) << step;
-  }
-}
-
 }  // namespace
 }  // namespace qkv

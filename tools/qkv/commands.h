@@ -8,7 +8,7 @@ namespace qkv::cli {
 
 void register_attention_command(CLI::App& app);
 void register_layer_command(CLI::App& app);
-void register_demo_command(CLI::App& app);
+void register_explain_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
 
 }  // namespace qkv::cli

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   app.footer("Run 'qkv COMMAND --help' for a command's options and an example.");
   qkv::cli::register_attention_command(app);
   qkv::cli::register_layer_command(app);
-  qkv::cli::register_demo_command(app);
+  qkv::cli::register_explain_command(app);
   qkv::cli::register_bench_command(app);
 
   // CLI11 would only say that a subcommand is required; name the word it did not know.

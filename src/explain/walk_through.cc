@@ -1,0 +1,258 @@
+// One query row, step by step in the seed's order, and its terminal text.
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <numeric>
+#include <string>
+
+#include "qkv/explain.h"
+
+namespace qkv {
+namespace {
+
+std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string printf_string(const char* format, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buffer, sizeof buffer, format, args);
+  va_end(args);
+  return buffer;
+}
+
+std::string num(double value) {
+  if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
+  return printf_string("%.4f", value);
+}
+
+// Terminal columns of a UTF-8 string: one per code point (continuation bytes do not count).
+std::size_t columns(const std::string& text) {
+  return static_cast<std::size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+}
+
+std::string pad(const std::string& text, std::size_t width) {
+  const std::size_t used = columns(text);
+  return used >= width ? text : text + std::string(width - used, ' ');
+}
+
+// "[ 1.0000  0.5000 ... ]", at most `limit` entries and a count of the rest.
+std::string vector_text(const std::vector<double>& values, std::size_t limit = 8) {
+  std::string text = "[";
+  for (std::size_t c = 0; c < values.size() && c < limit; ++c) {
+    text += printf_string(" %8.4f", values[c]);
+  }
+  if (values.size() > limit) text += printf_string("  ... %zu more", values.size() - limit);
+  return text + " ]";
+}
+
+std::string sz(std::int64_t n) { return std::to_string(n); }
+
+// Eighths of a block, so that a bar shows small differences between weights.
+std::string bar(double fraction, int width) {
+  static const char* const kEighths[] = {"", "▏", "▎", "▍", "▌", "▋", "▊", "▉"};
+  const int eighths = static_cast<int>(std::lround(std::clamp(fraction, 0.0, 1.0) * width * 8));
+  std::string text;
+  for (int i = 0; i < eighths / 8; ++i) text += "█";
+  return text + kEighths[eighths % 8];
+}
+
+}  // namespace
+
+RowWalkThrough walk_through(const Explanation& e, std::int64_t head, std::int64_t row) {
+  RowWalkThrough w;
+  w.head = head;
+  w.row = row;
+  const Matrix& q = e.q[static_cast<std::size_t>(head)];
+  const std::size_t kv = static_cast<std::size_t>(e.kv_head_of(head));
+  const Matrix& k = e.k[kv];
+  const Matrix& v = e.v[kv];
+  const double* qi = q.row(row);
+  w.q.assign(qi, qi + e.d);
+  if (e.projection) {
+    const double* xi = e.projection->x.row(row);
+    w.x.assign(xi, xi + e.projection->x.cols);
+  }
+  w.lse = e.lse[static_cast<std::size_t>(head)][static_cast<std::size_t>(row)];
+  const auto nk = static_cast<std::size_t>(e.nk);
+  w.raw.resize(nk);
+  w.score.resize(nk);
+  w.weight.resize(nk);
+  for (std::int64_t j = 0; j < e.nk; ++j) {
+    const auto sj = static_cast<std::size_t>(j);
+    const double* kj = k.row(j);
+    double dot = 0.0;
+    for (std::int64_t c = 0; c < e.d; ++c) dot += qi[c] * kj[c];
+    w.raw[sj] = dot;
+    w.score[sj] = e.scale * dot + e.bias(head, row, j);
+    // A forbidden key, or a row with no allowed key at all (lse = -inf), has weight 0.
+    const bool counts = std::isfinite(w.score[sj]) && std::isfinite(w.lse);
+    w.weight[sj] = counts ? std::exp(w.score[sj] - w.lse) : 0.0;
+    if (std::isfinite(w.score[sj])) ++w.allowed_keys;
+    if (w.weight[sj] > 0.0) w.entropy -= w.weight[sj] * std::log(w.weight[sj]);
+  }
+  w.effective_keys = std::isfinite(w.lse) ? std::exp(w.entropy) : 0.0;
+  w.by_weight.resize(nk);
+  std::iota(w.by_weight.begin(), w.by_weight.end(), std::int64_t{0});
+  std::stable_sort(w.by_weight.begin(), w.by_weight.end(), [&](std::int64_t a, std::int64_t b) {
+    return w.weight[static_cast<std::size_t>(a)] > w.weight[static_cast<std::size_t>(b)];
+  });
+  const double* oi = e.out[static_cast<std::size_t>(head)].row(row);
+  w.out.assign(oi, oi + e.dv);
+  w.weighted_sum.assign(static_cast<std::size_t>(e.dv), 0.0);
+  for (std::int64_t j = 0; j < e.nk; ++j) {
+    const double wj = w.weight[static_cast<std::size_t>(j)];
+    if (wj == 0.0) continue;
+    for (std::int64_t c = 0; c < e.dv; ++c)
+      w.weighted_sum[static_cast<std::size_t>(c)] += wj * v.at(j, c);
+  }
+  return w;
+}
+
+std::string format_overview(const Explanation& e) {
+  std::string text = e.title.empty() ? std::string() : e.title + "\n";
+  text += "  " + sz(e.nq) + " queries, " + sz(e.nk) + " keys, d_k = " + sz(e.d) +
+          ", d_v = " + sz(e.dv) + ", " + sz(e.heads) + (e.heads == 1 ? " head" : " heads");
+  if (e.kv_heads != e.heads) text += " sharing " + sz(e.kv_heads) + " key/value heads";
+  text += printf_string(", scale %.6g", e.scale);
+  text += "\n  masking: ";
+  std::string masking;
+  if (e.causal) masking += "causal";
+  if (e.window) {
+    masking += (masking.empty() ? "" : " + ") + std::string("window ") + sz(e.window->left) + "," +
+               sz(e.window->right);
+  }
+  if (!e.mask_name.empty()) masking += (masking.empty() ? "" : " + ") + ("mask " + e.mask_name);
+  text += masking.empty() ? "none (every query sees every key)" : masking;
+  text += "; kernel " + e.kernel + "\n";
+  return text;
+}
+
+std::string format_walk_through(const Explanation& e, const RowWalkThrough& w,
+                                std::int64_t top_keys) {
+  const auto& qlabel = e.query_labels[static_cast<std::size_t>(w.row)];
+  std::string t;
+  t += "── query " + sz(w.row) + " \"" + qlabel + "\"";
+  if (e.heads > 1) t += ", head " + sz(w.head);
+  t += " ──\n";
+
+  // 1. q_i, and where it came from.
+  if (e.projection) {
+    const ExplainProjection& p = *e.projection;
+    t += "1. x_" + sz(w.row) + " (row " + sz(w.row) + " of " + p.x_name +
+         ") = " + vector_text(w.x) + "\n";
+    t += "   q_" + sz(w.row) + " = x_" + sz(w.row) + "·W^Q";
+    if (e.heads > 1) t += " (columns of head " + sz(w.head) + ")";
+    if (!p.bq.empty()) t += " + b^Q";
+    t += " = " + vector_text(w.q) + "\n";
+  } else {
+    t += "1. q_" + sz(w.row) + " (row " + sz(w.row) + " of Q) = " + vector_text(w.q) + "\n";
+  }
+
+  // 2-3. raw relevance and scaled, masked scores; all keys when few, else the heaviest.
+  const auto nk = static_cast<std::int64_t>(w.raw.size());
+  const bool all_keys = nk <= top_keys + 4;
+  std::vector<std::int64_t> shown;
+  if (all_keys) {
+    for (std::int64_t j = 0; j < nk; ++j) shown.push_back(j);
+  } else {
+    shown.assign(w.by_weight.begin(), w.by_weight.begin() + top_keys);
+  }
+  std::size_t label_width = 6;
+  for (std::int64_t j : shown) {
+    label_width = std::max(label_width, columns(e.key_labels[static_cast<std::size_t>(j)]));
+  }
+  label_width = std::min<std::size_t>(label_width, 24);
+  t += "2. raw relevance r_" + sz(w.row) + "j = q_" + sz(w.row) +
+       "·k_j (how well each key matches the query)\n";
+  t += printf_string("3. scores s_%lldj = %.6g·r_%lldj", static_cast<long long>(w.row), e.scale,
+                     static_cast<long long>(w.row));
+  t += e.masked() ? " + mask (-inf: not allowed)\n" : "\n";
+  t += "     " + pad("key", label_width) + "          r          s\n";
+  for (std::int64_t j : shown) {
+    const auto sj = static_cast<std::size_t>(j);
+    t += "     " + pad(e.key_labels[sj], label_width) +
+         printf_string(" %10s %10s\n", num(w.raw[sj]).c_str(), num(w.score[sj]).c_str());
+  }
+  if (!all_keys) {
+    t += "     (the " + sz(top_keys) + " heaviest keys of " + sz(nk) + "; the rest below)\n";
+  }
+
+  // 4. weights as a sorted bar chart.
+  t += "4. weights w_" + sz(w.row) + "j = softmax(s)_j = exp(s_" + sz(w.row) +
+       "j - lse), lse = " + num(w.lse) + "; heaviest first\n";
+  if (!std::isfinite(w.lse)) {
+    t += "     no key is allowed for this query: every weight is 0 and O_i = 0\n";
+  }
+  const double top = w.weight.empty() ? 0.0 : w.weight[static_cast<std::size_t>(w.by_weight[0])];
+  const std::int64_t bars = std::min(nk, all_keys ? nk : top_keys);
+  double rest = 1.0;
+  for (std::int64_t r = 0; r < bars && std::isfinite(w.lse); ++r) {
+    const auto sj = static_cast<std::size_t>(w.by_weight[static_cast<std::size_t>(r)]);
+    rest -= w.weight[sj];
+    t += "     " + pad(e.key_labels[sj], label_width) + printf_string(" %.4f ", w.weight[sj]) +
+         bar(top > 0 ? w.weight[sj] / top : 0.0, 30) + "\n";
+  }
+  if (bars < nk && std::isfinite(w.lse)) {
+    t += "     " + pad("(" + sz(nk - bars) + " more)", label_width) +
+         printf_string(" %.4f in all\n", std::max(rest, 0.0));
+  }
+
+  // 5. the values that contribute most, and 6. the output.
+  if (std::isfinite(w.lse)) {
+    const Matrix& v = e.v[static_cast<std::size_t>(e.kv_head_of(w.head))];
+    t += "5. values v_j of the heaviest keys (V: another transform of the same key rows)\n";
+    for (std::int64_t r = 0; r < std::min<std::int64_t>(bars, 3); ++r) {
+      const std::int64_t j = w.by_weight[static_cast<std::size_t>(r)];
+      const std::vector<double> vj(v.row(j), v.row(j) + e.dv);
+      t += "     " + pad(e.key_labels[static_cast<std::size_t>(j)], label_width) +
+           printf_string(" %.4f × ", w.weight[static_cast<std::size_t>(j)]) + vector_text(vj) +
+           "\n";
+    }
+  }
+  double diff = 0.0;
+  for (std::size_t c = 0; c < w.out.size(); ++c) {
+    diff = std::max(diff, std::abs(w.out[c] - w.weighted_sum[c]));
+  }
+  t += "6. O_" + sz(w.row) + " = Σ_j w_" + sz(w.row) + "j·v_j over all " + sz(nk) +
+       " keys = " + vector_text(w.out) + "\n";
+  // The bound, not the difference itself: the text stays the same across kernels that agree.
+  double bound = 1e-12;
+  while (bound < diff && bound < 1.0) bound *= 1e3;
+  t += printf_string(
+      "     (attention()'s output; Σ_j w_%lldj·v_j recomputed here agrees within %.0e)\n",
+      static_cast<long long>(w.row), bound);
+  t += printf_string(
+      "7. entropy %.4f nats; effective number of keys exp(entropy) = %.2f of %lld allowed\n",
+      w.entropy, w.effective_keys, static_cast<long long>(w.allowed_keys));
+  return t;
+}
+
+std::string format_key_value_rows(const Explanation& e, std::int64_t kv_head, std::int64_t limit) {
+  if (!e.projection) return {};
+  const ExplainProjection& p = *e.projection;
+  const Matrix& k = e.k[static_cast<std::size_t>(kv_head)];
+  const Matrix& v = e.v[static_cast<std::size_t>(kv_head)];
+  std::size_t width = 6;
+  for (std::int64_t j = 0; j < std::min(e.nk, limit); ++j) {
+    width = std::max(width, columns(e.key_labels[static_cast<std::size_t>(j)]));
+  }
+  width = std::min<std::size_t>(width, 24);
+  std::string t = "Keys and values: two transforms of the same rows of " + p.memory_name +
+                  " (k_j = m_j·W^K, v_j = m_j·W^V";
+  if (e.kv_heads > 1) t += ", kv head " + sz(kv_head);
+  t += ")\n";
+  for (std::int64_t j = 0; j < std::min(e.nk, limit); ++j) {
+    const std::vector<double> mj(p.memory.row(j), p.memory.row(j) + p.memory.cols);
+    const std::vector<double> kj(k.row(j), k.row(j) + e.d), vj(v.row(j), v.row(j) + e.dv);
+    t += "  " + pad(e.key_labels[static_cast<std::size_t>(j)], width) + " m " + vector_text(mj, 6) +
+         "\n  " + std::string(width, ' ') + " k " + vector_text(kj, 6) + "\n  " +
+         std::string(width, ' ') + " v " + vector_text(vj, 6) + "\n";
+  }
+  if (e.nk > limit) t += "  (" + sz(e.nk - limit) + " more rows)\n";
+  return t;
+}
+
+}  // namespace qkv

@@ -1,0 +1,166 @@
+// `qkv explain` end to end: the golden walk-through of the built-in example, inputs in both
+// forms, the page and SVG files, and bad input (one stderr line naming the file, no output).
+//
+// The golden file is tests/explain/builtin_walk_through.golden; after an intended change of
+// the text, regenerate it with QKV_UPDATE_GOLDEN=1 ./test_explain and review the diff.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "qkv/io.h"
+#include "qkv/layer.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CommandRun {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// `qkv args...` run in `dir`; stdout and stderr go to files there and are read back.
+CommandRun qkv(const fs::path& dir, std::vector<std::string> args) {
+  const fs::path out = dir / ".out", err = dir / ".err";
+  const pid_t child = fork();
+  if (child == 0) {
+    if (chdir(dir.c_str()) != 0) _exit(126);
+    dup2(open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), 1);
+    dup2(open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), 2);
+    std::string program = QKV_CLI_PATH;
+    std::vector<char*> argv = {program.data()};
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(program.c_str(), argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  CommandRun run{WIFEXITED(status) ? WEXITSTATUS(status) : 128, read_file(out), read_file(err)};
+  fs::remove(out);
+  fs::remove(err);
+  return run;
+}
+
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void expect_clean_failure(const fs::path& dir, const std::vector<std::string>& args,
+                          const std::string& names) {
+  const std::vector<std::string> before = listing(dir);
+  const CommandRun run = qkv(dir, args);
+  EXPECT_GE(run.status, 1);
+  EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  EXPECT_NE(run.err.find(names), std::string::npos) << run.err;
+  EXPECT_EQ(listing(dir), before);
+}
+
+TEST(ExplainCli, BuiltinExampleMatchesTheGolden) {
+  testing::ScratchDir dir;
+  const CommandRun run = qkv(dir.path(), {"explain"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_TRUE(run.err.empty()) << run.err;
+  const fs::path golden = fs::path(QKV_GOLDEN_DIR) / "builtin_walk_through.golden";
+  if (std::getenv("QKV_UPDATE_GOLDEN") != nullptr) {
+    std::ofstream(golden, std::ios::binary) << run.out;
+  }
+  EXPECT_EQ(run.out, read_file(golden)) << "regenerate with QKV_UPDATE_GOLDEN=1 after review";
+}
+
+TEST(ExplainCli, WritesThePageAndTheSvg) {
+  testing::ScratchDir dir;
+  const CommandRun run = qkv(dir.path(), {"explain", "--html", "page.html", "--svg", "map.svg"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.out.find("wrote page.html"), std::string::npos);
+  const std::string page = read_file(dir / "page.html");
+  EXPECT_NE(page.find("id=\"qkv-data\""), std::string::npos);
+  EXPECT_NE(read_file(dir / "map.svg").find("</svg>"), std::string::npos);
+}
+
+class ExplainFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_npy(dir_ / "q.npy", testing::random_tensor(DType::kF32, {2, 20, 8}, 1).view(),
+              DType::kF32);
+    write_npy(dir_ / "k.npy", testing::random_tensor(DType::kF32, {2, 30, 8}, 2).view(),
+              DType::kF32);
+    write_npy(dir_ / "v.npy", testing::random_tensor(DType::kF32, {2, 30, 4}, 3).view(),
+              DType::kF32);
+    std::ofstream labels(dir_ / "keys.txt");
+    for (int j = 0; j < 30; ++j) labels << "key-" << j << "\n";
+  }
+  testing::ScratchDir dir_;
+};
+
+TEST_F(ExplainFiles, WalksThroughChosenRowsWithLabels) {
+  const CommandRun run =
+      qkv(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--causal",
+                        "--row", "3,19", "--labels-k", "keys.txt"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  for (const char* expected : {"── query 3 \"3\", head 0 ──", "── query 19 \"19\", head 1 ──",
+                               "masking: causal", "key-13", "(22 more)"}) {
+    EXPECT_NE(run.out.find(expected), std::string::npos) << expected << "\n" << run.out;
+  }
+  // Causal with 10 more keys than queries: row 3 sees keys 0..13 only.
+  EXPECT_NE(run.out.find("of 14 allowed"), std::string::npos);
+}
+
+TEST_F(ExplainFiles, LayerFormShowsTheProjectionAndTheLayerOutput) {
+  write_npy(dir_ / "x.npy", testing::random_tensor(DType::kF64, {6, 5}, 4).view(), DType::kF64);
+  write_npy(dir_ / "wq.npy", testing::random_tensor(DType::kF64, {5, 4}, 5).view(), DType::kF64);
+  write_npy(dir_ / "wk.npy", testing::random_tensor(DType::kF64, {5, 4}, 6).view(), DType::kF64);
+  write_npy(dir_ / "wv.npy", testing::random_tensor(DType::kF64, {5, 6}, 7).view(), DType::kF64);
+  write_npy(dir_ / "wo.npy", testing::random_tensor(DType::kF64, {6, 3}, 8).view(), DType::kF64);
+  const CommandRun run =
+      qkv(dir_.path(), {"explain", "--x", "x.npy", "--wq", "wq.npy", "--wk", "wk.npy", "--wv",
+                        "wv.npy", "--wo", "wo.npy", "--heads", "2", "--row", "2"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  for (const char* expected : {"x_2 (row 2 of x.npy)", "q_2 = x_2·W^Q (columns of head 1)",
+                               "Keys and values: two transforms of the same rows of x.npy",
+                               "layer output for query 2 = concat_h O_i·W^O"}) {
+    EXPECT_NE(run.out.find(expected), std::string::npos) << expected << "\n" << run.out;
+  }
+}
+
+TEST_F(ExplainFiles, BadInputFailsCleanly) {
+  fs::path page = dir_ / "page.html";
+  std::ofstream(page) << "an older page";
+  expect_clean_failure(
+      dir_.path(),
+      {"explain", "--q", "missing.npy", "--k", "k.npy", "--v", "v.npy", "--html", "page.html"},
+      "missing.npy");
+  expect_clean_failure(dir_.path(),
+                       {"explain", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--labels-q",
+                        "keys.txt", "--html", "new.html"},
+                       "keys.txt");
+  expect_clean_failure(dir_.path(),
+                       {"explain", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--row", "20",
+                        "--svg", "new.svg"},
+                       "--row");
+  expect_clean_failure(dir_.path(),
+                       {"explain", "--q", "q.npy", "--k", "k.npy", "--html", "new.html"}, "--v");
+  expect_clean_failure(dir_.path(), {"explain", "--causal", "--html", "new.html"}, "--causal");
+  EXPECT_EQ(read_file(page), "an older page");
+}
+
+}  // namespace
+}  // namespace qkv

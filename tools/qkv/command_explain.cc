@@ -1,0 +1,311 @@
+// qkv explain: the seed's walk-through of query, key and value, in the terminal and as a page.
+#include <charconv>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "qkv/error.h"
+#include "qkv/explain.h"
+#include "qkv/io.h"
+#include "qkv/layer.h"
+
+namespace qkv::cli {
+namespace {
+
+struct ExplainCommand {
+  std::string q_path, k_path, v_path;
+  std::string x_path, wq_path, wk_path, wv_path, wo_path;
+  std::string bq_path, bk_path, bv_path, bo_path, memory_path;
+  std::int64_t heads = 1;
+  std::int64_t kv_heads = 0;
+  std::string rows, labels_q, labels_k, html_path, svg_path;
+  std::int64_t head = -1;
+  std::int64_t batch = 0;
+  std::int64_t top = 8;
+  AttentionFlags flags;
+  CLI::App* app = nullptr;
+};
+
+constexpr const char* kConclusions =
+    "What the example shows\n"
+    "  1. O_i is a weighted sum of *all* the values: every film contributes to every user's\n"
+    "     output, in proportion to its weight (step 6); a bad match only gets a small weight.\n"
+    "  2. K and V are two transforms of the same rows: a film's key (its genres: what a taste\n"
+    "     can match) and its value (what it gives you) both come from the film's one row, through\n"
+    "     W^K and W^V. The key decides how much a film counts; the value is what it brings.\n";
+
+std::optional<Tensor> read_optional(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  return read_input(path);
+}
+
+std::optional<TensorView> view_of(const std::optional<Tensor>& tensor) {
+  if (!tensor) return std::nullopt;
+  return tensor->view();
+}
+
+std::vector<std::string> read_labels(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream in(path);
+  if (!in) throw Error(path, "cannot read the labels file");
+  std::vector<std::string> labels;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    labels.push_back(line);
+  }
+  if (in.bad()) throw Error(path, "cannot read the labels file");
+  return labels;
+}
+
+std::vector<std::int64_t> parse_rows(const std::string& text, std::int64_t nq) {
+  std::vector<std::int64_t> rows;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    std::int64_t row = 0;
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), row);
+    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size()) {
+      throw Error("--row", "expected query rows like 0,5,9, got '" + text + "'");
+    }
+    if (row < 0 || row >= nq) {
+      throw Error("--row", "row " + item + " is outside the " + std::to_string(nq) + " query rows");
+    }
+    rows.push_back(row);
+    start = comma + 1;
+  }
+  return rows;
+}
+
+// Options that only make sense with input files.
+void reject_for_builtin(const ExplainCommand& c) {
+  const char* const needs_inputs[] = {"--mask",  "--causal",   "--window",
+                                      "--scale", "--labels-q", "--labels-k",
+                                      "--batch", "--heads",    "--kv-heads"};
+  for (const char* name : needs_inputs) {
+    if (c.app->count(name) > 0) {
+      throw Error(name,
+                  "applies to given inputs (--q/--k/--v or --x and the W files); the "
+                  "built-in example has its own");
+    }
+  }
+}
+
+struct PathFlag {
+  const std::string* path;
+  const char* flag;
+};
+
+// Input files that only work as a set: name the first one missing.
+void require_together(std::initializer_list<PathFlag> set) {
+  std::string names;
+  for (const PathFlag& p : set) names += (names.empty() ? "" : ", ") + std::string(p.flag);
+  for (const PathFlag& p : set) {
+    if (p.path->empty()) throw Error(p.flag, "is needed: " + names + " go together");
+  }
+}
+
+struct Inputs {
+  bool builtin = false;
+  std::deque<Tensor> owned;  // a deque: references to earlier inputs stay valid
+  std::optional<Tensor> mask, wo, bo;
+};
+
+// What the inputs already hold, for the memory budget (--max-memory).
+std::uint64_t input_bytes(const Inputs& in) {
+  std::uint64_t bytes = in.mask ? in.mask->nbytes() : 0;
+  for (const Tensor& t : in.owned) bytes += t.nbytes();
+  return bytes;
+}
+
+std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
+  const bool attention_form = !c.q_path.empty() || !c.k_path.empty() || !c.v_path.empty();
+  const bool layer_form =
+      !c.x_path.empty() || !c.wq_path.empty() || !c.wk_path.empty() || !c.wv_path.empty();
+  if (!attention_form && !layer_form) {
+    reject_for_builtin(c);
+    in.builtin = true;
+    return builtin_examples();
+  }
+  if (attention_form && layer_form) {
+    throw Error("--q",
+                "give either Q, K, V (--q --k --v) or X and the W files (--x --wq --wk "
+                "--wv), not both");
+  }
+  ExplainSetup setup;
+  setup.title = "qkv explain";
+  setup.query_labels = read_labels(c.labels_q);
+  setup.key_labels = read_labels(c.labels_k);
+  setup.query_labels_source = c.labels_q;
+  setup.key_labels_source = c.labels_k;
+  setup.batch = c.batch;
+  in.mask = load_mask(c.flags);
+  AttentionOptions options = attention_options(c.flags, in.mask);
+  if (attention_form) {
+    require_together({{&c.q_path, "--q"}, {&c.k_path, "--k"}, {&c.v_path, "--v"}});
+    const Tensor& q = in.owned.emplace_back(read_input(c.q_path));
+    const Tensor& k = in.owned.emplace_back(read_input(c.k_path));
+    const Tensor& v = in.owned.emplace_back(read_input(c.v_path));
+    setup.title = "qkv explain: attention on " + c.q_path + ", " + c.k_path + ", " + c.v_path;
+    apply_memory_budget(c.flags, input_bytes(in), options);
+    return {within_memory_budget(
+        [&] { return explain_attention(q.view(), k.view(), v.view(), options, setup); })};
+  }
+  require_together(
+      {{&c.x_path, "--x"}, {&c.wq_path, "--wq"}, {&c.wk_path, "--wk"}, {&c.wv_path, "--wv"}});
+  const Tensor& x = in.owned.emplace_back(read_input(c.x_path));
+  const Tensor& wq = in.owned.emplace_back(read_input(c.wq_path));
+  const Tensor& wk = in.owned.emplace_back(read_input(c.wk_path));
+  const Tensor& wv = in.owned.emplace_back(read_input(c.wv_path));
+  const std::optional<Tensor> bq = read_optional(c.bq_path);
+  const std::optional<Tensor> bk = read_optional(c.bk_path);
+  const std::optional<Tensor> bv = read_optional(c.bv_path);
+  const std::optional<Tensor> memory = read_optional(c.memory_path);
+  in.wo = read_optional(c.wo_path);
+  in.bo = read_optional(c.bo_path);
+  if (in.bo && !in.wo) throw Error(c.bo_path, "an output bias needs an output projection (--wo)");
+  LayerOptions layer;
+  layer.heads = c.heads;
+  layer.kv_heads = c.kv_heads;
+  layer.attention = options;
+  const LayerWeights weights{wq.view(),   wk.view(),   wv.view(),   std::nullopt,
+                             view_of(bq), view_of(bk), view_of(bv), std::nullopt};
+  setup.title = "qkv explain: the layer on " + c.x_path +
+                (c.memory_path.empty() ? "" : " with memory " + c.memory_path);
+  apply_memory_budget(c.flags, input_bytes(in), layer.attention);
+  return {within_memory_budget(
+      [&] { return explain_layer(x.view(), weights, layer, view_of(memory), setup); })};
+}
+
+// The layer's final output for one row: concat_h O_i,h · W^O + b^O.
+std::string layer_output_line(const Explanation& e, std::int64_t row, const Tensor& wo,
+                              const std::optional<Tensor>& bo, int threads) {
+  Tensor concat(DType::kF64, {1, e.heads * e.dv}, "concatenated heads");
+  for (std::int64_t h = 0; h < e.heads; ++h) {
+    for (std::int64_t c = 0; c < e.dv; ++c) {
+      concat.data_as<double>()[h * e.dv + c] = e.out[static_cast<std::size_t>(h)].at(row, c);
+    }
+  }
+  const Tensor out = linear(concat.view(), wo.view(), view_of(bo), threads).to(DType::kF64);
+  std::string text = "layer output for query " + std::to_string(row) + " = concat_h O_i·W^O" +
+                     (bo ? " + b^O" : "") + " = [";
+  for (std::int64_t c = 0; c < out.numel() && c < 8; ++c) {
+    char value[32];
+    std::snprintf(value, sizeof value, " %8.4f", out.data_as<double>()[c]);
+    text += value;
+  }
+  if (out.numel() > 8) text += "  ... " + std::to_string(out.numel() - 8) + " more";
+  return text + " ]\n";
+}
+
+void run_explain(const ExplainCommand& c) {
+  Inputs inputs;
+  const std::vector<Explanation> parts = explain_inputs(c, inputs);
+  const bool builtin = inputs.builtin;
+  std::vector<std::vector<HeadScan>> scans;
+  std::string text;
+  if (builtin) {
+    text +=
+        "qkv explain: the built-in example (no input files given). Q, K and V as in the\n"
+        "classic explanation: a query asks, keys say what they match, values are what they\n"
+        "give; O_i = Σ_j softmax(scale·q_i·K^T)_j·v_j.\n\n";
+  }
+  for (std::size_t n = 0; n < parts.size(); ++n) {
+    const Explanation& e = parts[n];
+    if (c.head >= e.heads) {
+      throw Error("--head", "head " + std::to_string(c.head) + " is outside the " +
+                                std::to_string(e.heads) + " heads");
+    }
+    auto& head_scans = scans.emplace_back();
+    for (std::int64_t h = 0; h < e.heads; ++h) head_scans.push_back(scan_head(e, h));
+    const std::vector<std::int64_t> rows =
+        c.rows.empty() ? interesting_rows(e, head_scans) : parse_rows(c.rows, e.nq);
+    text += (builtin ? "Part " + std::to_string(n + 1) + ". " : std::string()) +
+            format_overview(e) + "\n";
+    if (e.projection && (builtin || e.nk <= 12)) text += format_key_value_rows(e) + "\n";
+    for (const std::int64_t row : rows) {
+      for (std::int64_t h = 0; h < e.heads; ++h) {
+        if (c.head >= 0 && h != c.head) continue;
+        text += format_walk_through(e, walk_through(e, h, row), c.top) + "\n";
+      }
+      if (inputs.wo) text += layer_output_line(e, row, *inputs.wo, inputs.bo, c.flags.threads);
+    }
+  }
+  if (builtin) text += kConclusions;
+
+  // Every output is made before any is written, and they appear together or not at all.
+  OutputFiles files;
+  if (!c.html_path.empty()) {
+    const std::string page = html_page(parts, scans);
+    files.stage(c.html_path, std::vector<char>(page.begin(), page.end()));
+  }
+  if (!c.svg_path.empty()) {
+    const std::string svg = heatmap_svg(parts.front(), c.head < 0 ? 0 : c.head);
+    files.stage(c.svg_path, std::vector<char>(svg.begin(), svg.end()));
+  }
+  files.commit();
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  if (!c.html_path.empty()) std::printf("wrote %s\n", c.html_path.c_str());
+  if (!c.svg_path.empty()) std::printf("wrote %s\n", c.svg_path.c_str());
+}
+
+}  // namespace
+
+void register_explain_command(CLI::App& app) {
+  auto command = std::make_shared<ExplainCommand>();
+  CLI::App* sub = app.add_subcommand(
+      "explain",
+      "walk through query, key and value for chosen rows (terminal), and write an attention "
+      "page (--html) or a heatmap (--svg); with no inputs, a built-in example");
+  command->app = sub;
+  sub->add_option("--q", command->q_path, "queries, as for qkv attention");
+  sub->add_option("--k", command->k_path, "keys, as for qkv attention");
+  sub->add_option("--v", command->v_path, "values, as for qkv attention");
+  sub->add_option("--x", command->x_path, "samples, one per row, as for qkv layer");
+  sub->add_option("--wq", command->wq_path, "W^Q [d, H·dk]");
+  sub->add_option("--wk", command->wk_path, "W^K [d_m, Hkv·dk]");
+  sub->add_option("--wv", command->wv_path, "W^V [d_m, Hkv·dv]");
+  sub->add_option("--wo", command->wo_path, "W^O: also print each row's layer output");
+  sub->add_option("--bq", command->bq_path, "bias of Q");
+  sub->add_option("--bk", command->bk_path, "bias of K");
+  sub->add_option("--bv", command->bv_path, "bias of V");
+  sub->add_option("--bo", command->bo_path, "bias of the output (needs --wo)");
+  sub->add_option("--memory", command->memory_path, "cross-attention: K and V from M");
+  sub->add_option("--heads", command->heads, "query heads H (layer form)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--kv-heads", command->kv_heads, "key/value heads Hkv (default H)")
+      ->check(CLI::PositiveNumber);
+  add_attention_flags(*sub, command->flags);
+  // explain writes no tensors: the outputs of qkv attention do not apply.
+  for (const char* name : {"--weights", "--lse", "--out-dtype"}) {
+    sub->remove_option(sub->get_option(name));
+  }
+  sub->add_option("--row", command->rows,
+                  "query rows to walk through, e.g. 0,5 (default: the most and least focused)");
+  sub->add_option("--head", command->head, "only this head (and the head --svg draws; default 0)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--batch", command->batch, "batch element of a batched input (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--top", command->top, "keys listed for a long row (default 8)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--labels-q", command->labels_q, "query labels, one per line");
+  sub->add_option("--labels-k", command->labels_k, "key labels, one per line");
+  sub->add_option("--html", command->html_path, "write a self-contained attention page");
+  sub->add_option("--svg", command->svg_path, "write one head's heatmap as SVG");
+  sub->footer(
+      "Examples:\n"
+      "  qkv explain                                  the built-in example\n"
+      "  qkv explain --html qkv-explain.html          ... and its page\n"
+      "  qkv explain --q q.npy --k k.npy --v v.npy --causal --row 3 --labels-k words.txt\n"
+      "  qkv explain --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --heads 4 --html page.html");
+  sub->callback([command] { run_explain(*command); });
+}
+
+}  // namespace qkv::cli
