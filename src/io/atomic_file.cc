@@ -8,11 +8,31 @@
 // Committing several files is a sequence of renames, not one atomic step: the checks that can
 // fail (the directory exists and is writable, the destination is not a directory) are made
 // when staging, so a rename that fails at commit time means the file system changed under us.
+//
+// Interruption. A run stopped by SIGINT, SIGTERM or SIGHUP must not leave its temporary files
+// behind. Every temporary path is entered in a fixed table before the file is created and
+// leaves it once renamed or removed. The first entry installs a handler for those signals
+// (only where the signal still has its default action: an application's own handler, or an
+// inherited "ignore", is left alone) that unlinks every path in the table, then lets the
+// signal take its default action, so the process still dies of it (exit status 128 + signal in
+// a shell). The handler uses only async-signal-safe calls: atomic loads, unlink, raise. The
+// table is static storage (no allocation, no lock), so a signal on any thread at any moment
+// finds it consistent: a slot is published with a release store after its path is written.
+// Temporary names carry the process id, so a path entered just before its file is created can
+// name nothing but ours (or a stale leftover of a dead process with our pid). Renames at
+// commit run with those signals blocked, so a signal arriving during a commit takes effect
+// after every output is in place.
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
+#include <cstring>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -24,15 +44,101 @@
 
 namespace qkv {
 
-// One staged output. `temp` is empty once it has been renamed into place (or removed), so the
-// list of staged files is also the one list of temporary files that may need removing — the
-// place a future signal handler will look.
+// One staged output. `temp` is empty once it has been renamed into place (or removed).
 struct OutputFiles::Staged {
   std::filesystem::path destination;
   std::filesystem::path temp;
+  int slot = -1;  // its entry in the table of temporary files, or -1
 };
 
 namespace {
+
+// ---- The table of temporary files that a signal handler removes. ----
+
+constexpr std::size_t kTempSlots = 64;
+constexpr std::size_t kTempPathBytes = 4096;
+constexpr std::array<int, 3> kCleanupSignals = {SIGINT, SIGTERM, SIGHUP};
+
+enum SlotState : int { kSlotFree = 0, kSlotWriting = 1, kSlotReady = 2 };
+
+struct TempSlot {
+  std::atomic<int> state{kSlotFree};
+  char path[kTempPathBytes];
+};
+
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs lock-free atomics");
+
+TempSlot g_temp_slots[kTempSlots];
+
+extern "C" void remove_temp_files_and_reraise(int signal_number) {
+  const int saved_errno = errno;
+  for (TempSlot& slot : g_temp_slots) {
+    if (slot.state.load(std::memory_order_acquire) == kSlotReady) ::unlink(slot.path);
+  }
+  // SA_RESETHAND has restored the default action; the signal is blocked until we return, then
+  // delivered again and ends the process as it would have without us.
+  ::raise(signal_number);
+  errno = saved_errno;
+}
+
+void install_cleanup_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const int signal_number : kCleanupSignals) {
+      struct sigaction current {};
+      if (::sigaction(signal_number, nullptr, &current) != 0) continue;
+      if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) continue;
+      struct sigaction action {};
+      action.sa_handler = remove_temp_files_and_reraise;
+      sigemptyset(&action.sa_mask);
+      for (const int other : kCleanupSignals) sigaddset(&action.sa_mask, other);
+      action.sa_flags = static_cast<int>(SA_RESETHAND);
+      ::sigaction(signal_number, &action, nullptr);
+    }
+  });
+}
+
+// Enters `path` in the table; returns its slot, or -1 if the table is full or the path too long
+// (the file is then not removed on a signal, which is all that is lost).
+int register_temp(const std::filesystem::path& path) {
+  install_cleanup_handlers();
+  const std::string& text = path.native();
+  if (text.size() >= kTempPathBytes) return -1;
+  for (std::size_t i = 0; i < kTempSlots; ++i) {
+    int expected = kSlotFree;
+    if (!g_temp_slots[i].state.compare_exchange_strong(expected, kSlotWriting)) continue;
+    std::memcpy(g_temp_slots[i].path, text.c_str(), text.size() + 1);
+    g_temp_slots[i].state.store(kSlotReady, std::memory_order_release);
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void unregister_temp(int slot) {
+  if (slot >= 0) g_temp_slots[static_cast<std::size_t>(slot)].state.store(kSlotFree);
+}
+
+// Blocks the cleanup signals on this thread for its lifetime.
+class SignalsBlocked {
+ public:
+  SignalsBlocked() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (const int signal_number : kCleanupSignals) sigaddset(&set, signal_number);
+    blocked_ = ::pthread_sigmask(SIG_BLOCK, &set, &previous_) == 0;
+  }
+  ~SignalsBlocked() {
+    if (blocked_) ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  SignalsBlocked(const SignalsBlocked&) = delete;
+  SignalsBlocked& operator=(const SignalsBlocked&) = delete;
+
+ private:
+  sigset_t previous_{};
+  bool blocked_ = false;
+};
+
+// ---- Creating, writing and syncing the temporary files. ----
 
 // Long destination names are shortened in the temporary name so that it stays within
 // NAME_MAX (255 bytes on common file systems) after the prefix and suffix are added.
@@ -52,24 +158,36 @@ std::string random_suffix() {
   return suffix;
 }
 
-// Creates ".<name>.qkv-tmp-XXXXXX" beside `destination` and returns its descriptor and path.
-// Unlike mkstemp, which makes the file 0600, this creates it 0666 less the umask, so that the
-// renamed output has the permissions a plain write would have given it.
-std::pair<int, std::filesystem::path> create_temp(const std::filesystem::path& destination,
-                                                  const std::string& subject) {
+// Creates ".<name>.qkv-tmp-<pid>-XXXXXX" beside `destination`, entered in the table of
+// temporary files, and returns its descriptor, path and slot. Unlike mkstemp, which makes the
+// file 0600, this creates it 0666 less the umask, so that the renamed output has the
+// permissions a plain write would have given it.
+struct Temp {
+  int fd = -1;
+  std::filesystem::path path;
+  int slot = -1;
+};
+
+Temp create_temp(const std::filesystem::path& destination, const std::string& subject) {
   std::string name = destination.filename().string();
   if (name.size() > kMaxNameInTemp) name.resize(kMaxNameInTemp);
   const std::filesystem::path directory = destination.parent_path();
+  const std::string pid = std::to_string(::getpid());
   for (int attempt = 0; attempt < kTempAttempts; ++attempt) {
-    std::filesystem::path temp = directory / ("." + name + ".qkv-tmp-" + random_suffix());
+    std::filesystem::path temp =
+        directory / ("." + name + ".qkv-tmp-" + pid + "-" + random_suffix());
+    // Entered before the file exists, so that no moment has it on disk and off the table.
+    const int slot = register_temp(temp);
     int fd;
     do {
       fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     } while (fd < 0 && errno == EINTR);
-    if (fd >= 0) return {fd, std::move(temp)};
-    if (errno != EEXIST) {
+    if (fd >= 0) return {fd, std::move(temp), slot};
+    const int err = errno;
+    unregister_temp(slot);
+    if (err != EEXIST) {
       throw Error(subject,
-                  "cannot create a temporary file in its directory: " + errno_message(errno));
+                  "cannot create a temporary file in its directory: " + errno_message(err));
     }
   }
   throw Error(subject, "cannot create a temporary file in its directory: every name tried exists");
@@ -112,6 +230,7 @@ OutputFiles::OutputFiles() = default;
 OutputFiles::~OutputFiles() {
   for (const Staged& staged : staged_) {
     if (!staged.temp.empty()) ::unlink(staged.temp.c_str());
+    unregister_temp(staged.slot);
   }
 }
 
@@ -131,12 +250,13 @@ void OutputFiles::stage(const std::filesystem::path& path, const std::vector<cha
 
   // Reserved first: once the temporary file exists, recording it must not fail.
   staged_.reserve(staged_.size() + 1);
-  auto [fd, temp] = create_temp(path, subject);
-  // Registered before writing, so the temporary file is on the one list from its creation.
-  staged_.push_back(Staged{path, temp});
-  const int err = write_sync_close(fd, bytes);
+  Temp temp = create_temp(path, subject);
+  // Recorded before writing, so the temporary file is on the one list from its creation.
+  staged_.push_back(Staged{path, temp.path, temp.slot});
+  const int err = write_sync_close(temp.fd, bytes);
   if (err != 0) {
-    ::unlink(temp.c_str());
+    ::unlink(temp.path.c_str());
+    unregister_temp(temp.slot);
     staged_.pop_back();
     throw Error(subject, "cannot write: " + errno_message(err));
   }
@@ -149,15 +269,20 @@ void OutputFiles::stage_npy(const std::filesystem::path& path, const TensorView&
 
 void OutputFiles::commit() {
   std::set<std::filesystem::path> directories;
-  for (Staged& staged : staged_) {
-    if (staged.temp.empty()) continue;
-    if (::rename(staged.temp.c_str(), staged.destination.c_str()) != 0) {
-      throw Error(staged.destination.string(),
-                  "cannot move the finished file into place: " + errno_message(errno));
+  {
+    const SignalsBlocked blocked;
+    for (Staged& staged : staged_) {
+      if (staged.temp.empty()) continue;
+      if (::rename(staged.temp.c_str(), staged.destination.c_str()) != 0) {
+        throw Error(staged.destination.string(),
+                    "cannot move the finished file into place: " + errno_message(errno));
+      }
+      staged.temp.clear();
+      unregister_temp(staged.slot);
+      staged.slot = -1;
+      const std::filesystem::path directory = staged.destination.parent_path();
+      directories.insert(directory.empty() ? std::filesystem::path(".") : directory);
     }
-    staged.temp.clear();
-    const std::filesystem::path directory = staged.destination.parent_path();
-    directories.insert(directory.empty() ? std::filesystem::path(".") : directory);
   }
   staged_.clear();
   for (const auto& directory : directories) sync_directory(directory);
