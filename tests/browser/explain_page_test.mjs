@@ -4,7 +4,7 @@
 //
 // For three pages (the built-in example; Q, K, V files with a causal rule and a bool mask;
 // n = 1024, pooled) it checks: no console error and no network request; the heatmap has the
-// right number of cells; clicking a cell opens that row's walk-through, whose weights equal
+// right number of cells; hovering names the cell; clicking a cell opens that row's walk-through, whose weights equal
 // `qkv attention --kernel reference --weights` within 1e-6; a screenshot is not blank.
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -158,6 +158,10 @@ async function main() {
     await withPage(context, builtin, async (page) => {
       check(await page.locator('#heatmap rect.cell').count() === 4 * 6,
         'built-in: the heatmap has 4 x 6 cells (users x films)');
+      await page.hover('#heatmap rect.cell[data-i="1"][data-j="2"]');
+      const tip = await page.textContent('#tip');
+      check(tip.includes('Ben') && tip.includes('Notting Hill') && tip.includes('score s = 2.0000') &&
+        tip.includes('weight w = 0.32'), 'built-in: hovering a cell names i, j, their labels, the score and the weight');
       await page.click('#heatmap rect.cell[data-i="0"][data-j="4"]');
       const weights = await rowWeights(page);
       // Ana's weights, worked out by hand from the example's numbers (see walk_through_test.cc).
