@@ -19,6 +19,15 @@ template <typename Visit>
 void for_each_real(const TensorView& view, Visit visit) {
   const std::size_t rank = view.shape.size();
   const std::int64_t count = view.numel();
+  if (view.is_contiguous()) {  // the common case, without per-element index bookkeeping
+    for (std::int64_t flat = 0; flat < count; ++flat) {
+      visit(view.dtype == DType::kF64
+                ? static_cast<const double*>(view.data)[flat]
+                : static_cast<double>(static_cast<const float*>(view.data)[flat]),
+            flat);
+    }
+    return;
+  }
   std::vector<std::int64_t> index(rank, 0);
   std::int64_t offset = 0;
   for (std::int64_t flat = 0; flat < count; ++flat) {

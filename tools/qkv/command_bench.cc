@@ -30,6 +30,7 @@ struct BenchCommand {
   bool no_baseline = false;
   double peak_gflops = 0.0;
   int repeats = 0;
+  int warmup = 1;
 };
 
 struct Timing {
@@ -80,14 +81,14 @@ Timing time_kernel(const BenchCommand& c, const TensorView& q, const TensorView&
   Tensor out(DType::kF32, {c.batch, c.heads, c.n, c.dv}, "out");
   const AttentionOutputs outputs{out.mutable_view(), std::nullopt, std::nullopt};
   Timing t;
-  t.kernel = attention_into(q, k, v, options, outputs);  // warm-up
+  for (int w = 0; w < c.warmup; ++w) t.kernel = attention_into(q, k, v, options, outputs);
   std::vector<double> ms;
   double total = 0.0;
   const int max_runs = c.repeats > 0 ? c.repeats : 50;
   while (static_cast<int>(ms.size()) < max_runs &&
          (c.repeats > 0 || ms.size() < 3 || total < 1000.0)) {
     const auto start = std::chrono::steady_clock::now();
-    attention_into(q, k, v, options, outputs);
+    t.kernel = attention_into(q, k, v, options, outputs);
     const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
     ms.push_back(took.count());
     total += took.count();
@@ -219,6 +220,7 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--threads", command->threads, "threads (default: one per hardware thread)");
   sub->add_option("--kernel", command->kernel, "force a kernel (default: the library's choice)");
   sub->add_option("--repeats", command->repeats, "timed runs (default: >= 3 and ~1 s)");
+  sub->add_option("--warmup", command->warmup, "untimed runs first (default 1)");
   sub->add_option("--peak-gflops", command->peak_gflops, "use this peak instead of measuring");
   sub->add_flag("--no-baseline", command->no_baseline, "skip the unfused CBLAS baseline");
   sub->add_flag("--json", command->json, "print one JSON object");
