@@ -148,6 +148,7 @@ struct HeadScan {
   std::vector<double> first_key;            // per row: w_i0
   std::vector<double> max_row_weight;       // per row: max_j w_ij
   std::vector<bool> has_keys;               // per row: at least one allowed key
+  std::vector<std::int64_t> allowed_keys;   // per row: how many keys are allowed
   // Means over the rows that have a key.
   double mean_entropy = 0.0, mean_distance = 0.0, mean_first_key = 0.0, mean_max_weight = 0.0;
   std::int64_t most_focused = 0, least_focused = 0;  // rows of least and most entropy
@@ -156,7 +157,8 @@ struct HeadScan {
 HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_side = 512);
 
 // Rows worth walking through when the user names none: every row of a short input, otherwise
-// the most and the least focused rows over all heads.
+// the most and the least focused rows over all heads (among rows with more than one allowed
+// key, where there are such: a row with one key is trivially focused).
 std::vector<std::int64_t> interesting_rows(const Explanation& e,
                                            const std::vector<HeadScan>& scans);
 

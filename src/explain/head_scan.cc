@@ -40,6 +40,7 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
   s.first_key.assign(nq, 0.0);
   s.max_row_weight.assign(nq, 0.0);
   s.has_keys.assign(nq, false);
+  s.allowed_keys.assign(nq, 0);
   if (e.nq == 0 || e.nk == 0) return s;
 
   const std::vector<std::int64_t> row_bin = bins(e.nq, s.map_rows);
@@ -65,6 +66,7 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
       const double diag = static_cast<double>(i + e.nk - e.nq);
       // Entropy without a log per key: -Σ w·ln w = -Σ w·(s - lse) = lse - Σ w·s, as Σ w = 1.
       double weighted_score = 0.0, distance = 0.0, top = 0.0;
+      std::int64_t allowed_in_row = 0;
       for (std::int64_t j = 0; j < e.nk; ++j) {
         const auto sj = static_cast<std::size_t>(j);
         const std::size_t cell = cell_row + static_cast<std::size_t>(col_bin[sj]);
@@ -72,6 +74,7 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
         total[cell] += 1.0;
         if (!std::isfinite(score)) continue;
         allowed[cell] += 1.0;
+        ++allowed_in_row;
         if (!std::isfinite(lse_i)) continue;
         const double w = std::exp(score - lse_i);
         if (w > 0.0) weighted_score += w * score;
@@ -81,6 +84,7 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
         if (j == 0) s.first_key[si] = w;
       }
       s.has_keys[si] = std::isfinite(lse_i);
+      s.allowed_keys[si] = allowed_in_row;
       s.entropy[si] = s.has_keys[si] ? std::max(0.0, lse_i - weighted_score) : 0.0;
       s.distance[si] = distance;
       s.max_row_weight[si] = top;
@@ -127,13 +131,17 @@ std::vector<std::int64_t> interesting_rows(const Explanation& e,
   }
   // The rows of least and most entropy averaged over the heads.
   std::vector<double> entropy(static_cast<std::size_t>(e.nq), 0.0);
-  std::vector<bool> any(static_cast<std::size_t>(e.nq), false);
+  std::vector<std::int64_t> keys(static_cast<std::size_t>(e.nq), 0);
   for (const HeadScan& s : scans) {
     for (std::size_t i = 0; i < entropy.size(); ++i) {
       entropy[i] += s.entropy[i];
-      any[i] = any[i] || s.has_keys[i];
+      keys[i] = std::max(keys[i], s.has_keys[i] ? s.allowed_keys[i] : 0);
     }
   }
+  const bool some_have_several =
+      std::any_of(keys.begin(), keys.end(), [](std::int64_t n) { return n > 1; });
+  std::vector<bool> any(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) any[i] = keys[i] > (some_have_several ? 1 : 0);
   std::int64_t most = -1, least = -1;
   for (std::size_t i = 0; i < entropy.size(); ++i) {
     if (!any[i]) continue;

@@ -315,6 +315,7 @@ const vec = (a, n) => '[ ' + Array.from(a.slice(0, n || 12), (x) => x.toFixed(4)
 function showRow(i, focus) {
   const p = part(), h = state.head, box = $('row');
   state.row = i;
+  $('row-input').value = i;
   if (!computable(p)) {
     box.innerHTML = '<p>The explicit mask is too large to embed, so rows are not recomputed here: run ' +
       '<code>qkv explain --row ' + i + '</code> for this row.</p>';

@@ -93,6 +93,8 @@ RowWalkThrough walk_through(const Explanation& e, std::int64_t head, std::int64_
     if (std::isfinite(w.score[sj])) ++w.allowed_keys;
     if (w.weight[sj] > 0.0) w.entropy -= w.weight[sj] * std::log(w.weight[sj]);
   }
+  // A weight may exceed 1 by a rounding error of the lse (a one-key row): entropy is >= 0.
+  w.entropy = std::max(w.entropy, 0.0);
   w.effective_keys = std::isfinite(w.lse) ? std::exp(w.entropy) : 0.0;
   w.by_weight.resize(nk);
   std::iota(w.by_weight.begin(), w.by_weight.end(), std::int64_t{0});

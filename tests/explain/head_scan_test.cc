@@ -40,9 +40,11 @@ void expect_scan_matches(const Explanation& e, std::int64_t head, const std::vec
   std::vector<float> pooled(static_cast<std::size_t>(s.map_rows * s.map_cols), 0.0f);
   for (std::int64_t i = 0; i < e.nq; ++i) {
     double entropy = 0.0, distance = 0.0, top = 0.0, sum = 0.0;
+    std::int64_t allowed = 0;
     for (std::int64_t j = 0; j < e.nk; ++j) {
       const double wij = w[static_cast<std::size_t>(i * e.nk + j)];
       sum += wij;
+      if (std::isfinite(e.bias(head, i, j))) ++allowed;
       if (wij > 0) entropy -= wij * std::log(wij);
       distance += wij * std::abs(static_cast<double>(j - (i + e.nk - e.nq)));
       top = std::max(top, wij);
@@ -52,6 +54,7 @@ void expect_scan_matches(const Explanation& e, std::int64_t head, const std::vec
     }
     const auto si = static_cast<std::size_t>(i);
     EXPECT_EQ(s.has_keys[si], sum > 0.5) << "row " << i;
+    EXPECT_EQ(s.allowed_keys[si], allowed) << "row " << i;
     EXPECT_NEAR(s.entropy[si], entropy, 1e-10) << "row " << i;
     EXPECT_NEAR(s.distance[si], distance, 1e-10) << "row " << i;
     EXPECT_NEAR(s.first_key[si], w[si * static_cast<std::size_t>(e.nk)], 1e-12);
@@ -155,6 +158,30 @@ TEST(ExplainLayer, MatchesTheLayer) {
   const RowWalkThrough row = walk_through(e, 2, 4);
   EXPECT_EQ(row.x.size(), 6u);
   EXPECT_EQ(e.projection->bq.size(), 4u);
+}
+
+// Under a causal rule the first row has one key and is trivially focused: the rows chosen by
+// default are the most and least focused of the rows that have a choice.
+TEST(InterestingRows, SkipRowsWithOneKey) {
+  const Tensor q = testing::random_tensor(DType::kF64, {12, 4}, 31, -3, 3);
+  const Tensor k = testing::random_tensor(DType::kF64, {12, 4}, 32, -3, 3);
+  const Tensor v = testing::random_tensor(DType::kF64, {12, 2}, 33);
+  AttentionOptions options;
+  options.causal = true;
+  const Explanation e = explain_attention(q.view(), k.view(), v.view(), options);
+  const HeadScan scan = scan_head(e, 0);
+  const std::vector<std::int64_t> rows = interesting_rows(e, {scan});
+  ASSERT_EQ(rows.size(), 2u);
+  double least = 1e9, most = -1;
+  for (std::int64_t i = 1; i < 12; ++i) {
+    least = std::min(least, scan.entropy[static_cast<std::size_t>(i)]);
+    most = std::max(most, scan.entropy[static_cast<std::size_t>(i)]);
+  }
+  for (const std::int64_t row : rows) {
+    EXPECT_GT(row, 0);
+    const double h = scan.entropy[static_cast<std::size_t>(row)];
+    EXPECT_TRUE(h == least || h == most) << row;
+  }
 }
 
 // With the fastest kernel (whatever this machine has), the weights stay within 1e-6.
