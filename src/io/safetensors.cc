@@ -323,7 +323,10 @@ class HeaderHandler final : public nlohmann::json_sax<nlohmann::json> {
   }
   bool fail(const std::string& problem) {
     if (error_.empty()) {
-      error_ = in_metadata_ ? "'__metadata__' " + problem : "tensor " + quote(name_) + " " + problem;
+      // "tensor 'q' has no 'dtype'", but "tensor 'q': 'shape' must ...".
+      const std::string separator = problem.starts_with("'") ? ": " : " ";
+      error_ = in_metadata_ ? "'__metadata__' " + problem
+                            : "tensor " + quote(name_) + separator + problem;
     }
     return false;
   }

@@ -1,0 +1,78 @@
+// The committed hostile corpus (make_corpus.py): every .npy and .safetensors file in it, given
+// to `qkv attention` as Q, must end the command with exit status 1, exactly one stderr line that
+// names the file, and no output file. Under the asan preset the same run is AddressSanitizer-
+// and UBSan-checked.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hardening/cli_runner.h"
+#include "qkv/io.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<fs::path> corpus(const char* folder) {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(fs::path(QKV_HOSTILE_DIR) / folder)) {
+    files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::vector<fs::path> whole_corpus() {
+  std::vector<fs::path> files = corpus("npy");
+  const std::vector<fs::path> st = corpus("safetensors");
+  files.insert(files.end(), st.begin(), st.end());
+  return files;
+}
+
+class HostileFile : public ::testing::TestWithParam<fs::path> {};
+
+TEST_P(HostileFile, IsRefusedWithOneLineNamingItAndNoOutput) {
+  const fs::path file = GetParam();
+  const bool safetensors = file.parent_path().filename() == "safetensors";
+  testing::ScratchDir dir;
+  const Tensor kv = testing::random_tensor(DType::kF32, {8, 4}, 1);
+  write_npy(dir / "k.npy", kv.view(), DType::kF32);
+  write_npy(dir / "v.npy", kv.view(), DType::kF32);
+  const std::vector<std::string> before = testing::files_in(dir.path());
+  const std::string spec = file.string() + (safetensors ? ":q" : "");
+  const testing::CommandRun run = testing::run_program(
+      QKV_CLI_PATH, dir.path(),
+      {"attention", "--q", spec, "--k", "k.npy", "--v", "v.npy", "--out", "o.npy", "--weights",
+       "w.npy"});
+  EXPECT_EQ(run.status, 1) << run.err;
+  ASSERT_FALSE(run.err.empty());
+  EXPECT_EQ(run.err.back(), '\n');
+  EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  EXPECT_NE(run.err.find(file.filename().string()), std::string::npos) << run.err;
+  EXPECT_TRUE(run.out.empty()) << run.out;
+  EXPECT_EQ(testing::files_in(dir.path()), before) << run.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Corpus, HostileFile, ::testing::ValuesIn(whole_corpus()),
+                         [](const auto& param_info) {
+                           std::string name = param_info.param.parent_path().filename().string() +
+                                              "_" + param_info.param.filename().string();
+                           for (char& c : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
+
+TEST(HostileCorpus, HasAtLeastThirtyNpyAndTwentyFiveSafetensorsFiles) {
+  EXPECT_GE(corpus("npy").size(), 30u);
+  EXPECT_GE(corpus("safetensors").size(), 25u);
+}
+
+}  // namespace
+}  // namespace qkv
