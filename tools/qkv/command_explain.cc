@@ -1,4 +1,5 @@
 // qkv explain: the seed's walk-through of query, key and value, in the terminal and as a page.
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <deque>
@@ -225,8 +226,14 @@ void run_explain(const ExplainCommand& c) {
     }
     auto& head_scans = scans.emplace_back();
     for (std::int64_t h = 0; h < e.heads; ++h) head_scans.push_back(scan_head(e, h));
-    const std::vector<std::int64_t> rows =
-        c.rows.empty() ? interesting_rows(e, head_scans) : parse_rows(c.rows, e.nq);
+    std::vector<std::int64_t> rows = interesting_rows(e, head_scans);
+    if (!c.rows.empty()) {
+      // The built-in example's parts differ in length: a row applies to the parts that have it.
+      std::int64_t longest = 0;
+      for (const Explanation& part : parts) longest = std::max(longest, part.nq);
+      rows = parse_rows(c.rows, longest);
+      std::erase_if(rows, [&](std::int64_t row) { return row >= e.nq; });
+    }
     text += (builtin ? "Part " + std::to_string(n + 1) + ". " : std::string()) +
             format_overview(e) + "\n";
     if (e.projection && (builtin || e.nk <= 12)) text += format_key_value_rows(e) + "\n";
