@@ -48,7 +48,9 @@ std::string heatmap_svg(const Explanation& e, std::int64_t head, std::int64_t ma
   const std::int64_t cell =
       std::clamp<std::int64_t>(640 / std::max<std::int64_t>(rows, cols), 2, 40);
   const std::int64_t left = labelled ? 120 : 16, top = labelled ? 100 : 40;
-  const std::int64_t width = left + cols * cell + 16, height = top + rows * cell + 56;
+  // Wide enough for the caption and the legend's text even when the map is narrow.
+  const std::int64_t width = std::max(left + cols * cell + 16, left + 600);
+  const std::int64_t height = top + rows * cell + 56;
   float max = 0.0f;
   for (const float w : scan.max_weight) max = std::max(max, w);
 
@@ -61,8 +63,8 @@ std::string heatmap_svg(const Explanation& e, std::int64_t head, std::int64_t ma
                         " queries x " + std::to_string(e.nk) + " keys";
   if (rows != e.nq || cols != e.nk)
     caption += " (max-pooled to " + std::to_string(rows) + " x " + std::to_string(cols) + ")";
-  svg += "<text x=\"" + std::to_string(left) + "\" y=\"" + std::to_string(labelled ? 16 : 24) +
-         "\" font-size=\"13\">" + escape_xml(caption) + "</text>\n";
+  svg += "<text x=\"16\" y=\"" + std::to_string(labelled ? 16 : 24) + "\" font-size=\"13\">" +
+         escape_xml(caption) + "</text>\n";
   for (std::int64_t a = 0; a < rows; ++a) {
     for (std::int64_t b = 0; b < cols; ++b) {
       const auto at = static_cast<std::size_t>(a * cols + b);
