@@ -148,15 +148,16 @@ void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
                   k.data, k.ld, 0.0f, scores.data(), nk);
       core::parallel_for(sh.nq, p.threads, [&](std::int64_t begin, std::int64_t end) {
         for (std::int64_t i = begin; masked && i < end; ++i) {
-          float* row = scores.data() + i * sh.nk;
-          const std::int64_t diag = i + sh.diagonal_offset();
-          for (std::int64_t j = 0; j < sh.nk; ++j) {
-            if (!core::structurally_allowed(p.masking, diag, j)) {
-              row[j] = -fused::kInfF;
-            } else if (p.masking.mask != nullptr) {
-              const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
-              row[j] = bias == -fused::kInfF ? -fused::kInfF : row[j] + bias;
-            }
+          // -inf outside the row's causal/window interval, the mask's bias inside it.
+          const std::int64_t at = i * sh.nk;
+          const core::KeyRange r =
+              core::allowed_key_range(p.masking, sh.nk, i + sh.diagonal_offset());
+          std::fill(scores.data() + at, scores.data() + at + r.first, -fused::kInfF);
+          std::fill(scores.data() + at + r.last, scores.data() + at + sh.nk, -fused::kInfF);
+          for (std::int64_t j = r.first; p.masking.mask != nullptr && j < r.last; ++j) {
+            const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
+            float& x = scores[static_cast<std::size_t>(at + j)];
+            x = bias == -fused::kInfF ? -fused::kInfF : x + bias;
           }
         }
         softmax_rows(scores.data() + begin * sh.nk, sh.nk, sh.nk, end - begin,

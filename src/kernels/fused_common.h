@@ -153,23 +153,27 @@ inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::i
   }
 }
 
-// The per-element path for one row of a tile of scaled scores: s[j] + bias for keys that
-// causal/window and the mask allow, -inf for the rest and for the padding past `count`.
+// The masked path for one row of a tile of scaled scores: -inf outside the row's causal/window
+// interval and past `count` (two fills: the interval is contiguous), then the explicit mask's
+// bias inside it, element by element only when there is a mask.
 inline void mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
                      std::int64_t i, std::int64_t j0, std::int64_t count, bool check_structure,
                      float* s) noexcept {
   const core::Masking& m = p.masking;
-  const std::int64_t diag = i + p.shape.diagonal_offset();
-  for (std::int64_t j = 0; j < count; ++j) {
-    if (check_structure && !core::structurally_allowed(m, diag, j0 + j)) {
-      s[j] = -kInfF;
-      continue;
-    }
-    if (m.mask == nullptr) continue;
+  std::int64_t lo = 0;
+  std::int64_t hi = count;
+  if (check_structure) {
+    const core::KeyRange r = core::allowed_key_range(m, p.shape.nk, i + p.shape.diagonal_offset());
+    lo = std::clamp<std::int64_t>(r.first - j0, 0, count);
+    hi = std::clamp<std::int64_t>(r.last - j0, lo, count);
+  }
+  std::fill(s, s + lo, -kInfF);
+  std::fill(s + hi, s + kKeyTile, -kInfF);
+  if (m.mask == nullptr) return;
+  for (std::int64_t j = lo; j < hi; ++j) {
     const float bias = static_cast<float>(core::mask_bias(m, b, h, i, j0 + j));
     s[j] = bias == -kInfF ? -kInfF : s[j] + bias;
   }
-  for (std::int64_t j = count; j < kKeyTile; ++j) s[j] = -kInfF;
 }
 
 // out[b, h, i, c0 + c] = src[c] · factor for c < count.

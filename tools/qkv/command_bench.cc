@@ -140,6 +140,13 @@ void run_bench(BenchCommand c) {
   const double peak =
       c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(threads);
 
+  if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
+    AttentionOptions options;
+    options.causal = c.causal;
+    options.threads = c.threads;
+    options.kernel = c.kernel;
+    std::fprintf(stderr, "%s", explain_kernel_choice(q.view(), k.view(), v.view(), options).c_str());
+  }
   const Timing main = time_kernel(c, q.view(), k.view(), v.view(), c.kernel, flops);
   std::optional<Timing> base;
   std::string base_note;
