@@ -23,6 +23,9 @@
 #define HWY_TARGET_INCLUDE "kernels/attention_fwd_fused_hwy.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 
@@ -238,7 +241,28 @@ std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& p) {
   return float32_declines(p);
 }
 
+namespace {
+
+// QKV_SIMD_MAX=AVX2 (or SSE4, SSSE3, ...: a Highway target name) caps the targets dispatch may
+// pick, to reproduce another machine's path; results stay within the accuracy criterion on
+// every target (the sweep test runs them all). Read once, at the first call.
+void apply_simd_cap() noexcept {
+  static const bool applied = [] {
+    const char* cap = std::getenv("QKV_SIMD_MAX");
+    if (cap == nullptr) return true;
+    for (std::int64_t t = HWY_TARGETS; t != 0; t &= t - 1) {
+      const std::int64_t target = t & -t;
+      if (std::strcmp(hwy::TargetName(target), cap) == 0) hwy::DisableTargets(target - 1);
+    }
+    return true;
+  }();
+  (void)applied;
+}
+
+}  // namespace
+
 void attention_fwd_fused_hwy(const core::AttentionParams& p) noexcept {
+  apply_simd_cap();
   HWY_DYNAMIC_DISPATCH(FusedForward)(p);
 }
 
@@ -249,6 +273,7 @@ void simd_force_target(std::int64_t target) { hwy::SetSupportedTargetsForTest(ta
 std::string simd_target_name(std::int64_t target) { return hwy::TargetName(target); }
 
 std::string simd_target_name() {
+  apply_simd_cap();
   const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
   return targets == 0 ? std::string("none") : hwy::TargetName(targets & -targets);
 }

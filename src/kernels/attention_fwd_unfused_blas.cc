@@ -1,11 +1,11 @@
 // attention_fwd_unfused_blas: attention as most code writes it, two matrix products with a
 // softmax between them, each step as fast as the machine's CBLAS makes it:
 //
-//   for each (b, h):                       heads one after another
-//     S = scale · Q_h · K_h^T              sgemm, nq x nk, S materialised in memory
-//     S += mask, -inf where forbidden      only with causal/window/mask, one pass
-//     P = softmax_rows(S)                  vectorised exp (softmax_rows_hwy.cc), our threads
-//     O_h = P · V_h                        sgemm, nq x dv
+//   for each (b, h, block of 256 query rows):   tasks on core::parallel_for
+//     S = scale · Q_blk · K_h^T              sgemm, 256 x nk, S materialised in memory
+//     S += mask, -inf where forbidden        only with causal/window/mask, one pass
+//     P = softmax_rows(S)                    vectorised exp (softmax_rows_hwy.cc)
+//     O_blk = P · V_h                        sgemm, 256 x dv
 //
 // It is the in-process baseline of `qkv bench` and the fastest choice where the n x n score
 // matrix is small. Its costs are what the fused kernel avoids: the nq x nk matrix (4·nq·nk
@@ -13,12 +13,12 @@
 // bytes of memory traffic per head), the full square computed under causal masking, and no
 // sharing of K/V between the heads of a group.
 //
-// Threads: OpenBLAS parallelises each sgemm internally; the call sets its thread count to
-// exactly params.threads for the duration (through a weak symbol, so any CBLAS links) and puts
-// the previous count back. The softmax runs on core::parallel_for over rows. Rows are
-// independent and the sgemm's blocking does not depend on the thread count in OpenBLAS's
-// row-major paths, but bitwise identity across thread counts is promised only for the fused
-// kernels.
+// Threads: exactly params.threads of ours, each running single-threaded sgemm calls on its own
+// tasks; OpenBLAS is set to one thread for the duration (through a weak symbol, so any CBLAS
+// links) and the previous count put back. No hidden threads beyond --threads, no data handed
+// between threads (ThreadSanitizer cannot see inside OpenBLAS's own pool), and since the row
+// blocks do not depend on the thread count, neither do the bits. With one (b, h) and fewer
+// than 256·threads rows, fewer tasks than threads: this kernel is for the many-heads case.
 #include <cblas.h>
 
 #include <algorithm>
@@ -40,8 +40,11 @@ extern "C" int openblas_get_num_threads(void) __attribute__((weak));
 namespace qkv::kernels {
 namespace {
 
-// The n x n workspace above which this kernel declines (the fused kernel has no such limit).
+// The score workspace above which this kernel declines (the fused kernel has no such limit).
 constexpr double kWorkspaceBudgetBytes = 2.0 * 1024 * 1024 * 1024;
+// Query rows per task: fixed, so that the sgemm calls and hence the bits do not depend on the
+// thread count.
+constexpr std::int64_t kRowBlock = 256;
 
 // A float32 matrix view of operand rows: direct when the operand already is row-major float32
 // with unit column stride, else a packed copy.
@@ -52,16 +55,16 @@ struct Matrix {
 };
 
 void view_or_pack(const core::InputOperand& op, std::int64_t b, std::int64_t h,
-                  std::int64_t rows, std::int64_t cols, Matrix& m) {
+                  std::int64_t row0, std::int64_t rows, std::int64_t cols, Matrix& m) {
   const core::Strides4& st = op.strides;
   if (op.dtype == DType::kF32 && st.col == 1 && (st.row >= cols || rows == 1) &&
       st.row <= std::numeric_limits<int>::max()) {
-    m.data = static_cast<const float*>(op.data) + st.at(b, h, 0, 0);
+    m.data = static_cast<const float*>(op.data) + st.at(b, h, row0, 0);
     m.ld = static_cast<int>(std::max<std::int64_t>(st.row, cols));
     return;
   }
   m.copy.resize(static_cast<std::size_t>(rows * cols));
-  fused::pack_rows(op, b, h, 0, rows, cols, m.copy.data(), cols);
+  fused::pack_rows(op, b, h, row0, rows, cols, m.copy.data(), cols);
   m.data = m.copy.data();
   m.ld = static_cast<int>(cols);
 }
@@ -111,10 +114,11 @@ void softmax_rows(float* s, std::int64_t n, std::int64_t ld, std::int64_t rows, 
 
 std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) {
   const core::AttentionShape& s = p.shape;
-  const double bytes = 4.0 * static_cast<double>(s.nq) * static_cast<double>(s.nk);
+  const double bytes = 4.0 * static_cast<double>(std::min(s.nq, kRowBlock)) *
+                       static_cast<double>(s.nk) * std::max(1, p.threads);
   if (bytes > kWorkspaceBudgetBytes) {
-    return "its nq x nk score matrix would need " + std::to_string(bytes / (1 << 30)) +
-           " GiB (budget 2 GiB)";
+    return "its score blocks (" + std::to_string(std::min(s.nq, kRowBlock)) + " x nk per thread) " +
+           "would need " + std::to_string(bytes / (1 << 30)) + " GiB (budget 2 GiB)";
   }
   const std::int64_t int_max = std::numeric_limits<int>::max();
   if (s.nq > int_max || s.nk > int_max || s.d > int_max || s.dv > int_max) {
@@ -125,59 +129,64 @@ std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) 
 
 void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
   const core::AttentionShape& sh = p.shape;
-  const int nq = static_cast<int>(sh.nq);
+  const std::int64_t blocks = (sh.nq + kRowBlock - 1) / kRowBlock;
+  const std::int64_t tasks = sh.b * sh.h * blocks;
   const int nk = static_cast<int>(sh.nk);
   const int d = static_cast<int>(sh.d);
   const int dv = static_cast<int>(sh.dv);
   const float scale = static_cast<float>(p.scale);
   const bool masked = p.masking.has_structure() || p.masking.mask != nullptr;
 
-  BlasThreads blas_threads(p.threads);
-  std::vector<float> scores(static_cast<std::size_t>(sh.nq * sh.nk));
-  std::vector<float> out(static_cast<std::size_t>(sh.nq * sh.dv));
-  std::vector<float> row_max(static_cast<std::size_t>(sh.nq));
-  std::vector<float> row_sum(static_cast<std::size_t>(sh.nq));
-  Matrix q, k, v;
-  for (std::int64_t b = 0; b < sh.b; ++b) {
-    for (std::int64_t h = 0; h < sh.h; ++h) {
+  BlasThreads single_threaded(1);
+  core::parallel_for(tasks, p.threads, [&](std::int64_t begin, std::int64_t end) {
+    const std::int64_t rows_max = std::min(kRowBlock, sh.nq);
+    std::vector<float> scores(static_cast<std::size_t>(rows_max * sh.nk));
+    std::vector<float> out(static_cast<std::size_t>(rows_max * sh.dv));
+    std::vector<float> row_max(static_cast<std::size_t>(rows_max));
+    std::vector<float> row_sum(static_cast<std::size_t>(rows_max));
+    Matrix q, k, v;
+    for (std::int64_t task = begin; task < end; ++task) {
+      const std::int64_t blk = task % blocks;
+      const std::int64_t h = (task / blocks) % sh.h;
+      const std::int64_t b = task / (blocks * sh.h);
       const std::int64_t hk = h / sh.group();
-      view_or_pack(p.q, b, h, sh.nq, sh.d, q);
-      view_or_pack(p.k, b, hk, sh.nk, sh.d, k);
-      view_or_pack(p.v, b, hk, sh.nk, sh.dv, v);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, scale, q.data, q.ld,
-                  k.data, k.ld, 0.0f, scores.data(), nk);
-      core::parallel_for(sh.nq, p.threads, [&](std::int64_t begin, std::int64_t end) {
-        for (std::int64_t i = begin; masked && i < end; ++i) {
-          // -inf outside the row's causal/window interval, the mask's bias inside it.
-          const std::int64_t at = i * sh.nk;
-          const core::KeyRange r =
-              core::allowed_key_range(p.masking, sh.nk, i + sh.diagonal_offset());
-          std::fill(scores.data() + at, scores.data() + at + r.first, -fused::kInfF);
-          std::fill(scores.data() + at + r.last, scores.data() + at + sh.nk, -fused::kInfF);
-          for (std::int64_t j = r.first; p.masking.mask != nullptr && j < r.last; ++j) {
-            const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
-            float& x = scores[static_cast<std::size_t>(at + j)];
-            x = bias == -fused::kInfF ? -fused::kInfF : x + bias;
-          }
+      const std::int64_t i0 = blk * kRowBlock;
+      const std::int64_t rows = std::min(kRowBlock, sh.nq - i0);
+      view_or_pack(p.q, b, h, i0, rows, sh.d, q);
+      view_or_pack(p.k, b, hk, 0, sh.nk, sh.d, k);
+      view_or_pack(p.v, b, hk, 0, sh.nk, sh.dv, v);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), nk, d, scale,
+                  q.data, q.ld, k.data, k.ld, 0.0f, scores.data(), nk);
+      for (std::int64_t r = 0; masked && r < rows; ++r) {
+        // -inf outside the row's causal/window interval, the mask's bias inside it.
+        const std::int64_t i = i0 + r;
+        float* row = scores.data() + r * sh.nk;
+        const core::KeyRange range =
+            core::allowed_key_range(p.masking, sh.nk, i + sh.diagonal_offset());
+        std::fill(row, row + range.first, -fused::kInfF);
+        std::fill(row + range.last, row + sh.nk, -fused::kInfF);
+        for (std::int64_t j = range.first; p.masking.mask != nullptr && j < range.last; ++j) {
+          const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
+          row[j] = bias == -fused::kInfF ? -fused::kInfF : row[j] + bias;
         }
-        softmax_rows(scores.data() + begin * sh.nk, sh.nk, sh.nk, end - begin,
-                     row_max.data() + begin, row_sum.data() + begin);
-      });
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, dv, nk, 1.0f, scores.data(), nk,
-                  v.data, v.ld, 0.0f, out.data(), dv);
-      for (std::int64_t i = 0; i < sh.nq; ++i) {
-        fused::store_row(p.out, b, h, i, 0, out.data() + i * sh.dv, sh.dv, 1.0f);
+      }
+      softmax_rows(scores.data(), sh.nk, sh.nk, rows, row_max.data(), row_sum.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), dv, nk, 1.0f,
+                  scores.data(), nk, v.data, v.ld, 0.0f, out.data(), dv);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t i = i0 + r;
+        fused::store_row(p.out, b, h, i, 0, out.data() + r * sh.dv, sh.dv, 1.0f);
         if (p.weights.data != nullptr) {
-          fused::store_row(p.weights, b, h, i, 0, scores.data() + i * sh.nk, sh.nk, 1.0f);
+          fused::store_row(p.weights, b, h, i, 0, scores.data() + r * sh.nk, sh.nk, 1.0f);
         }
         if (p.lse.data != nullptr) {
-          const float m = row_max[static_cast<std::size_t>(i)];
-          const double lse = finish(SoftmaxState{m, row_sum[static_cast<std::size_t>(i)]}).lse;
-          core::store_real(p.lse.data, p.lse.dtype, p.lse.strides.at(b, h, i, 0), lse);
+          const SoftmaxState st{row_max[static_cast<std::size_t>(r)],
+                                row_sum[static_cast<std::size_t>(r)]};
+          core::store_real(p.lse.data, p.lse.dtype, p.lse.strides.at(b, h, i, 0), finish(st).lse);
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace qkv::kernels
