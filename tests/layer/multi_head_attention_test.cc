@@ -93,6 +93,7 @@ TEST(MultiHeadAttention, BatchedCrossAttentionWithMaskAndWeights) {
   o.attention.mask = padding.view();
   o.attention.return_weights = true;
   o.attention.out_dtype = DType::kF64;
+  o.attention.kernel = "reference";  // the composition is under test here, not the kernel
   const LayerResult r = multi_head_attention(x.view(), w, o, m.view());
   EXPECT_EQ(r.out.shape(), (Shape{2, 5, 6}));
   EXPECT_EQ(r.weights.shape(), (Shape{2, 2, 5, 9}));
