@@ -22,6 +22,7 @@ namespace scalar {
 
 struct ScalarMicro {
   static constexpr std::int64_t kLanes = 1;
+  static constexpr std::int64_t kRows = 4;
   static constexpr std::int64_t kTile = fused::kKeyTile;
 
   static void scores(const float* q, std::int64_t rows, std::int64_t d, const float* kt,

@@ -22,6 +22,8 @@
 //                       m' = max(m, max_j S_j);  P_j = exp(S_j - m');  l_t = sum_j P_j
 //                       (m, l) := merge((m, l), (m', l_t)) -> alpha = exp(m - m')
 //              o := alpha · o + P · V           micro-kernel, rows x dvp, the rescale fused in
+//            (the three steps run per group of 4 rows, so a group's scores stay in L1 and the
+//            working set is one K^T tile and one V tile: 32 KiB at d = dv = 64)
 //            O = o / l, lse = m + log l; a row with no allowed key stays m = -inf, l = 0, o = 0
 //            and is written as zeros with lse = -inf.
 //   weights  (when asked for) a second sweep over the same key tiles recomputes S exactly as
@@ -42,7 +44,8 @@
 // element is read or written once.
 //
 // The policy `Micro` supplies the inner loops (all on 64-key rows of S):
-//   kLanes; scores(q, rows, d, kt, scale, s, row_max) (S = scale · Q·K^T and each row's max);
+//   kLanes, kRows (the row group the loop nest hands the micro-kernels at a time);
+//   scores(q, rows, d, kt, scale, s, row_max) (S = scale · Q·K^T and each row's max);
 //   row_max(s) -> max;
 //   exp_accumulate(s, m, alpha, lsum) (s := exp(s - m); lsum[lane] := alpha · lsum[lane] + the
 //   lane's part of sum_j s_j); exp_scale(s, m, f) (s := exp(s - m) · f);
@@ -99,34 +102,21 @@ class FusedWorker {
     for (std::int64_t kt = range.first / fused::kKeyTile; kt < tile_end; ++kt) {
       const std::int64_t j0 = kt * fused::kKeyTile;
       const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
-      Micro::scores(q_.get(), rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, scale(), s_.get(),
-                    max_.get());
+      const float* k_tile = kv.kt + kt * sh.d * fused::kKeyTile;
+      const float* v_tile = kv.v + j0 * kv.ldv;
       const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
                         fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        float* s = s_.get() + r * fused::kKeyTile;
-        const float tile_max = full ? max_.get()[r] : masked_max(t, r, j0, bk, s);
-        SoftmaxState& st = state_[static_cast<std::size_t>(r)];
-        // The tile's exponentials are taken against the merged max, so its factor is 1; the
-        // running sum lives in kLanes lanes beside the state (a horizontal sum per row and
-        // tile would cost as much as the exp), each lane adding the tile's partial sum.
-        const float alpha = merge(st, SoftmaxState{std::max(st.max, tile_max), 0.0f}).a;
-        float* lsum = lsum_.get() + r * Micro::kLanes;
-        if (st.max == -fused::kInfF) {
-          std::fill(s, s + fused::kKeyTile, 0.0f);
-        } else if (st.max == fused::kInfF) {
-          for (std::int64_t x = 0; x < Micro::kLanes; ++x) lsum[x] *= alpha;
-          for (std::int64_t j = 0; j < fused::kKeyTile; ++j) {
-            s[j] = s[j] == fused::kInfF ? 1.0f : 0.0f;
-            lsum[0] += s[j];
-          }
-        } else {
-          Micro::exp_accumulate(s, st.max, alpha, lsum);
-        }
-        alpha_.get()[r] = alpha;
+      // Row group by row group (Micro::kRows rows): the group's scores, softmax and P·V run
+      // back to back, so its score rows never leave L1 and the working set is one K^T tile
+      // and one V tile, not the task's whole score tile.
+      for (std::int64_t r0 = 0; r0 < rows; r0 += Micro::kRows) {
+        const std::int64_t nr = std::min<std::int64_t>(Micro::kRows, rows - r0);
+        Micro::scores(q_.get() + r0 * sh.d, nr, sh.d, k_tile, scale(),
+                      s_.get() + r0 * fused::kKeyTile, max_.get() + r0);
+        for (std::int64_t r = r0; r < r0 + nr; ++r) update_row(t, r, j0, bk, full);
+        Micro::accumulate_pv(s_.get() + r0 * fused::kKeyTile, nr, bk, v_tile, kv.ldv, dvp_,
+                             alpha_.get() + r0, o_.get() + r0 * dvp_);
       }
-      Micro::accumulate_pv(s_.get(), rows, bk, kv.v + j0 * kv.ldv, kv.ldv, dvp_, alpha_.get(),
-                           o_.get());
     }
 
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -147,6 +137,32 @@ class FusedWorker {
 
  private:
   float scale() const noexcept { return static_cast<float>(p_.scale); }
+
+  // The online-softmax step for row r of the current key tile: mask if needed, merge the
+  // tile's max into the state, P = exp(S - m), running sum, and the factor for o.
+  void update_row(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk,
+                  bool full) noexcept {
+    float* s = s_.get() + r * fused::kKeyTile;
+    const float tile_max = full ? max_.get()[r] : masked_max(t, r, j0, bk, s);
+    SoftmaxState& st = state_[static_cast<std::size_t>(r)];
+    // The tile's exponentials are taken against the merged max, so its factor is 1; the
+    // running sum lives in kLanes lanes beside the state (a horizontal sum per row and tile
+    // would cost as much as the exp), each lane adding the tile's partial sum.
+    const float alpha = merge(st, SoftmaxState{std::max(st.max, tile_max), 0.0f}).a;
+    float* lsum = lsum_.get() + r * Micro::kLanes;
+    if (st.max == -fused::kInfF) {
+      std::fill(s, s + fused::kKeyTile, 0.0f);
+    } else if (st.max == fused::kInfF) {
+      for (std::int64_t x = 0; x < Micro::kLanes; ++x) lsum[x] *= alpha;
+      for (std::int64_t j = 0; j < fused::kKeyTile; ++j) {
+        s[j] = s[j] == fused::kInfF ? 1.0f : 0.0f;
+        lsum[0] += s[j];
+      }
+    } else {
+      Micro::exp_accumulate(s, st.max, alpha, lsum);
+    }
+    alpha_.get()[r] = alpha;
+  }
 
   // The per-element path for row r of a tile that the causal/window boundary crosses, that
   // has an explicit mask, or that is the short last tile: mask, and the row's max.
