@@ -14,7 +14,8 @@ ErrorStats compare(const Tensor& computed, const Tensor& reference) {
   const double* y = b.data_as<double>();
   ErrorStats stats;
   for (std::int64_t i = 0; i < a.numel(); ++i) {
-    if (std::isfinite(y[i])) stats.max_abs_reference = std::max(stats.max_abs_reference, std::abs(y[i]));
+    if (std::isfinite(y[i]))
+      stats.max_abs_reference = std::max(stats.max_abs_reference, std::abs(y[i]));
     if (x[i] == y[i]) continue;  // also equal infinities (lse = -inf for masked rows)
     const double diff = std::abs(x[i] - y[i]);
     stats.max_abs_error = std::isnan(diff) ? INFINITY : std::max(stats.max_abs_error, diff);
@@ -29,8 +30,8 @@ ErrorStats compare(const Tensor& computed, const Tensor& reference) {
 
 }  // namespace
 
-AccuracyReport compare_with_reference(const TensorView& q, const TensorView& k,
-                                      const TensorView& v, const AttentionOptions& options,
+AccuracyReport compare_with_reference(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const AttentionOptions& options,
                                       const AttentionResult& result) {
   AttentionOptions ref_options = options;
   ref_options.kernel = "reference";

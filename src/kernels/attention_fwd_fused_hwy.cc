@@ -21,11 +21,11 @@
 // near 84 % of the FMA peak at d = 64 and 91 % at d = 128.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_fwd_fused_hwy.cc"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
-#include "hwy/highway.h"
 #include <cstdlib>
 #include <cstring>
 
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 
@@ -104,8 +104,8 @@ struct HwyMicro {
   }
 
   template <int MR>
-  static HWY_INLINE void scores_rows(const float* q, std::int64_t d, const float* kt,
-                                     float scale, float* s, float* row_max) {
+  static HWY_INLINE void scores_rows(const float* q, std::int64_t d, const float* kt, float scale,
+                                     float* s, float* row_max) {
     for (int r = 0; r < MR; ++r) row_max[r] = -fused::kInfF;
     std::int64_t u = 0;
     for (; u + kKeyVectors <= kTileVectors; u += kKeyVectors) {
@@ -123,10 +123,17 @@ struct HwyMicro {
       scores_rows<kRows>(q + r * d, d, kt, scale, s + r * kTile, row_max + r);
     }
     switch (rows - r) {
-      case 3: scores_rows<3>(q + r * d, d, kt, scale, s + r * kTile, row_max + r); break;
-      case 2: scores_rows<2>(q + r * d, d, kt, scale, s + r * kTile, row_max + r); break;
-      case 1: scores_rows<1>(q + r * d, d, kt, scale, s + r * kTile, row_max + r); break;
-      default: break;
+      case 3:
+        scores_rows<3>(q + r * d, d, kt, scale, s + r * kTile, row_max + r);
+        break;
+      case 2:
+        scores_rows<2>(q + r * d, d, kt, scale, s + r * kTile, row_max + r);
+        break;
+      case 1:
+        scores_rows<1>(q + r * d, d, kt, scale, s + r * kTile, row_max + r);
+        break;
+      default:
+        break;
     }
   }
 
@@ -182,9 +189,8 @@ struct HwyMicro {
   }
 
   template <int MR>
-  static HWY_INLINE void pv_rows(const float* p, std::int64_t bk, const float* v,
-                                 std::int64_t ldv, std::int64_t dvp, const float* alpha,
-                                 float* o) {
+  static HWY_INLINE void pv_rows(const float* p, std::int64_t bk, const float* v, std::int64_t ldv,
+                                 std::int64_t dvp, const float* alpha, float* o) {
     std::int64_t u = 0;
     const std::int64_t vectors = dvp / kLanes;
     while (u < vectors) {
@@ -195,11 +201,21 @@ struct HwyMicro {
         u += kKeyVectors;
       } else if constexpr (kMaxValueVectors == 6) {
         switch (left) {
-          case 6: pv_block<MR, 6>(p, bk, v + off, ldv, dvp, alpha, o + off); break;
-          case 5: pv_block<MR, 5>(p, bk, v + off, ldv, dvp, alpha, o + off); break;
-          case 3: pv_block<MR, 3>(p, bk, v + off, ldv, dvp, alpha, o + off); break;
-          case 2: pv_block<MR, 2>(p, bk, v + off, ldv, dvp, alpha, o + off); break;
-          default: pv_block<MR, 1>(p, bk, v + off, ldv, dvp, alpha, o + off); break;
+          case 6:
+            pv_block<MR, 6>(p, bk, v + off, ldv, dvp, alpha, o + off);
+            break;
+          case 5:
+            pv_block<MR, 5>(p, bk, v + off, ldv, dvp, alpha, o + off);
+            break;
+          case 3:
+            pv_block<MR, 3>(p, bk, v + off, ldv, dvp, alpha, o + off);
+            break;
+          case 2:
+            pv_block<MR, 2>(p, bk, v + off, ldv, dvp, alpha, o + off);
+            break;
+          default:
+            pv_block<MR, 1>(p, bk, v + off, ldv, dvp, alpha, o + off);
+            break;
         }
         u += left;
       } else {
@@ -217,10 +233,17 @@ struct HwyMicro {
       pv_rows<kRows>(p + r * kTile, bk, v, ldv, dvp, alpha + r, o + r * dvp);
     }
     switch (rows - r) {
-      case 3: pv_rows<3>(p + r * kTile, bk, v, ldv, dvp, alpha + r, o + r * dvp); break;
-      case 2: pv_rows<2>(p + r * kTile, bk, v, ldv, dvp, alpha + r, o + r * dvp); break;
-      case 1: pv_rows<1>(p + r * kTile, bk, v, ldv, dvp, alpha + r, o + r * dvp); break;
-      default: break;
+      case 3:
+        pv_rows<3>(p + r * kTile, bk, v, ldv, dvp, alpha + r, o + r * dvp);
+        break;
+      case 2:
+        pv_rows<2>(p + r * kTile, bk, v, ldv, dvp, alpha + r, o + r * dvp);
+        break;
+      case 1:
+        pv_rows<1>(p + r * kTile, bk, v, ldv, dvp, alpha + r, o + r * dvp);
+        break;
+      default:
+        break;
     }
   }
 };

@@ -110,13 +110,12 @@ std::string float32_declines(const core::AttentionParams& p) {
     std::int64_t heads, rows, cols;
     const char* name;
   };
-  const Operand operands[] = {{&p.q, s.h, s.nq, s.d, "Q"},
-                              {&p.k, s.hkv, s.nk, s.d, "K"},
-                              {&p.v, s.hkv, s.nk, s.dv, "V"}};
+  const Operand operands[] = {
+      {&p.q, s.h, s.nq, s.d, "Q"}, {&p.k, s.hkv, s.nk, s.d, "K"}, {&p.v, s.hkv, s.nk, s.dv, "V"}};
   for (const Operand& o : operands) {
     if (o.op->dtype != DType::kF64) continue;
-    if (max_abs_finite(static_cast<const double*>(o.op->data), o.op->strides, s.b, o.heads,
-                       o.rows, o.cols) > kFloatMax) {
+    if (max_abs_finite(static_cast<const double*>(o.op->data), o.op->strides, s.b, o.heads, o.rows,
+                       o.cols) > kFloatMax) {
       return std::string("float64 ") + o.name + " holds values beyond the float32 range";
     }
   }

@@ -54,8 +54,8 @@ struct Matrix {
   std::vector<float> copy;
 };
 
-void view_or_pack(const core::InputOperand& op, std::int64_t b, std::int64_t h,
-                  std::int64_t row0, std::int64_t rows, std::int64_t cols, Matrix& m) {
+void view_or_pack(const core::InputOperand& op, std::int64_t b, std::int64_t h, std::int64_t row0,
+                  std::int64_t rows, std::int64_t cols, Matrix& m) {
   const core::Strides4& st = op.strides;
   if (op.dtype == DType::kF32 && st.col == 1 && (st.row >= cols || rows == 1) &&
       st.row <= std::numeric_limits<int>::max()) {

@@ -4,14 +4,13 @@
 // sheet's: clocks under load and the number of FMA ports are what they are on this machine.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fma_peak_hwy.cc"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
-#include "hwy/highway.h"
-
 #include <atomic>
 #include <chrono>
 #include <vector>
 
 #include "core/parallel_for.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 #include "kernels/kernel.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -52,7 +51,8 @@ double measure_fma_peak_gflops(int threads) {
     core::parallel_for(threads, threads, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t t = begin; t < end; ++t) {
         const auto start = std::chrono::steady_clock::now();
-        const double flops = HWY_DYNAMIC_DISPATCH(FmaChains)(kIterations, &sink[static_cast<std::size_t>(t)]);
+        const double flops =
+            HWY_DYNAMIC_DISPATCH(FmaChains)(kIterations, &sink[static_cast<std::size_t>(t)]);
         const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
         rate[static_cast<std::size_t>(t)] = flops / took.count() * 1e-9;
       }

@@ -34,7 +34,9 @@ constexpr std::int64_t kTaskRows = 64;
 
 constexpr float kInfF = std::numeric_limits<float>::infinity();
 
-inline std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept { return (n + m - 1) / m * m; }
+inline std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept {
+  return (n + m - 1) / m * m;
+}
 
 // A 64-byte aligned, zeroed float buffer.
 struct FreeDeleter {
@@ -156,9 +158,8 @@ inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::i
 // The masked path for one row of a tile of scaled scores: -inf outside the row's causal/window
 // interval and past `count` (two fills: the interval is contiguous), then the explicit mask's
 // bias inside it, element by element only when there is a mask.
-inline void mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
-                     std::int64_t i, std::int64_t j0, std::int64_t count, bool check_structure,
-                     float* s) noexcept {
+inline void mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_t h, std::int64_t i,
+                     std::int64_t j0, std::int64_t count, bool check_structure, float* s) noexcept {
   const core::Masking& m = p.masking;
   std::int64_t lo = 0;
   std::int64_t hi = count;

@@ -245,8 +245,8 @@ void run_fused(const core::AttentionParams& p) noexcept {
   const std::int64_t heads = sh.b * sh.hkv;
   const std::int64_t key_tiles = (sh.nk + fused::kKeyTile - 1) / fused::kKeyTile;
   const std::int64_t dvp = fused::round_up(sh.dv, Micro::kLanes);
-  const bool v_in_place = p.v.dtype == DType::kF32 && p.v.strides.col == 1 &&
-                          sh.dv % Micro::kLanes == 0;
+  const bool v_in_place =
+      p.v.dtype == DType::kF32 && p.v.strides.col == 1 && sh.dv % Micro::kLanes == 0;
   const std::int64_t kt_floats = key_tiles * sh.d * fused::kKeyTile;
   const std::int64_t v_floats = v_in_place ? 0 : key_tiles * fused::kKeyTile * dvp;
   const std::int64_t head_floats = kt_floats + v_floats;
@@ -275,8 +275,7 @@ void run_fused(const core::AttentionParams& p) noexcept {
           float* head = base + (g - c * chunk) * head_floats;
           float* tile = head + t * sh.d * fused::kKeyTile;
           if (bk < fused::kKeyTile) std::fill(tile, tile + sh.d * fused::kKeyTile, 0.0f);
-          fused::pack_transposed(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d, tile,
-                                 fused::kKeyTile);
+          fused::pack_transposed(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d, tile, fused::kKeyTile);
           if (!v_in_place) {
             fused::pack_rows(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv,
                              head + kt_floats + j0 * dvp, dvp);
@@ -290,7 +289,8 @@ void run_fused(const core::AttentionParams& p) noexcept {
           const float* head = base + (t % chunk) * head_floats;
           HeadPack kv{head, head + kt_floats, dvp};
           if (v_in_place) {
-            kv.v = static_cast<const float*>(p.v.data) + p.v.strides.at(g / sh.hkv, g % sh.hkv, 0, 0);
+            kv.v =
+                static_cast<const float*>(p.v.data) + p.v.strides.at(g / sh.hkv, g % sh.hkv, 0, 0);
             kv.ldv = p.v.strides.row;
           }
           worker.run(fused::task_at(plan, sh, g, t / chunk), kv);

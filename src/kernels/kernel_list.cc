@@ -9,15 +9,15 @@ namespace qkv::kernels {
 std::span<const AttentionKernel> attention_kernels() {
   static const AttentionKernel kKernels[] = {
 #if QKV_HAVE_HWY
-      {"fused_hwy", "fused online-softmax kernel, SIMD (Highway, run-time dispatch), O(n) memory",
-       attention_fwd_fused_hwy_declines, attention_fwd_fused_hwy},
+    {"fused_hwy", "fused online-softmax kernel, SIMD (Highway, run-time dispatch), O(n) memory",
+     attention_fwd_fused_hwy_declines, attention_fwd_fused_hwy},
 #endif
-      {"unfused_blas", "two CBLAS sgemm calls per head with a softmax between (n x n workspace)",
-       attention_fwd_unfused_blas_declines, attention_fwd_unfused_blas},
-      {"fused_scalar", "fused online-softmax kernel, portable scalar twin of fused_hwy",
-       attention_fwd_fused_scalar_declines, attention_fwd_fused_scalar},
-      {"reference", "float64 row-by-row statement of the formulas; supports every call",
-       attention_fwd_reference_declines, attention_fwd_reference},
+    {"unfused_blas", "two CBLAS sgemm calls per head with a softmax between (n x n workspace)",
+     attention_fwd_unfused_blas_declines, attention_fwd_unfused_blas},
+    {"fused_scalar", "fused online-softmax kernel, portable scalar twin of fused_hwy",
+     attention_fwd_fused_scalar_declines, attention_fwd_fused_scalar},
+    {"reference", "float64 row-by-row statement of the formulas; supports every call",
+     attention_fwd_reference_declines, attention_fwd_reference},
   };
   return kKernels;
 }

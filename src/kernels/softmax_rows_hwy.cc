@@ -3,9 +3,9 @@
 // meant to be (a scalar std::exp would dominate its time). One dynamic dispatch per call.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/softmax_rows_hwy.cc"
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "kernels/kernel.h"
 #include "kernels/softmax_rows.h"
 

@@ -49,8 +49,8 @@ struct CaseInputs {
 };
 
 // A [B, H, N, D] view over a [B, N, H·D + 3] matrix: each head a column block.
-inline TensorView head_blocks(const Tensor& store, std::int64_t b, std::int64_t h,
-                              std::int64_t n, std::int64_t d, const std::string& name) {
+inline TensorView head_blocks(const Tensor& store, std::int64_t b, std::int64_t h, std::int64_t n,
+                              std::int64_t d, const std::string& name) {
   const std::int64_t width = h * d + 3;
   return TensorView{store.data(), store.dtype(), {b, h, n, d}, {n * width, d, width, 1}, name};
 }
@@ -84,7 +84,7 @@ inline CaseInputs make_inputs(const KernelCase& c, std::uint64_t seed) {
     case MaskKind::kBoolRowBroadcast:
     case MaskKind::kDeadRows: {
       const Shape shape = c.mask == MaskKind::kBoolRowBroadcast ? Shape{1, 1, 1, c.nk}
-                                                                 : Shape{c.b, c.h, c.nq, c.nk};
+                                                                : Shape{c.b, c.h, c.nq, c.nk};
       in.mask_store = Tensor(DType::kBool, shape, "M");
       const Tensor u = random_tensor(DType::kF64, shape, seed + 4, 0.0, 1.0);
       bool* bits = static_cast<bool*>(in.mask_store.data());
@@ -147,8 +147,10 @@ inline NaiveResult naive_f32(const TensorView& q, const TensorView& k, const Ten
           if (core::structurally_allowed(p.masking, i + s.diagonal_offset(), j) && bias != -inf) {
             float dot = 0.0f;
             for (std::int64_t c = 0; c < s.d; ++c) {
-              dot += static_cast<float>(core::load_real(p.q.data, p.q.dtype, p.q.strides.at(b, h, i, c))) *
-                     static_cast<float>(core::load_real(p.k.data, p.k.dtype, p.k.strides.at(b, hk, j, c)));
+              dot += static_cast<float>(
+                         core::load_real(p.q.data, p.q.dtype, p.q.strides.at(b, h, i, c))) *
+                     static_cast<float>(
+                         core::load_real(p.k.data, p.k.dtype, p.k.strides.at(b, hk, j, c)));
             }
             x = dot * scale + bias;
           }
@@ -166,11 +168,13 @@ inline NaiveResult naive_f32(const TensorView& q, const TensorView& k, const Ten
           x = sum > 0.0f ? x / sum : 0.0f;
           for (std::int64_t c = 0; c < s.dv; ++c) {
             acc[static_cast<std::size_t>(c)] +=
-                x * static_cast<float>(core::load_real(p.v.data, p.v.dtype, p.v.strides.at(b, hk, j, c)));
+                x * static_cast<float>(
+                        core::load_real(p.v.data, p.v.dtype, p.v.strides.at(b, hk, j, c)));
           }
           weights[row * s.nk + j] = x;
         }
-        for (std::int64_t c = 0; c < s.dv; ++c) out[row * s.dv + c] = acc[static_cast<std::size_t>(c)];
+        for (std::int64_t c = 0; c < s.dv; ++c)
+          out[row * s.dv + c] = acc[static_cast<std::size_t>(c)];
         lse[row] = m == -inf ? -static_cast<double>(inf) : static_cast<double>(m + std::log(sum));
       }
     }

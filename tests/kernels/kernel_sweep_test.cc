@@ -51,24 +51,85 @@ std::vector<KernelCase> sweep_cases() {
   add("window", [](KernelCase& c) { c.window = Window{20, 5}; });
   add("window_left_only", [](KernelCase& c) { c.window = Window{70, -1}; });
   add("window_right_only", [](KernelCase& c) { c.window = Window{-1, 3}; });
-  add("causal_window", [](KernelCase& c) { c.causal = true; c.window = Window{33, 0}; });
-  add("causal_nq_gt_nk", [](KernelCase& c) { c.causal = true; c.nq = 150; c.nk = 70; });
+  add("causal_window", [](KernelCase& c) {
+    c.causal = true;
+    c.window = Window{33, 0};
+  });
+  add("causal_nq_gt_nk", [](KernelCase& c) {
+    c.causal = true;
+    c.nq = 150;
+    c.nk = 70;
+  });
   add("bool_mask", [](KernelCase& c) { c.mask = MaskKind::kBoolFull; });
   add("bool_mask_broadcast", [](KernelCase& c) { c.mask = MaskKind::kBoolRowBroadcast; });
   add("float_mask", [](KernelCase& c) { c.mask = MaskKind::kFloatFull; });
   add("float_mask_column", [](KernelCase& c) { c.mask = MaskKind::kFloatColumn; });
   add("dead_rows", [](KernelCase& c) { c.mask = MaskKind::kDeadRows; });
-  add("mask_and_causal", [](KernelCase& c) { c.mask = MaskKind::kBoolFull; c.causal = true; });
-  add("gqa", [](KernelCase& c) { c.h = 6; c.hkv = 2; });
-  add("mqa", [](KernelCase& c) { c.h = 5; c.hkv = 1; c.causal = true; });
-  add("mqa_many_heads", [](KernelCase& c) { c.h = 96; c.hkv = 1; c.nq = 9; c.nk = 80; });
-  add("batch", [](KernelCase& c) { c.b = 3; c.h = 2; c.hkv = 1; c.mask = MaskKind::kFloatFull; });
-  add("huge_logits", [](KernelCase& c) { c.magnitude = 30.0; c.scale = 1.0; });
-  add("huge_logits_causal", [](KernelCase& c) { c.magnitude = 30.0; c.causal = true; });
-  add("negative_scale", [](KernelCase& c) { c.scale = -0.3; c.causal = true; });
-  add("f64_inputs", [](KernelCase& c) { c.in_dtype = DType::kF64; c.mask = MaskKind::kFloatFull; });
-  add("strided", [](KernelCase& c) { c.strided = true; c.h = 4; c.hkv = 2; c.causal = true; });
-  add("strided_f64", [](KernelCase& c) { c.strided = true; c.in_dtype = DType::kF64; });
+  add("mask_and_causal", [](KernelCase& c) {
+    c.mask = MaskKind::kBoolFull;
+    c.causal = true;
+  });
+  add("gqa", [](KernelCase& c) {
+    c.h = 6;
+    c.hkv = 2;
+  });
+  add("mqa", [](KernelCase& c) {
+    c.h = 5;
+    c.hkv = 1;
+    c.causal = true;
+  });
+  add("mqa_many_heads", [](KernelCase& c) {
+    c.h = 96;
+    c.hkv = 1;
+    c.nq = 9;
+    c.nk = 80;
+  });
+  add("batch", [](KernelCase& c) {
+    c.b = 3;
+    c.h = 2;
+    c.hkv = 1;
+    c.mask = MaskKind::kFloatFull;
+  });
+  add("huge_logits", [](KernelCase& c) {
+    c.magnitude = 30.0;
+    c.scale = 1.0;
+  });
+  add("huge_logits_causal", [](KernelCase& c) {
+    c.magnitude = 30.0;
+    c.causal = true;
+  });
+  add("negative_scale", [](KernelCase& c) {
+    c.scale = -0.3;
+    c.causal = true;
+  });
+  add("f64_inputs", [](KernelCase& c) {
+    c.in_dtype = DType::kF64;
+    c.mask = MaskKind::kFloatFull;
+  });
+  add("strided", [](KernelCase& c) {
+    c.strided = true;
+    c.h = 4;
+    c.hkv = 2;
+    c.causal = true;
+  });
+  add("strided_f64", [](KernelCase& c) {
+    c.strided = true;
+    c.in_dtype = DType::kF64;
+  });
+  // Long rows, where a sum taken one element at a time loses accuracy.
+  add("long_rows_65536", [](KernelCase& c) {
+    c.h = c.hkv = 1;
+    c.nq = 3;
+    c.nk = 65536;
+    c.d = c.dv = 4;
+  });
+  add("long_rows_causal", [](KernelCase& c) {
+    c.h = c.hkv = 1;
+    c.nq = 5;
+    c.nk = 20000;
+    c.d = c.dv = 8;
+    c.causal = true;
+  });
   return cases;
 }
 
@@ -128,8 +189,8 @@ TEST_P(KernelSweep, EveryKernelWithinTwiceNaiveFloat32) {
       const std::int64_t width = c.h * c.dv + 5;
       Tensor wide(DType::kF32, {c.b, c.nq, width}, "O");
       AttentionOutputs outputs;
-      outputs.out = MutableTensorView{wide.data(), DType::kF32, {c.b, c.h, c.nq, c.dv},
-                                      {c.nq * width, c.dv, width, 1}, "O"};
+      outputs.out = MutableTensorView{
+          wide.data(), DType::kF32, {c.b, c.h, c.nq, c.dv}, {c.nq * width, c.dv, width, 1}, "O"};
       got.weights = Tensor(DType::kF32, ref.weights.shape(), "weights");
       got.lse = Tensor(DType::kF64, ref.lse.shape(), "lse");
       outputs.weights = got.weights.mutable_view();
@@ -176,7 +237,8 @@ TEST(KernelContract, DeadRowsAreZeroWithMinusInfinityLse) {
       for (std::int64_t i = 1; i < c.nq; i += 3) {
         const std::int64_t row = h * c.nq + i;
         EXPECT_EQ(r.lse.data_as<float>()[row], -std::numeric_limits<float>::infinity());
-        for (std::int64_t x = 0; x < c.dv; ++x) EXPECT_EQ(r.out.data_as<float>()[row * c.dv + x], 0.0f);
+        for (std::int64_t x = 0; x < c.dv; ++x)
+          EXPECT_EQ(r.out.data_as<float>()[row * c.dv + x], 0.0f);
         for (std::int64_t j = 0; j < c.nk; ++j) {
           EXPECT_EQ(r.weights.data_as<float>()[row * c.nk + j], 0.0f);
         }

@@ -55,7 +55,9 @@ Tensor pattern_tensor(const Shape& shape, std::uint64_t seed, const char* name) 
   std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = static_cast<float>(static_cast<double>(state >> 40) / static_cast<double>(1ull << 24)) * 2.0f - 1.0f;
+    x[i] = static_cast<float>(static_cast<double>(state >> 40) / static_cast<double>(1ull << 24)) *
+               2.0f -
+           1.0f;
   }
   return t;
 }
@@ -103,10 +105,11 @@ Timing time_kernel(const BenchCommand& c, const TensorView& q, const TensorView&
 }
 
 void print_json_timing(const char* key, const Timing& t, double peak) {
-  std::printf("  \"%s\": {\"kernel\": \"%s\", \"ms\": %.4f, \"min_ms\": %.4f, \"runs\": %d, "
-              "\"gflops\": %.2f, \"fraction_of_peak\": %.4f, \"peak_rss_mib\": %.1f}",
-              key, t.kernel.c_str(), t.ms, t.min_ms, t.runs, t.gflops,
-              peak > 0 ? t.gflops / peak : 0.0, t.peak_rss_mib);
+  std::printf(
+      "  \"%s\": {\"kernel\": \"%s\", \"ms\": %.4f, \"min_ms\": %.4f, \"runs\": %d, "
+      "\"gflops\": %.2f, \"fraction_of_peak\": %.4f, \"peak_rss_mib\": %.1f}",
+      key, t.kernel.c_str(), t.ms, t.min_ms, t.runs, t.gflops, peak > 0 ? t.gflops / peak : 0.0,
+      t.peak_rss_mib);
 }
 
 void run_bench(BenchCommand c) {
@@ -123,7 +126,8 @@ void run_bench(BenchCommand c) {
     }
     return;
   }
-  if (c.n <= 0 || c.d <= 0 || c.heads <= 0) throw Error("bench", "--n, --d and --heads are required (> 0)");
+  if (c.n <= 0 || c.d <= 0 || c.heads <= 0)
+    throw Error("bench", "--n, --d and --heads are required (> 0)");
   if (c.nk <= 0) c.nk = c.n;
   if (c.dv <= 0) c.dv = c.d;
   if (c.kv_heads <= 0) c.kv_heads = c.heads;
@@ -137,15 +141,15 @@ void run_bench(BenchCommand c) {
                           static_cast<std::size_t>(c.batch * c.heads * c.n * c.dv) * 4) /
       (1024.0 * 1024.0);
   const double flops = useful_flops(c);
-  const double peak =
-      c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(threads);
+  const double peak = c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(threads);
 
   if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
     AttentionOptions options;
     options.causal = c.causal;
     options.threads = c.threads;
     options.kernel = c.kernel;
-    std::fprintf(stderr, "%s", explain_kernel_choice(q.view(), k.view(), v.view(), options).c_str());
+    std::fprintf(stderr, "%s",
+                 explain_kernel_choice(q.view(), k.view(), v.view(), options).c_str());
   }
   const Timing main = time_kernel(c, q.view(), k.view(), v.view(), c.kernel, flops);
   std::optional<Timing> base;
@@ -162,16 +166,16 @@ void run_bench(BenchCommand c) {
   const bool blas_env = coretype != nullptr || l2 != nullptr;
 
   if (c.json) {
-    std::printf("{\n  \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, \"heads\": %lld, "
-                "\"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d,\n"
-                "  \"simd_target\": \"%s\", \"peak_gflops\": %.2f, \"useful_gflop\": %.4f, "
-                "\"inputs_outputs_mib\": %.1f, \"openblas_env_set\": %s,\n",
-                static_cast<long long>(c.n), static_cast<long long>(c.nk),
-                static_cast<long long>(c.d), static_cast<long long>(c.dv),
-                static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads),
-                static_cast<long long>(c.batch), c.causal ? "true" : "false", threads,
-                kernels::simd_target_name().c_str(), peak, flops * 1e-9, input_output_mib,
-                blas_env ? "true" : "false");
+    std::printf(
+        "{\n  \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, \"heads\": %lld, "
+        "\"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d,\n"
+        "  \"simd_target\": \"%s\", \"peak_gflops\": %.2f, \"useful_gflop\": %.4f, "
+        "\"inputs_outputs_mib\": %.1f, \"openblas_env_set\": %s,\n",
+        static_cast<long long>(c.n), static_cast<long long>(c.nk), static_cast<long long>(c.d),
+        static_cast<long long>(c.dv), static_cast<long long>(c.heads),
+        static_cast<long long>(c.kv_heads), static_cast<long long>(c.batch),
+        c.causal ? "true" : "false", threads, kernels::simd_target_name().c_str(), peak,
+        flops * 1e-9, input_output_mib, blas_env ? "true" : "false");
     print_json_timing("chosen", main, peak);
     if (base) {
       std::printf(",\n");
@@ -182,20 +186,21 @@ void run_bench(BenchCommand c) {
     }
     return;
   }
-  std::printf("attention B=%lld H=%lld Hkv=%lld n=%lld nk=%lld d=%lld dv=%lld%s, %d thread(s), "
-              "SIMD %s\n",
-              static_cast<long long>(c.batch), static_cast<long long>(c.heads),
-              static_cast<long long>(c.kv_heads), static_cast<long long>(c.n),
-              static_cast<long long>(c.nk), static_cast<long long>(c.d),
-              static_cast<long long>(c.dv), c.causal ? " causal" : "", threads,
-              kernels::simd_target_name().c_str());
+  std::printf(
+      "attention B=%lld H=%lld Hkv=%lld n=%lld nk=%lld d=%lld dv=%lld%s, %d thread(s), "
+      "SIMD %s\n",
+      static_cast<long long>(c.batch), static_cast<long long>(c.heads),
+      static_cast<long long>(c.kv_heads), static_cast<long long>(c.n), static_cast<long long>(c.nk),
+      static_cast<long long>(c.d), static_cast<long long>(c.dv), c.causal ? " causal" : "", threads,
+      kernels::simd_target_name().c_str());
   std::printf("useful work %.3f GFLOP; fp32 FMA peak %.1f GFLOP/s; inputs+output %.1f MiB\n",
               flops * 1e-9, peak, input_output_mib);
   auto line = [&](const char* role, const Timing& t) {
-    std::printf("%-9s %-13s %10.3f ms (min %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of peak  "
-                "peak RSS %.0f MiB\n",
-                role, t.kernel.c_str(), t.ms, t.min_ms, t.runs, t.gflops,
-                peak > 0 ? 100.0 * t.gflops / peak : 0.0, t.peak_rss_mib);
+    std::printf(
+        "%-9s %-13s %10.3f ms (min %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of peak  "
+        "peak RSS %.0f MiB\n",
+        role, t.kernel.c_str(), t.ms, t.min_ms, t.runs, t.gflops,
+        peak > 0 ? 100.0 * t.gflops / peak : 0.0, t.peak_rss_mib);
   };
   line("chosen", main);
   if (base) {
@@ -205,8 +210,9 @@ void run_bench(BenchCommand c) {
     std::printf("baseline: not run (%s)\n", base_note.c_str());
   }
   if (blas_env) {
-    std::printf("note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set; OpenBLAS may pick slow kernels "
-                "for the baseline (bench/run_grid.sh unsets them)\n");
+    std::printf(
+        "note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set; OpenBLAS may pick slow kernels "
+        "for the baseline (bench/run_grid.sh unsets them)\n");
   }
 }
 
