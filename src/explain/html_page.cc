@@ -89,7 +89,10 @@ std::string json_int(std::int64_t value) { return std::to_string(value); }
 
 std::string json_strings(const std::vector<std::string>& values) {
   std::string out = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) out += (i ? "," : "") + json_string(values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i) out += ',';
+    out += json_string(values[i]);
+  }
   return out + "]";
 }
 
@@ -104,18 +107,27 @@ std::string json_labels(const std::vector<std::string>& labels) {
 template <typename Each>
 std::string json_array(std::size_t count, Each each) {
   std::string out = "[";
-  for (std::size_t i = 0; i < count; ++i) out += (i ? ",\"" : "\"") + each(i) + "\"";
+  for (std::size_t i = 0; i < count; ++i) {
+    out += i ? ",\"" : "\"";
+    out += each(i);
+    out += '"';
+  }
   return out + "]";
 }
 
 std::string masking_text(const Explanation& e) {
-  std::string text;
-  if (e.causal) text += "causal";
+  std::vector<std::string> rules;
+  if (e.causal) rules.push_back("causal");
   if (e.window) {
-    text += (text.empty() ? "" : " + ") + std::string("window ") + std::to_string(e.window->left) +
-            "," + std::to_string(e.window->right);
+    rules.push_back("window " + std::to_string(e.window->left) + "," +
+                    std::to_string(e.window->right));
   }
-  if (!e.mask_name.empty()) text += (text.empty() ? "" : " + ") + ("mask " + e.mask_name);
+  if (!e.mask_name.empty()) rules.push_back("mask " + e.mask_name);
+  std::string text;
+  for (const std::string& rule : rules) {
+    if (!text.empty()) text += " + ";
+    text += rule;
+  }
   return text;
 }
 
@@ -188,7 +200,10 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans) 
     j += ",\"xName\":" + json_string(e.projection->x_name);
   }
   j += ",\"scans\":[";
-  for (std::size_t h = 0; h < scans.size(); ++h) j += (h ? "," : "") + scan_json(scans[h]);
+  for (std::size_t h = 0; h < scans.size(); ++h) {
+    if (h) j += ',';
+    j += scan_json(scans[h]);
+  }
   return j + "]}";
 }
 
@@ -222,7 +237,8 @@ std::string html_page(const std::vector<Explanation>& parts,
       "<div id=\"row\"></div></section>\n</div>\n</main>\n<div id=\"tip\"></div>\n"
       "<script type=\"application/json\" id=\"qkv-data\">{\"parts\":[";
   for (std::size_t n = 0; n < parts.size(); ++n) {
-    page += (n ? "," : "") + part_json(parts[n], scans[n]);
+    if (n) page += ',';
+    page += part_json(parts[n], scans[n]);
   }
   page += "]}</script>\n<script>";
   page += explain_detail::page_script();

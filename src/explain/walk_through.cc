@@ -120,13 +120,15 @@ std::string format_overview(const Explanation& e) {
   if (e.kv_heads != e.heads) text += " sharing " + sz(e.kv_heads) + " key/value heads";
   text += printf_string(", scale %.6g", e.scale);
   text += "\n  masking: ";
+  std::vector<std::string> rules;
+  if (e.causal) rules.push_back("causal");
+  if (e.window) rules.push_back("window " + sz(e.window->left) + "," + sz(e.window->right));
+  if (!e.mask_name.empty()) rules.push_back("mask " + e.mask_name);
   std::string masking;
-  if (e.causal) masking += "causal";
-  if (e.window) {
-    masking += (masking.empty() ? "" : " + ") + std::string("window ") + sz(e.window->left) + "," +
-               sz(e.window->right);
+  for (const std::string& rule : rules) {
+    if (!masking.empty()) masking += " + ";
+    masking += rule;
   }
-  if (!e.mask_name.empty()) masking += (masking.empty() ? "" : " + ") + ("mask " + e.mask_name);
   text += masking.empty() ? "none (every query sees every key)" : masking;
   text += "; kernel " + e.kernel + "\n";
   return text;

@@ -107,7 +107,10 @@ struct PathFlag {
 // Input files that only work as a set: name the first one missing.
 void require_together(std::initializer_list<PathFlag> set) {
   std::string names;
-  for (const PathFlag& p : set) names += (names.empty() ? "" : ", ") + std::string(p.flag);
+  for (const PathFlag& p : set) {
+    if (!names.empty()) names += ", ";
+    names += p.flag;
+  }
   for (const PathFlag& p : set) {
     if (p.path->empty()) throw Error(p.flag, "is needed: " + names + " go together");
   }
