@@ -1,13 +1,15 @@
 # qkv: two commands get you going on a fresh Debian 12 machine (as root):
 #   make demo   installs what is missing, builds, runs the built-in example
 #   make test   installs what is missing, builds, runs every test
-# Build trees: build/ (release, the CLI at build/qkv), build/asan, build/tsan, build/portable.
+# Build trees: build/ (release, the CLI at build/qkv), build/asan, build/tsan, build/portable,
+# build/fuzz (clang, libFuzzer).
 
 JOBS ?= $(shell nproc)
 PYTHON ?= /usr/bin/python3
 ORACLE ?= ../shared/oracle
 
-.PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan portable install clean
+.PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build portable \
+	install clean
 
 all: build
 
@@ -37,10 +39,29 @@ test-asan: deps
 	@cmake --build build/asan -j $(JOBS)
 	ctest --preset asan -j $(JOBS)
 
+# The threaded tests (label `threads`) under ThreadSanitizer; only what they need is built.
 test-tsan: deps
 	@cmake --preset tsan >/dev/null
-	@cmake --build build/tsan -j $(JOBS)
+	@cmake --build build/tsan -j $(JOBS) --target test_threads
 	ctest --preset tsan -L threads -j $(JOBS)
+
+# libFuzzer targets (fuzz/): built with clang, AddressSanitizer and UBSan in build/fuzz, then
+# each run for FUZZ_SECONDS under -malloc_limit_mb=256 (fuzz/run.sh; a crash is kept in
+# fuzz/regressions/, which ctest replays in every build).
+FUZZ_SECONDS ?= 60
+FUZZ_SANITIZE = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+	-fno-omit-frame-pointer
+fuzz-build: deps
+	@CC=clang CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DQKV_BUILD_FUZZ=ON -DQKV_BUILD_TESTS=OFF -DQKV_BUILD_BENCH=OFF \
+	  -DCMAKE_C_FLAGS="$(FUZZ_SANITIZE)" -DCMAKE_CXX_FLAGS="$(FUZZ_SANITIZE)" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+	  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+	@cmake --build build/fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_cli_args \
+	  fuzz_attention_diff
+
+fuzz: fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh
 
 portable: deps
 	@cmake --preset portable >/dev/null

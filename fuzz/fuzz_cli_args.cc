@@ -1,0 +1,121 @@
+// Fuzz target: the command line. The input is split at NUL bytes into arguments for the qkv
+// app with its `attention` and `layer` commands, run in a scratch folder (on tmpfs where there
+// is one) holding a few small valid inputs that the seeds name (q.npy, k.npy, v.npy, x.npy,
+// w.npy, m.npy, model.safetensors). Whatever the arguments, parsing and running must end in
+// success, a usage error (CLI::Error) or qkv::Error with a one-line message; any other
+// exception or crash is a finding.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "fuzz/fuzz_util.h"
+#include "qkv/error.h"
+#include "qkv/io.h"
+
+namespace {
+
+constexpr std::size_t kMaxArgs = 40;
+constexpr std::size_t kMaxArgBytes = 256;
+
+void write_file(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+qkv::Tensor filled(const qkv::Shape& shape, float start) {
+  qkv::Tensor t(qkv::DType::kF32, shape, "t");
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    t.data_as<float>()[i] = start + 0.125f * static_cast<float>(i % 13) - 0.5f;
+  }
+  return t;
+}
+
+std::filesystem::path g_scratch;
+
+void remove_scratch_folder() {
+  std::error_code ignored;
+  std::filesystem::remove_all(g_scratch, ignored);
+}
+
+void prepare_scratch_folder() {
+  const char* shm = "/dev/shm";
+  std::filesystem::path base = std::filesystem::is_directory(shm)
+                                   ? std::filesystem::path(shm)
+                                   : std::filesystem::temp_directory_path();
+  const std::filesystem::path dir = base / ("qkv-fuzz-cli-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  g_scratch = dir;
+  std::atexit(remove_scratch_folder);
+  qkv::write_npy(dir / "q.npy", filled({2, 5, 4}, 0.1f).view(), qkv::DType::kF32);
+  qkv::write_npy(dir / "k.npy", filled({1, 6, 4}, 0.2f).view(), qkv::DType::kF32);
+  qkv::write_npy(dir / "v.npy", filled({1, 6, 3}, 0.3f).view(), qkv::DType::kF64);
+  qkv::write_npy(dir / "x.npy", filled({5, 8}, 0.4f).view(), qkv::DType::kF32);
+  qkv::write_npy(dir / "w.npy", filled({8, 8}, 0.5f).view(), qkv::DType::kF32);
+  qkv::Tensor mask(qkv::DType::kBool, {5, 6}, "m");
+  for (std::int64_t i = 0; i < mask.numel(); ++i) mask.data_as<bool>()[i] = i % 3 != 0;
+  qkv::write_npy(dir / "m.npy", mask.view(), qkv::DType::kBool);
+  // model.safetensors: "w" [8, 8] F32 and "c_attn" [8, 24] F32.
+  const qkv::Tensor w = filled({8, 8}, 0.6f), c = filled({8, 24}, 0.7f);
+  std::string header =
+      R"({"w":{"dtype":"F32","shape":[8,8],"data_offsets":[0,256]},)"
+      R"("c_attn":{"dtype":"F32","shape":[8,24],"data_offsets":[256,1024]}})";
+  while (header.size() % 8 != 0) header += ' ';
+  std::string file;
+  for (int i = 0; i < 8; ++i) file.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
+  file += header;
+  file.append(static_cast<const char*>(w.data()), w.nbytes());
+  file.append(static_cast<const char*>(c.data()), c.nbytes());
+  write_file(dir / "model.safetensors", file);
+  if (::chdir(dir.c_str()) != 0) qkv::fuzz::fail("cannot enter the scratch folder");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  prepare_scratch_folder();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::vector<std::string> args = {"qkv"};
+  std::string current;
+  for (std::size_t i = 0; i < size; ++i) {
+    if (data[i] == 0) {
+      args.push_back(current);
+      current.clear();
+      if (args.size() > kMaxArgs) return 0;
+    } else if (current.size() < kMaxArgBytes) {
+      current.push_back(static_cast<char>(data[i]));
+    }
+  }
+  if (!current.empty()) args.push_back(current);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+
+  CLI::App app{"qkv"};
+  app.require_subcommand(1);
+  qkv::cli::register_attention_command(app);
+  qkv::cli::register_layer_command(app);
+  // QKV_FUZZ_VERBOSE=1 says how each input ended (to check that the seeds reach the commands).
+  static const bool verbose = std::getenv("QKV_FUZZ_VERBOSE") != nullptr;
+  std::string outcome = "ran";
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::Error& e) {
+    // A usage error (or --help): the CLI prints it and exits 0 or 2.
+    outcome = std::string("usage: ") + e.what();
+  } catch (const qkv::Error& e) {
+    qkv::fuzz::check_one_line(e.what());
+    outcome = std::string("error: ") + e.what();
+  }
+  if (verbose) std::fprintf(stderr, "  %s\n", outcome.c_str());
+  return 0;
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets (standard library only). The seeds are
+committed; run this after changing it. Inputs found by fuzzing are added by libFuzzer to a
+working copy (build/fuzz/corpus), not here; crashes go to regressions/NAME."""
+import json
+import os
+import random
+import shutil
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOSTILE = os.path.join(HERE, "..", "tests", "hostile")
+
+
+def npy(descr, shape, data, major=1):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    preamble = 10 if major == 1 else 12
+    while (preamble + len(header) + 1) % 64:
+        header += " "
+    header += "\n"
+    size = struct.pack("<H" if major == 1 else "<I", len(header))
+    return b"\x93NUMPY" + bytes([major, 0]) + size + header.encode() + data
+
+
+def f32(n, start=0.0):
+    return struct.pack("<%df" % n, *[start + 0.25 * i for i in range(n)])
+
+
+def f64(n):
+    return struct.pack("<%dd" % n, *[0.5 - 0.125 * i for i in range(n)])
+
+
+def safetensors(tensors, metadata=None):
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def write(folder, name, data):
+    path = os.path.join(HERE, "corpus", folder)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, name), "wb") as f:
+        f.write(data)
+
+
+def main():
+    for folder in ("npy", "safetensors", "cli_args", "attention_diff"):
+        shutil.rmtree(os.path.join(HERE, "corpus", folder), ignore_errors=True)
+        os.makedirs(os.path.join(HERE, "regressions", folder), exist_ok=True)
+        keep = os.path.join(HERE, "regressions", folder, ".gitkeep")
+        open(keep, "a").close()
+
+    write("npy", "f32_2x3", npy("<f4", "(2, 3)", f32(6)))
+    write("npy", "f64_2x2x2", npy("<f8", "(2, 2, 2)", f64(8)))
+    write("npy", "bool_5", npy("|b1", "(5,)", bytes([1, 0, 1, 1, 0])))
+    write("npy", "scalar", npy("<f4", "()", f32(1)))
+    write("npy", "empty_0x4", npy("<f4", "(0, 4)", b""))
+    write("npy", "v2_header", npy("<f4", "(3,)", f32(3), major=2))
+    write("npy", "v3_header", npy("<f8", "(1, 2)", f64(2), major=3))
+    for name in ("claims_1gib.npy", "numel_overflow.npy", "shape_not_tuple.npy", "float16.npy"):
+        shutil.copy(os.path.join(HOSTILE, "npy", name), os.path.join(HERE, "corpus", "npy", "hostile_" + name))
+
+    write("safetensors", "f32_f64", safetensors({"a": ("F32", [2, 3], f32(6)), "b": ("F64", [2], f64(2))}))
+    write("safetensors", "f16_bf16_bool", safetensors(
+        {"h": ("F16", [2, 2], struct.pack("<4H", 0x3C00, 0x0001, 0x7BFF, 0xC000)),
+         "b": ("BF16", [2], struct.pack("<2H", 0x3F80, 0x4000)),
+         "m": ("BOOL", [3], bytes([1, 0, 1]))}, {"format": "pt"}))
+    write("safetensors", "scalar_and_empty", safetensors({"s": ("F32", [], f32(1)), "e": ("F32", [0, 5], b"")}))
+    write("safetensors", "int_types", safetensors({"i": ("I64", [2], b"\x00" * 16), "u": ("U8", [3], b"\x01\x02\x03")}))
+    for name in ("overlapping_tensors", "gap_before_tensor", "duplicate_name", "numel_overflow", "metadata_nested"):
+        shutil.copy(os.path.join(HOSTILE, "safetensors", name + ".safetensors"),
+                    os.path.join(HERE, "corpus", "safetensors", "hostile_" + name))
+
+    commands = {
+        "attention_plain": "attention --q q.npy --k k.npy --v v.npy --out o.npy",
+        "attention_all": "attention --q q.npy --k k.npy --v v.npy --mask m.npy --causal --window 1,2 "
+                         "--scale 0.5 --weights w_out.npy --lse l_out.npy --out-dtype f64 --threads 2 --out o.npy",
+        "attention_kernel": "attention --q q.npy --k k.npy --v v.npy --kernel reference --out o.npy",
+        "attention_budget": "attention --q q.npy --k k.npy --v v.npy --max-memory 1K --out o.npy",
+        "attention_safetensors": "attention --q model.safetensors:w --k model.safetensors:w --v w.npy --out o.npy",
+        "layer_plain": "layer --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --out o.npy",
+        "layer_fused": "layer --x x.npy --wqkv model.safetensors:c_attn --heads 2 --kv-heads 2 --causal --out o.npy",
+        "layer_linear": "layer --x x.npy --linear-layout --wq model.safetensors:w --wk w.npy --wv w.npy "
+                        "--wo w.npy --heads 4 --weights w_out.npy --out o.npy",
+        "usage_error": "attention --q q.npy --window 3 --out o.npy",
+        "help": "layer --help",
+    }
+    for name, line in commands.items():
+        write("cli_args", name, b"\x00".join(arg.encode() for arg in line.split(" ")))
+
+    rng = random.Random(7)
+    for i in range(12):
+        write("attention_diff", "case_%02d" % i, bytes(rng.randrange(256) for _ in range(24)))
+
+
+if __name__ == "__main__":
+    main()
