@@ -8,7 +8,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-numpy
   chromium nodejs
+  clang libclang-rt-14-dev
 )
+# clang and its runtime libraries (libFuzzer, the sanitizers) build the fuzz targets (make fuzz).
 # The browser test (tests/browser) drives Debian's chromium with playwright-core from npm. Some
 # machines have Node.js from elsewhere with its own npm, which Debian's npm package would clash
 # with: ask for npm only where there is none.
