@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// After foreach_target.h, which re-includes this file once per target.
 #include "hwy/highway.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"

@@ -10,6 +10,7 @@
 
 #include "core/parallel_for.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// After foreach_target.h, which re-includes this file once per target.
 #include "hwy/highway.h"
 #include "kernels/kernel.h"
 

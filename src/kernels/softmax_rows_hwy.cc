@@ -3,8 +3,9 @@
 // meant to be (a scalar std::exp would dominate its time). One dynamic dispatch per call.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/softmax_rows_hwy.cc"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// After foreach_target.h, which re-includes this file once per target.
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernels/kernel.h"
 #include "kernels/softmax_rows.h"
