@@ -9,16 +9,18 @@
 //   loads NK key vectors once and broadcasts MR query scalars: NK + MR loads per MR·NK FMAs.
 //   The reduction runs over c inside each accumulator, so any d runs at the same speed —
 //   there is no lane-width constraint on the head dimension and no scalar cliff at d = 72.
-// softmax: vector passes over the 64-wide score row: scale and max; exp(S - m) with
-//   Highway's Exp (1 ulp) and the tile's sum in vector accumulators, reduced once per tile.
+// softmax: the scale and the row max are taken in the q·K^T epilogue while the scores are in
+//   registers; then one vector pass computes exp(S - m) (ExpNonPositive below) and adds each
+//   lane's part of the tile's sum into lane-wise running sums (no horizontal sum per tile).
 // P·V (accumulate_pv): o[rows x dvp] = alpha ⊙ o + P[rows x bk] · V[bk x dvp], dv padded to
 //   the vector width. An MR x NV block of o (4 x up to 6 zmm) is loaded once per key tile,
 //   rescaled by alpha on load (the online-softmax correction costs no extra pass), then for
 //   each key NV value vectors are loaded and MR weights broadcast: NV + MR loads per MR·NV FMAs.
 //
-// Per 16 scores at d = dv = 64 the FMA work is 64 + 64 vector FMAs against about 25 vector ops
-// of softmax (scale, max, subtract, exp's polynomial, sum): the exp's share bounds the kernel
-// near 84 % of the FMA peak at d = 64 and 91 % at d = 128.
+// Vector-ALU budget per row and 64-key tile at d = dv = 64: 256 + 256 FMAs against about 100
+// other vector ops (exp 4 x 15, subtract/store/sum 4 x 3, scale, max and its reduction, the
+// alpha rescale): the FMAs can be at most ~84 % of the issued vector ops (~90 % at d = 128),
+// which bounds the kernel's fraction of the FMA peak even with every load hitting L1.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_fwd_fused_hwy.cc"
 #include <cstdlib>
@@ -36,7 +38,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // exp(x) for the softmax, where x = score - max <= 0 (or -inf): Cody-Waite reduction
 // x = n·ln2 + r, |r| <= ln2/2, Cephes' degree-5 minimax polynomial for (e^r - 1 - r) / r², and
-// 2^n built in the exponent bits. About 1 ulp, like Highway's Exp, in 17 vector ops instead of
+// 2^n built in the exponent bits. About 1 ulp, like Highway's Exp, in 15 vector ops instead of
 // about 35: the exp is the largest cost beside the FMAs (one per score against 2·d/16 + 2·dv/16
 // FMAs), so it is worth its own lines. Inputs below -87.3 (e^x under the smallest normal
 // float) give 0, which is also how -inf (a masked key) becomes weight 0.
@@ -53,7 +55,10 @@ HWY_INLINE V ExpNonPositive(D df, V x) {
   p = hn::MulAdd(p, r, hn::Set(df, 1.6666665459e-1f));
   p = hn::MulAdd(p, r, hn::Set(df, 5.0000001201e-1f));
   const V e = hn::Add(hn::MulAdd(hn::Mul(r, r), p, r), hn::Set(df, 1.0f));
-  const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
+  // 2^n: n + 127 lands in the low mantissa bits of n + (1.5 · 2^23 + 127), and the shift moves
+  // it into the exponent field; no float->int conversion (whose overflow fix-up costs 4 ops).
+  const auto biased = hn::BitCast(di, hn::Add(n, hn::Set(df, 12583039.0f)));
+  const auto bits = hn::ShiftLeft<23>(biased);
   const V y = hn::Mul(e, hn::BitCast(df, bits));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, -87.3f)), y);
 }
