@@ -106,11 +106,11 @@ class FusedWorker {
       const float* v_tile = kv.v + j0 * kv.ldv;
       const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
                         fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
-      // Row group by row group (Micro::kRows rows): the group's scores, softmax and P·V run
-      // back to back, so its score rows never leave L1 and the working set is one K^T tile
-      // and one V tile, not the task's whole score tile.
-      for (std::int64_t r0 = 0; r0 < rows; r0 += Micro::kRows) {
-        const std::int64_t nr = std::min<std::int64_t>(Micro::kRows, rows - r0);
+      // Row group by row group (kGroupRows rows): the group's scores, softmax and P·V run
+      // back to back, so its score rows never leave L1, and each micro-kernel reuses its K^T or
+      // V tile for 4 register blocks in a row while it is in L1.
+      for (std::int64_t r0 = 0; r0 < rows; r0 += kGroupRows) {
+        const std::int64_t nr = std::min<std::int64_t>(kGroupRows, rows - r0);
         Micro::scores(q_.get() + r0 * sh.d, nr, sh.d, k_tile, scale(),
                       s_.get() + r0 * fused::kKeyTile, max_.get() + r0);
         for (std::int64_t r = r0; r < r0 + nr; ++r) update_row(t, r, j0, bk, full);
@@ -136,6 +136,8 @@ class FusedWorker {
   }
 
  private:
+  static constexpr std::int64_t kGroupRows = 4 * Micro::kRows;
+
   float scale() const noexcept { return static_cast<float>(p_.scale); }
 
   // The online-softmax step for row r of the current key tile: mask if needed, merge the
