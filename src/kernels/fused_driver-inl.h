@@ -7,7 +7,7 @@
 //   shapes   Q [b, h, nq, d], K [b, hkv, nk, d], V [b, hkv, nk, dv], O [b, h, nq, dv];
 //            query head h reads kv head h / g, g = h / hkv.
 //   tasks    (b, kv head, query tile): bq rows of each of the g query heads that share the kv
-//            head (g·bq ≈ 64 rows), so every K/V tile is packed once for all of them. Tasks own
+//            head (g·bq ≈ 256 rows), so every K/V tile is packed once for all of them. Tasks own
 //            disjoint output rows, threads take them from an atomic counter, heaviest first:
 //            any thread count and any schedule give the same bits.
 //   per task Q tile packed to float32 [rows x d]; per row a softmax state (max m, sum l) and
@@ -22,7 +22,7 @@
 //                       m' = max(m, max_j S_j);  P_j = exp(S_j - m');  l_t = sum_j P_j
 //                       (m, l) := merge((m, l), (m', l_t)) -> alpha = exp(m - m')
 //              o := alpha · o + P · V           micro-kernel, rows x dvp, the rescale fused in
-//            (the three steps run per group of 4 rows, so a group's scores stay in L1 and the
+//            (the three steps run per group of 16 rows, so a group's scores stay in L1 and the
 //            working set is one K^T tile and one V tile: 32 KiB at d = dv = 64)
 //            O = o / l, lse = m + log l; a row with no allowed key stays m = -inf, l = 0, o = 0
 //            and is written as zeros with lse = -inf.
@@ -104,13 +104,22 @@ class FusedWorker {
       const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
       const float* k_tile = kv.kt + kt * sh.d * fused::kKeyTile;
       const float* v_tile = kv.v + j0 * kv.ldv;
-      const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
-                        fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
       // Row group by row group (kGroupRows rows): the group's scores, softmax and P·V run
       // back to back, so its score rows never leave L1, and each micro-kernel reuses its K^T or
-      // V tile for 4 register blocks in a row while it is in L1.
+      // V tile for 4 register blocks in a row while it is in L1. Causal/window are classified
+      // per group: a tile wholly outside a group's rows' ranges is skipped for that group (its
+      // scores are all -inf, so the online state would not change), one wholly inside runs
+      // without per-element checks.
       for (std::int64_t r0 = 0; r0 < rows; r0 += kGroupRows) {
         const std::int64_t nr = std::min<std::int64_t>(kGroupRows, rows - r0);
+        const std::int64_t first_head = r0 / per_head;
+        const bool one_head = (r0 + nr - 1) / per_head == first_head;
+        const std::int64_t ilo = one_head ? t.i0 + r0 % per_head : t.i0;
+        const std::int64_t ihi = one_head ? t.i0 + (r0 + nr - 1) % per_head + 1 : t.i1;
+        const core::KeyRange keys = fused::task_key_range(p_.masking, sh, ilo, ihi);
+        if (j0 >= keys.last || j0 + bk <= keys.first) continue;
+        const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
+                          fused::tile_fully_allowed(p_.masking, sh, ilo, ihi, j0, j0 + bk);
         Micro::scores(q_.get() + r0 * sh.d, nr, sh.d, k_tile, scale(),
                       s_.get() + r0 * fused::kKeyTile, max_.get() + r0);
         for (std::int64_t r = r0; r < r0 + nr; ++r) update_row(t, r, j0, bk, full);
@@ -242,7 +251,7 @@ template <class Micro>
 void run_fused(const core::AttentionParams& p) noexcept {
   constexpr std::int64_t kPackBudgetFloats = std::int64_t{8} << 20;
   const core::AttentionShape& sh = p.shape;
-  const fused::Plan plan = fused::make_plan(sh);
+  const fused::Plan plan = fused::make_plan(sh, p.threads);
   if (plan.tasks == 0) return;
   const std::int64_t heads = sh.b * sh.hkv;
   const std::int64_t key_tiles = (sh.nk + fused::kKeyTile - 1) / fused::kKeyTile;
