@@ -145,6 +145,8 @@ AttentionOptions attention_options(const AttentionFlags& flags, const std::optio
   options.out_dtype = flags.out_dtype == "f64" ? DType::kF64 : DType::kF32;
   options.threads = flags.threads;
   options.kernel = flags.kernel;
+  // The whole budget; commands that hold large inputs narrow it with apply_memory_budget.
+  options.max_memory = memory_budget(flags);
   return options;
 }
 

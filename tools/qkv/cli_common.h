@@ -31,7 +31,8 @@ struct AttentionFlags {
 
 void add_attention_flags(CLI::App& command, AttentionFlags& flags);
 
-// The library options these flags describe; the mask (when given) must outlive the options.
+// The library options these flags describe, max_memory set to the whole --max-memory budget;
+// the mask (when given) must outlive the options.
 AttentionOptions attention_options(const AttentionFlags& flags, const std::optional<Tensor>& mask);
 
 // Reads a tensor argument: "FILE.npy" or "FILE.safetensors:NAME".
