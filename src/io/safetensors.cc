@@ -541,7 +541,19 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
                              available_names(index.entries, name));
   }
   const SafetensorsEntry& entry = *found;
-  const std::string tensor_name = subject + ":" + name;
+  // The subject of every later error about this tensor: kept to one printable line.
+  std::string shown_name;
+  for (const char c : name) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(byte));
+      shown_name += escaped;
+    } else {
+      shown_name += c;
+    }
+  }
+  const std::string tensor_name = subject + ":" + shown_name;
   DType dtype;
   if (entry.dtype == "F32" || entry.dtype == "F16" || entry.dtype == "BF16") {
     dtype = DType::kF32;

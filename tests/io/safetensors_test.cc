@@ -317,6 +317,25 @@ TEST(SafetensorsHostile, BoolBytesMustBeZeroOrOne) {
   }
 }
 
+TEST(SafetensorsHostile, NamesWithLineBreaksStayOnOneLine) {
+  ScratchDir dir;
+  // JSON "\n" in a name: the reader's messages escape it.
+  testing::write_bytes(dir / "n.safetensors",
+                       raw_file(R"({"bad\nname":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})",
+                                std::string(8, '\0')));
+  const std::vector<SafetensorsEntry> entries = list_safetensors(dir / "n.safetensors");
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].name, "bad\nname");
+  for (const std::string& name : {std::string("bad\nname"), std::string("other\rname")}) {
+    try {
+      read_safetensors_tensor(dir / "n.safetensors", name);
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).find_first_of("\n\r"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SafetensorsHostile, LongHeaderIsReadWithinItsBound) {
   // A header of 1 MiB of padding after a valid object is accepted; one that claims 100 MB + 1
   // is refused before reading.
