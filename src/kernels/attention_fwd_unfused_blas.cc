@@ -120,6 +120,7 @@ std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) 
     return "its score blocks (" + std::to_string(std::min(s.nq, kRowBlock)) + " x nk per thread) " +
            "would need " + std::to_string(bytes / (1 << 30)) + " GiB (budget 2 GiB)";
   }
+  if (s.nk == 0 || s.dv == 0) return "no keys or no value columns (CBLAS wants ld >= 1)";
   const std::int64_t int_max = std::numeric_limits<int>::max();
   if (s.nq > int_max || s.nk > int_max || s.d > int_max || s.dv > int_max) {
     return "a dimension exceeds CBLAS's int range";

@@ -9,6 +9,7 @@
 
 #include "kernel_cases.h"
 #include "kernels/kernel.h"
+#include "qkv/error.h"
 
 namespace qkv::testing {
 namespace {
@@ -245,6 +246,30 @@ TEST(KernelContract, DeadRowsAreZeroWithMinusInfinityLse) {
       }
     }
   }
+}
+
+// No keys at all: every row is fully masked.
+TEST(KernelContract, NoKeysGivesZerosAndMinusInfinityLse) {
+  const Tensor q = random_tensor(DType::kF32, {2, 5, 8}, 1);
+  const Tensor k(DType::kF32, {2, 0, 8}, "K");
+  const Tensor v(DType::kF32, {2, 0, 3}, "V");
+  for (const std::string& name : attention_kernel_names()) {
+    SCOPED_TRACE(name);
+    AttentionOptions options;
+    options.return_lse = true;
+    options.kernel = name;
+    AttentionResult r;
+    try {
+      r = attention(q.view(), k.view(), v.view(), options);
+    } catch (const Error&) {
+      continue;  // a kernel may decline the call; the default choice must not
+    }
+    for (std::int64_t e = 0; e < r.out.numel(); ++e) EXPECT_EQ(r.out.data_as<float>()[e], 0.0f);
+    for (std::int64_t e = 0; e < r.lse.numel(); ++e) {
+      EXPECT_EQ(r.lse.data_as<float>()[e], -std::numeric_limits<float>::infinity());
+    }
+  }
+  EXPECT_NO_THROW(attention(q.view(), k.view(), v.view()));
 }
 
 // The choice report names the chosen kernel and gives a reason for each that declined.
