@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of the fuzz targets (standard library only). The seeds are
-committed; run this after changing it. Inputs found by fuzzing are added by libFuzzer to a
-working copy (build/fuzz/corpus), not here; crashes go to regressions/NAME."""
+"""Writes the named seeds of the fuzz targets (standard library only). The corpora are
+committed: these seeds, plus inputs found by fuzzing that add coverage (named by their SHA-1),
+merged in with `build/fuzz/fuzz/fuzz_NAME -merge=1 $PWD/fuzz/corpus/NAME $PWD/build/fuzz/corpus/NAME`.
+`make fuzz` adds what it finds to build/fuzz/corpus, not here; crashes go to regressions/NAME."""
 import json
 import os
 import random
@@ -51,7 +52,6 @@ def write(folder, name, data):
 
 def main():
     for folder in ("npy", "safetensors", "cli_args", "attention_diff"):
-        shutil.rmtree(os.path.join(HERE, "corpus", folder), ignore_errors=True)
         os.makedirs(os.path.join(HERE, "regressions", folder), exist_ok=True)
         keep = os.path.join(HERE, "regressions", folder, ".gitkeep")
         open(keep, "a").close()
