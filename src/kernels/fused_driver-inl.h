@@ -10,20 +10,24 @@
 //            head (g·bq ≈ 256 rows), so every K/V tile is packed once for all of them. Tasks own
 //            disjoint output rows, threads take them from an atomic counter, heaviest first:
 //            any thread count and any schedule give the same bits.
-//   per task Q tile packed to float32 [rows x d]; per row a softmax state (max m, sum l) and
-//            an accumulator o [dv] (padded to the vector width, dvp), all zero / -inf.
+//   packing  K^T in tiles of [d x 64] (and V as [nk x dvp] unless it is float32 with unit
+//            column stride and dv a whole number of vectors, then read in place), once per kv
+//            head and call, shared by all tasks of that head (see run_fused).
+//   per task Q tile packed to float32 [rows x d]; per row a softmax state (max m, sum l: l in
+//            kLanes lanes) and an accumulator o [dv] (padded to the vector width, dvp).
 //            for each key tile [j0, j0 + 64) inside the union of the rows' causal/window ranges
-//            (tiles outside it are never touched):
-//              pack K^T [d x 64] and V [64 x dvp] as float32         (read once per task)
-//              S = scale · Q · K^T              micro-kernel, rows x 64, over any d, with
+//            (tiles outside it are never touched), group by group of 16 rows:
+//              skip the tile if it lies outside all the group's rows' ranges
+//              S = scale · Q · K^T              micro-kernel, 16 x 64, over any d, with
 //                                               each row's max taken in registers
 //              per row: S += mask, -inf where forbidden: only on tiles that the causal/window
-//                       boundary crosses, with an explicit mask, or the short last tile
-//                       m' = max(m, max_j S_j);  P_j = exp(S_j - m');  l_t = sum_j P_j
-//                       (m, l) := merge((m, l), (m', l_t)) -> alpha = exp(m - m')
-//              o := alpha · o + P · V           micro-kernel, rows x dvp, the rescale fused in
-//            (the three steps run per group of 16 rows, so a group's scores stay in L1 and the
-//            working set is one K^T tile and one V tile: 32 KiB at d = dv = 64)
+//                       boundary crosses for this group, with an explicit mask, or the short
+//                       last tile
+//                       m' = max(m, max_j S_j);  alpha = exp(m - m') (merge())
+//                       P_j = exp(S_j - m');  l = alpha · l + the tile's sum (lane-wise)
+//              o := alpha · o + P · V           micro-kernel, 16 x dvp, the rescale fused in
+//            (the group's scores stay in L1; the K^T and V tiles, 16 KiB each at d = dv = 64,
+//            are reused by 4 register blocks while in L1)
 //            O = o / l, lse = m + log l; a row with no allowed key stays m = -inf, l = 0, o = 0
 //            and is written as zeros with lse = -inf.
 //   weights  (when asked for) a second sweep over the same key tiles recomputes S exactly as
@@ -34,14 +38,14 @@
 //
 // Invariant after each key tile: for every row, m is the max of the scores seen, l = sum
 // exp(S_j - m) over them and o = sum exp(S_j - m) v_j, so the final division is the softmax.
-// Each tile's sum l_t is formed over its 64 keys before it enters l (a long row summed one
-// element at a time loses accuracy at nk = 65536).
+// Each tile's sum is formed over its 64 keys (4 per lane) before it enters l (a long row summed
+// one element at a time loses accuracy at nk = 65536).
 //
-// Memory: per worker the Q, S and o tiles, 64 (d + 64 + dv) floats; shared, the packed K^T
-// (and V when it cannot be read in place) of two kv heads, 2 · nk · (d [+ dv]) floats. No
-// n x n buffer anywhere. Traffic: K and V are converted/transposed once per kv head, then each
-// K/V tile is read (from L2/L3) once per query task, nq / bq times per kv head; each Q and O
-// element is read or written once.
+// Memory: per worker the Q, S and o tiles, 256 (d + 64 + dv) floats; shared, the packed K^T
+// (and V when it cannot be read in place) of all kv heads if that fits 32 MiB, else of two.
+// No n x n buffer anywhere. Traffic: K and V are converted/transposed once per kv head, then
+// each K/V tile is read (from L2/L3) once per query task, nq / bq times per kv head; each Q and
+// O element is read or written once.
 //
 // The policy `Micro` supplies the inner loops (all on 64-key rows of S):
 //   kLanes, kRows (the row group the loop nest hands the micro-kernels at a time);
