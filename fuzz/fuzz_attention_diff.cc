@@ -95,10 +95,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   options.causal = in.flag();
   if (in.flag()) options.window = qkv::Window{in.in(-1, 6), in.in(-1, 6)};
   switch (in.in(0, 3)) {
-    case 1: options.scale = 1.0; break;
-    case 2: options.scale = 0.05; break;
-    case 3: options.scale = 2.5; break;
-    default: break;
+    case 1:
+      options.scale = 1.0;
+      break;
+    case 2:
+      options.scale = 0.05;
+      break;
+    case 3:
+      options.scale = 2.5;
+      break;
+    default:
+      break;
   }
   const unsigned mask_kind = static_cast<unsigned>(in.in(0, 2));  // none, bool, float
   const unsigned broadcast = in.next();
@@ -142,8 +149,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   reference_options.kernel = "reference";
   reference_options.out_dtype = qkv::DType::kF64;
   reference_options.return_weights = reference_options.return_lse = true;
-  const qkv::AttentionResult want =
-      qkv::attention(q.view(), k.view(), v.view(), reference_options);
+  const qkv::AttentionResult want = qkv::attention(q.view(), k.view(), v.view(), reference_options);
 
   // Tolerances earned by float32 arithmetic: a score is at most S = range^2·d·scale + 2 (the
   // float mask) in magnitude, so exp(s - max) carries a relative error of a few eps·S, and a
@@ -159,7 +165,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       got = qkv::attention(q.view(), k.view(), v.view(), options);
     } catch (const qkv::Error& e) {
       qkv::fuzz::check_one_line(e.what());
-      if (kernel == "reference") qkv::fuzz::fail("the reference declined: " + std::string(e.what()));
+      if (kernel == "reference")
+        qkv::fuzz::fail("the reference declined: " + std::string(e.what()));
       continue;
     }
     compare(got.out, want.out, out_tolerance, kernel + " out");

@@ -64,9 +64,8 @@ void prepare_scratch_folder() {
   qkv::write_npy(dir / "m.npy", mask.view(), qkv::DType::kBool);
   // model.safetensors: "w" [8, 8] F32 and "c_attn" [8, 24] F32.
   const qkv::Tensor w = filled({8, 8}, 0.6f), c = filled({8, 24}, 0.7f);
-  std::string header =
-      R"({"w":{"dtype":"F32","shape":[8,8],"data_offsets":[0,256]},)"
-      R"("c_attn":{"dtype":"F32","shape":[8,24],"data_offsets":[256,1024]}})";
+  std::string header = R"({"w":{"dtype":"F32","shape":[8,8],"data_offsets":[0,256]},)"
+                       R"("c_attn":{"dtype":"F32","shape":[8,24],"data_offsets":[256,1024]}})";
   while (header.size() % 8 != 0) header += ' ';
   std::string file;
   for (int i = 0; i < 8; ++i) file.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));

@@ -67,9 +67,8 @@ std::uint64_t attention_workspace_bytes(const AttentionShape& shape, int threads
     if (scores <= kUnfusedCap) {
       // Scores, the output block, packed Q, K and V of one head.
       std::uint64_t unfused = saturating_add(scores, saturating_mul(u(shape.nq), dv * 4));
-      unfused = saturating_add(
-          unfused, saturating_mul(saturating_add(u(shape.nq), 2 * u(shape.nk)),
-                                  std::max(d, dv) * 4));
+      unfused = saturating_add(unfused, saturating_mul(saturating_add(u(shape.nq), 2 * u(shape.nk)),
+                                                       std::max(d, dv) * 4));
       bytes = std::max(bytes, unfused);
     }
   }
@@ -127,9 +126,11 @@ MemoryEstimate layer_memory(const LayerShape& s, const AttentionOptions& options
   e.intermediates = m;
   // The output in the compute dtype, and its conversion when the output dtype differs.
   e.outputs = matrix(x_rows, u(s.d_out), cs);
-  if (options.out_dtype != s.compute) e.outputs = saturating_add(e.outputs, matrix(x_rows, u(s.d_out), os));
+  if (options.out_dtype != s.compute)
+    e.outputs = saturating_add(e.outputs, matrix(x_rows, u(s.d_out), os));
   const std::uint64_t score_rows = saturating_mul(x_rows, u(s.heads));
-  if (options.return_weights) e.outputs = saturating_add(e.outputs, matrix(score_rows, u(s.nk), os));
+  if (options.return_weights)
+    e.outputs = saturating_add(e.outputs, matrix(score_rows, u(s.nk), os));
   if (options.return_lse) e.outputs = saturating_add(e.outputs, saturating_mul(score_rows, os));
   AttentionShape shape;
   shape.b = s.b;
@@ -154,8 +155,8 @@ void check_memory_budget(const MemoryEstimate& estimate, std::uint64_t budget,
   std::string parts = "outputs " + human(estimate.outputs);
   if (estimate.intermediates > 0) parts += ", intermediates " + human(estimate.intermediates);
   parts += ", workspace " + human(estimate.workspace);
-  throw Error("max_memory", what + " needs " + format_bytes_exact(estimate.total()) + ": " +
-                                parts + "; the memory budget is " + format_bytes_exact(budget));
+  throw Error("max_memory", what + " needs " + format_bytes_exact(estimate.total()) + ": " + parts +
+                                "; the memory budget is " + format_bytes_exact(budget));
 }
 
 }  // namespace qkv::core

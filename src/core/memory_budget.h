@@ -45,7 +45,7 @@ MemoryEstimate attention_memory(const AttentionCall& call, const AttentionOption
 struct LayerShape {
   std::int64_t b = 1, nq = 0, nk = 0, d = 0, d_m = 0;  // nk, d_m: of the memory (or X)
   std::int64_t heads = 1, kv_heads = 1, dk = 0, dv = 0, d_out = 0;
-  bool cross = false;      // K and V from a separate memory
+  bool cross = false;  // K and V from a separate memory
   bool has_wo = false;
   DType compute = DType::kF32;
 };

@@ -99,10 +99,10 @@ std::string str(std::uint64_t n) { return std::to_string(n); }
 // even when it holds tensors qkv does not read. 0: not a safetensors dtype.
 std::uint64_t dtype_bits(std::string_view dtype) {
   static constexpr std::array<std::pair<std::string_view, std::uint64_t>, 22> kBits = {{
-      {"BOOL", 8},     {"U8", 8},       {"I8", 8},       {"F8_E5M2", 8}, {"F8_E4M3", 8},
-      {"F8_E8M0", 8},  {"I16", 16},     {"U16", 16},     {"F16", 16},    {"BF16", 16},
-      {"I32", 32},     {"U32", 32},     {"F32", 32},     {"F64", 64},    {"I64", 64},
-      {"U64", 64},     {"C64", 64},     {"F4", 4},       {"F6_E2M3", 6}, {"F6_E3M2", 6},
+      {"BOOL", 8},      {"U8", 8},          {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8},
+      {"F8_E8M0", 8},   {"I16", 16},        {"U16", 16}, {"F16", 16},    {"BF16", 16},
+      {"I32", 32},      {"U32", 32},        {"F32", 32}, {"F64", 64},    {"I64", 64},
+      {"U64", 64},      {"C64", 64},        {"F4", 4},   {"F6_E2M3", 6}, {"F6_E3M2", 6},
       {"F8_E4M3FN", 8}, {"F8_E5M2FNUZ", 8},
   }};
   for (const auto& [name, bits] : kBits) {
@@ -398,15 +398,15 @@ Index read_index(const InputFile& file, const std::string& subject) {
   std::array<unsigned char, 8> length_bytes{};
   file.read_at(0, length_bytes.data(), length_bytes.size());
   std::uint64_t header_length = 0;
-  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[static_cast<std::size_t>(i)];
+  for (int i = 7; i >= 0; --i)
+    header_length = (header_length << 8) | length_bytes[static_cast<std::size_t>(i)];
   if (header_length > kMaxHeaderBytes) {
     throw Error(subject, "header length " + str(header_length) + " bytes exceeds the limit of " +
                              str(kMaxHeaderBytes) + " bytes (is this a safetensors file?)");
   }
   if (header_length > file_size - 8) {
     throw Error(subject, "truncated header: its length field says " + str(header_length) +
-                             " bytes but the file ends " + str(file_size - 8) +
-                             " bytes after it");
+                             " bytes but the file ends " + str(file_size - 8) + " bytes after it");
   }
   if (header_length == 0) throw Error(subject, "has an empty header (length 0)");
 
@@ -417,8 +417,8 @@ Index read_index(const InputFile& file, const std::string& subject) {
                              "): not a safetensors file");
   }
   HeaderHandler handler;
-  const bool parsed = nlohmann::json::sax_parse(header, &handler,
-                                                nlohmann::json::input_format_t::json, true);
+  const bool parsed =
+      nlohmann::json::sax_parse(header, &handler, nlohmann::json::input_format_t::json, true);
   if (!handler.error().empty()) throw Error(subject, handler.error());
   if (!parsed) throw Error(subject, "malformed JSON header");
 
@@ -430,7 +430,8 @@ Index read_index(const InputFile& file, const std::string& subject) {
   for (const SafetensorsEntry& entry : index.entries) {
     if (entry.end < entry.begin) {
       throw Error(subject, "tensor " + quote(entry.name) + " has data_offsets [" +
-                               str(entry.begin) + ", " + str(entry.end) + "] that end before they begin");
+                               str(entry.begin) + ", " + str(entry.end) +
+                               "] that end before they begin");
     }
   }
   std::stable_sort(index.entries.begin(), index.entries.end(),
@@ -454,9 +455,9 @@ Index read_index(const InputFile& file, const std::string& subject) {
     const std::uint64_t bytes = tensor_bytes(entry, subject);
     if (entry.end - entry.begin != bytes) {
       throw Error(subject, "tensor " + quote(entry.name) + " of shape " +
-                               shape_string(entry.shape) + " and dtype " + entry.dtype +
-                               " needs " + str(bytes) + " bytes but its data_offsets " + offsets +
-                               " span " + str(entry.end - entry.begin));
+                               shape_string(entry.shape) + " and dtype " + entry.dtype + " needs " +
+                               str(bytes) + " bytes but its data_offsets " + offsets + " span " +
+                               str(entry.end - entry.begin));
     }
     if (entry.end > buffer_length) {
       throw Error(subject, "tensor " + quote(entry.name) + " at data_offsets " + offsets +
@@ -467,9 +468,9 @@ Index read_index(const InputFile& file, const std::string& subject) {
     previous = &entry;
   }
   if (position != buffer_length) {
-    throw Error(subject, "data buffer holds " + str(buffer_length) + " bytes but its tensors cover " +
-                             str(position) + " (" + str(buffer_length - position) +
-                             " bytes after the last tensor)");
+    throw Error(subject, "data buffer holds " + str(buffer_length) +
+                             " bytes but its tensors cover " + str(position) + " (" +
+                             str(buffer_length - position) + " bytes after the last tensor)");
   }
   return index;
 }
@@ -516,7 +517,8 @@ std::string available_names(const std::vector<SafetensorsEntry>& entries,
   std::vector<std::string> all;
   for (const SafetensorsEntry& entry : entries) all.push_back(entry.name);
   std::sort(all.begin(), all.end());
-  std::string text = "the file holds " + str(all.size()) + (all.size() == 1 ? " tensor: " : " tensors: ");
+  std::string text =
+      "the file holds " + str(all.size()) + (all.size() == 1 ? " tensor: " : " tensors: ");
   for (std::size_t i = 0; i < all.size() && i < 4; ++i) text += (i ? ", " : "") + quote(all[i]);
   if (all.size() > 4) text += ", ...";
   return text;
@@ -537,8 +539,8 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
   const auto found = std::find_if(index.entries.begin(), index.entries.end(),
                                   [&](const SafetensorsEntry& e) { return e.name == name; });
   if (found == index.entries.end()) {
-    throw Error(subject, "has no tensor named " + quote(name) + "; " +
-                             available_names(index.entries, name));
+    throw Error(subject,
+                "has no tensor named " + quote(name) + "; " + available_names(index.entries, name));
   }
   const SafetensorsEntry& entry = *found;
   // The subject of every later error about this tensor: kept to one printable line.
@@ -562,7 +564,8 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
   } else if (entry.dtype == "BOOL") {
     dtype = DType::kBool;
   } else {
-    throw Error(tensor_name, "has dtype " + entry.dtype + ", which is not supported; " + kSupported);
+    throw Error(tensor_name,
+                "has dtype " + entry.dtype + ", which is not supported; " + kSupported);
   }
   const std::uint64_t offset = index.data_offset + entry.begin;
   const std::uint64_t bytes = entry.end - entry.begin;
@@ -583,8 +586,8 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
     const auto* values = static_cast<const unsigned char*>(tensor.data());
     for (std::uint64_t i = 0; i < bytes; ++i) {
       if (values[i] > 1) {
-        throw Error(tensor_name, "bool element " + str(i) + " holds the byte " +
-                                     str(values[i]) + "; bool data must be 0 or 1");
+        throw Error(tensor_name, "bool element " + str(i) + " holds the byte " + str(values[i]) +
+                                     "; bool data must be 0 or 1");
       }
     }
   }

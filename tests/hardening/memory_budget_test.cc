@@ -25,8 +25,8 @@ double seconds_since(Clock::time_point start) {
 // A [h, n, d] view of one row repeated (stride 0): a huge shape in a few bytes of memory.
 TensorView repeated_rows(const std::vector<float>& row, std::int64_t h, std::int64_t n,
                          const char* name) {
-  return TensorView{row.data(), DType::kF32, {h, n, static_cast<std::int64_t>(row.size())},
-                    {0, 0, 1}, name};
+  return TensorView{
+      row.data(), DType::kF32, {h, n, static_cast<std::int64_t>(row.size())}, {0, 0, 1}, name};
 }
 
 TEST(MemoryBudget, AttentionRefusesWeightsThatCannotFit) {
@@ -91,8 +91,8 @@ TEST(MemoryBudget, CliRefusesInUnderASecondWithOneLine) {
   write_npy(dir / "q.npy", q.view(), DType::kF32);
   const std::vector<std::string> before = testing::files_in(dir.path());
   for (const char* budget : {"", "16G", "50%"}) {
-    std::vector<std::string> args = {"attention", "--q", "q.npy", "--k", "q.npy", "--v", "q.npy",
-                                     "--out", "o.npy", "--weights", "w.npy"};
+    std::vector<std::string> args = {"attention", "--q",   "q.npy", "--k",       "q.npy", "--v",
+                                     "q.npy",     "--out", "o.npy", "--weights", "w.npy"};
     if (*budget != '\0') args.insert(args.end(), {"--max-memory", budget});
     const auto start = Clock::now();
     const testing::CommandRun run = testing::run_program(QKV_CLI_PATH, dir.path(), args);
@@ -121,10 +121,10 @@ TEST(MemoryBudget, CliRefusesInUnderASecondWithOneLine) {
                                   "--out", "small.npy", "--max-memory", "64MiB"})
                 .status,
             0);
-  const testing::CommandRun bad = testing::run_program(
-      QKV_CLI_PATH, dir.path(),
-      {"attention", "--q", "w8.npy", "--k", "w8.npy", "--v", "w8.npy", "--out", "o.npy",
-       "--max-memory", "lots"});
+  const testing::CommandRun bad =
+      testing::run_program(QKV_CLI_PATH, dir.path(),
+                           {"attention", "--q", "w8.npy", "--k", "w8.npy", "--v", "w8.npy", "--out",
+                            "o.npy", "--max-memory", "lots"});
   EXPECT_EQ(bad.status, 1);
   EXPECT_EQ(bad.err.rfind("--max-memory: expected a size", 0), 0u) << bad.err;
 }

@@ -33,8 +33,8 @@ Tensor transpose(const Tensor& t) {
 // Columns [begin, end) of a matrix (or entries of a vector), copied.
 Tensor columns(const Tensor& t, std::int64_t begin, std::int64_t end) {
   TensorView view = t.view();
-  view.data = static_cast<const char*>(t.data()) +
-              static_cast<std::size_t>(begin) * dtype_size(t.dtype());
+  view.data =
+      static_cast<const char*>(t.data()) + static_cast<std::size_t>(begin) * dtype_size(t.dtype());
   view.shape.back() = end - begin;
   return contiguous_copy(view, t.dtype());
 }
@@ -121,12 +121,19 @@ TEST_P(ModelFiles, BertStyleLinearLayout) {
   }
   testing::write_bytes(dir / "bert.safetensors", safetensors_bytes(items));
   const std::string f = "bert.safetensors:" + p;
-  const testing::CommandRun run = run_qkv(
-      dir, {"layer", "--x", "hidden.npy", "--linear-layout", "--wq", f + "self.query.weight",
-            "--bq", f + "self.query.bias", "--wk", f + "self.key.weight", "--bk",
-            f + "self.key.bias", "--wv", f + "self.value.weight", "--bv", f + "self.value.bias",
-            "--wo", f + "output.dense.weight", "--bo", f + "output.dense.bias", "--heads", "2",
-            "--out", "out.npy", "--weights", "w.npy"});
+  const testing::CommandRun run = run_qkv(dir, {"layer",      "--x",
+                                                "hidden.npy", "--linear-layout",
+                                                "--wq",       f + "self.query.weight",
+                                                "--bq",       f + "self.query.bias",
+                                                "--wk",       f + "self.key.weight",
+                                                "--bk",       f + "self.key.bias",
+                                                "--wv",       f + "self.value.weight",
+                                                "--bv",       f + "self.value.bias",
+                                                "--wo",       f + "output.dense.weight",
+                                                "--bo",       f + "output.dense.bias",
+                                                "--heads",    "2",
+                                                "--out",      "out.npy",
+                                                "--weights",  "w.npy"});
   ASSERT_EQ(run.status, 0) << run.err;
 
   const auto stored = [&](const std::string& name) {
@@ -167,10 +174,10 @@ TEST(ModelFilesCli, AttentionTensorsFromASafetensorsFile) {
   const Tensor q = testing::random_tensor(DType::kF32, {2, 5, 8}, 31);
   const Tensor k = testing::random_tensor(DType::kF32, {2, 6, 8}, 32);
   const Tensor v = testing::random_tensor(DType::kF64, {2, 6, 4}, 33);
-  testing::write_bytes(dir / "qkv.safetensors",
-                       safetensors_bytes({safetensors_item("q", q, "F32"),
-                                          safetensors_item("k", k, "F32"),
-                                          safetensors_item("v", v, "F64")}));
+  testing::write_bytes(
+      dir / "qkv.safetensors",
+      safetensors_bytes({safetensors_item("q", q, "F32"), safetensors_item("k", k, "F32"),
+                         safetensors_item("v", v, "F64")}));
   const testing::CommandRun run =
       run_qkv(dir, {"attention", "--q", "qkv.safetensors:q", "--k", "qkv.safetensors:k", "--v",
                     "qkv.safetensors:v", "--out", "o.npy"});
@@ -189,15 +196,18 @@ TEST(ModelFilesCli, LayoutErrorsNameTheFlagOrTheTensor) {
                        safetensors_bytes({safetensors_item("c_attn.weight", w, "F32"),
                                           safetensors_item("odd", b3, "F32")}));
   const std::vector<std::string> before = testing::files_in(dir.path());
-  expect_one_failure_line(run_qkv(dir, {"layer", "--x", "x.npy", "--wqkv", "m.safetensors:c_attn.weight",
-                                        "--heads", "5", "--out", "o.npy"}),
-                          "m.safetensors:c_attn.weight");
-  expect_one_failure_line(run_qkv(dir, {"layer", "--x", "x.npy", "--wqkv", "m.safetensors:c_attn.weight",
-                                        "--wq", "x.npy", "--heads", "3", "--out", "o.npy"}),
-                          "--wqkv");
-  expect_one_failure_line(run_qkv(dir, {"layer", "--x", "x.npy", "--wq", "m.safetensors:c_attn.weight",
-                                        "--heads", "3", "--out", "o.npy"}),
-                          "--wk");
+  expect_one_failure_line(
+      run_qkv(dir, {"layer", "--x", "x.npy", "--wqkv", "m.safetensors:c_attn.weight", "--heads",
+                    "5", "--out", "o.npy"}),
+      "m.safetensors:c_attn.weight");
+  expect_one_failure_line(
+      run_qkv(dir, {"layer", "--x", "x.npy", "--wqkv", "m.safetensors:c_attn.weight", "--wq",
+                    "x.npy", "--heads", "3", "--out", "o.npy"}),
+      "--wqkv");
+  expect_one_failure_line(
+      run_qkv(dir, {"layer", "--x", "x.npy", "--wq", "m.safetensors:c_attn.weight", "--heads", "3",
+                    "--out", "o.npy"}),
+      "--wk");
   expect_one_failure_line(run_qkv(dir, {"layer", "--x", "x.npy", "--linear-layout", "--wqkv",
                                         "m.safetensors:odd", "--heads", "3", "--out", "o.npy"}),
                           "m.safetensors:odd");

@@ -109,8 +109,8 @@ TEST(Interrupted, CliRunStoppedWhileWritingLeavesOutputsAlone) {
     const fs::path err_file = dir.path().parent_path() / (dir.path().filename().string() + ".e");
     const pid_t pid = testing::start_program(
         QKV_CLI_PATH, dir.path(),
-        {"attention", "--q", "q.npy", "--k", "q.npy", "--v", "q.npy", "--out", "o.npy",
-         "--weights", "w.npy", "--out-dtype", "f64", "--threads", "1"},
+        {"attention", "--q", "q.npy", "--k", "q.npy", "--v", "q.npy", "--out", "o.npy", "--weights",
+         "w.npy", "--out-dtype", "f64", "--threads", "1"},
         out_file, err_file);
     bool sent = false;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);

@@ -46,10 +46,10 @@ TEST_P(HostileFile, IsRefusedWithOneLineNamingItAndNoOutput) {
   write_npy(dir / "v.npy", kv.view(), DType::kF32);
   const std::vector<std::string> before = testing::files_in(dir.path());
   const std::string spec = file.string() + (safetensors ? ":q" : "");
-  const testing::CommandRun run = testing::run_program(
-      QKV_CLI_PATH, dir.path(),
-      {"attention", "--q", spec, "--k", "k.npy", "--v", "v.npy", "--out", "o.npy", "--weights",
-       "w.npy"});
+  const testing::CommandRun run =
+      testing::run_program(QKV_CLI_PATH, dir.path(),
+                           {"attention", "--q", spec, "--k", "k.npy", "--v", "v.npy", "--out",
+                            "o.npy", "--weights", "w.npy"});
   EXPECT_EQ(run.status, 1) << run.err;
   ASSERT_FALSE(run.err.empty());
   EXPECT_EQ(run.err.back(), '\n');

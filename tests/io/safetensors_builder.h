@@ -47,7 +47,8 @@ inline std::string safetensors_header(const std::vector<SafetensorsItem>& items,
     if (!first) header += ",";
     first = false;
     std::string shape;
-    for (const std::int64_t dim : item.shape) shape += (shape.empty() ? "" : ",") + std::to_string(dim);
+    for (const std::int64_t dim : item.shape)
+      shape += (shape.empty() ? "" : ",") + std::to_string(dim);
     const std::uint64_t end = offset + item.bytes.size();
     const std::string offsets = item.offsets_override.empty()
                                     ? "[" + std::to_string(offset) + "," + std::to_string(end) + "]"

@@ -20,9 +20,9 @@
 namespace qkv {
 namespace {
 
-using testing::SafetensorsItem;
 using testing::safetensors_bytes;
 using testing::safetensors_item;
+using testing::SafetensorsItem;
 using testing::ScratchDir;
 
 std::string le64(std::uint64_t value) {
@@ -42,12 +42,11 @@ TEST(Safetensors, RoundTripsEveryConvertedDtype) {
   const Tensor b = testing::random_tensor(DType::kF64, {2, 2, 3}, 2);
   const Tensor c = testing::random_tensor(DType::kF32, {7}, 3);
   const Tensor d = testing::random_tensor(DType::kF32, {4, 2}, 4);
-  testing::write_bytes(dir / "m.safetensors",
-                       safetensors_bytes({safetensors_item("a", a, "F32"),
-                                          safetensors_item("layer.0.b", b, "F64"),
-                                          safetensors_item("c", c, "F16"),
-                                          safetensors_item("d", d, "BF16")},
-                                         R"({"format":"pt"})"));
+  testing::write_bytes(
+      dir / "m.safetensors",
+      safetensors_bytes({safetensors_item("a", a, "F32"), safetensors_item("layer.0.b", b, "F64"),
+                         safetensors_item("c", c, "F16"), safetensors_item("d", d, "BF16")},
+                        R"({"format":"pt"})"));
   const std::string path = (dir / "m.safetensors").string();
 
   const Tensor ra = read_safetensors_tensor(path, "a");
@@ -64,7 +63,7 @@ TEST(Safetensors, RoundTripsEveryConvertedDtype) {
   EXPECT_EQ(rc.dtype(), DType::kF32);
   EXPECT_LE(testing::max_abs_diff(rc.view(), c.view()), 1.0 / 2048);  // half: 11-bit mantissa
   const Tensor rd = read_tensor(path + ":d");
-  EXPECT_LE(testing::max_abs_diff(rd.view(), d.view()), 1.0 / 256);   // bfloat16: 8 bits
+  EXPECT_LE(testing::max_abs_diff(rd.view(), d.view()), 1.0 / 256);  // bfloat16: 8 bits
 
   const std::vector<SafetensorsEntry> entries = list_safetensors(path);
   ASSERT_EQ(entries.size(), 4u);
@@ -85,9 +84,9 @@ TEST(Safetensors, HalfConversionIsExactForEveryBitPattern) {
     bytes.append(reinterpret_cast<const char*>(&v), 2);
   }
   ScratchDir dir;
-  testing::write_bytes(dir / "h.safetensors",
-                       safetensors_bytes({{"h", "F16", {65536}, bytes, ""},
-                                          {"b", "BF16", {65536}, bytes, ""}}));
+  testing::write_bytes(
+      dir / "h.safetensors",
+      safetensors_bytes({{"h", "F16", {65536}, bytes, ""}, {"b", "BF16", {65536}, bytes, ""}}));
   const Tensor half = read_safetensors_tensor(dir / "h.safetensors", "h");
   const Tensor bf = read_safetensors_tensor(dir / "h.safetensors", "b");
   for (std::uint32_t h = 0; h < 65536; ++h) {
@@ -127,12 +126,11 @@ TEST(Safetensors, ToleratesWhatTheFormatAllows) {
   std::memcpy(data.data(), &one, 4);
   data += std::string("\x01\x00\x01", 3);
   data += std::string(8, '\x07');
-  const std::string header =
-      R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
-      R"("i":{"dtype":"I64","shape":[1],"data_offsets":[7,15]},)"
-      R"("__metadata__":{"format":"pt","note":"x"},)"
-      R"("m":{"dtype":"BOOL","shape":[3],"data_offsets":[4,7]},)"
-      R"("empty":{"dtype":"F16","shape":[0,3],"data_offsets":[4,4]}}    )";
+  const std::string header = R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
+                             R"("i":{"dtype":"I64","shape":[1],"data_offsets":[7,15]},)"
+                             R"("__metadata__":{"format":"pt","note":"x"},)"
+                             R"("m":{"dtype":"BOOL","shape":[3],"data_offsets":[4,7]},)"
+                             R"("empty":{"dtype":"F16","shape":[0,3],"data_offsets":[4,4]}}    )";
   testing::write_bytes(dir / "t.safetensors", raw_file(header, data));
   const auto path = dir / "t.safetensors";
   const Tensor s = read_safetensors_tensor(path, "s");
@@ -250,8 +248,7 @@ std::vector<HostileCase> hostile_cases() {
        raw_file(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", four),
        "end before they begin"},
       {"gap", raw_file("{" + good_entry("a", 4, 8) + "}", eight), "gap of 4 bytes"},
-      {"overlap",
-       raw_file("{" + good_entry("a", 0, 4) + "," + good_entry("b", 2, 6) + "}", eight),
+      {"overlap", raw_file("{" + good_entry("a", 0, 4) + "," + good_entry("b", 2, 6) + "}", eight),
        "overlaps tensor 'a'"},
       {"size_mismatch", raw_file("{" + good_entry("a", 0, 8) + "}", eight), "needs 4 bytes"},
       {"past_end", raw_file("{" + good_entry("a", 0, 4) + "," + good_entry("b", 4, 8) + "}", four),
@@ -264,8 +261,8 @@ std::vector<HostileCase> hostile_cases() {
       {"bytes_overflow",
        raw_file("{" + good_entry("a", 0, 4, "[4611686018427387904,2]") + "}", four),
        "overflows 64 bits"},
-      {"duplicate_name", raw_file("{" + good_entry("a", 0, 4) + "," + good_entry("a", 4, 8) + "}",
-                                  eight),
+      {"duplicate_name",
+       raw_file("{" + good_entry("a", 0, 4) + "," + good_entry("a", 4, 8) + "}", eight),
        "more than once"},
       {"unknown_key",
        raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", four),

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <limits>
 
-#include "qkv/error.h"
 #include "core/memory_budget.h"
+#include "qkv/error.h"
 #include "qkv/io.h"
 
 namespace qkv::cli {
@@ -19,8 +19,8 @@ std::int64_t parse_window_side(const std::string& text, const std::string& whole
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end || value < -1) {
-    throw Error("--window", "expected L,R with integers >= 0 or -1 (unbounded), got '" + whole +
-                                "'");
+    throw Error("--window",
+                "expected L,R with integers >= 0 or -1 (unbounded), got '" + whole + "'");
   }
   return value;
 }
@@ -39,8 +39,8 @@ std::uint64_t physical_memory() {
 
 std::uint64_t parse_memory(const std::string& text) {
   const auto fail = [&]() -> std::uint64_t {
-    throw Error("--max-memory", "expected a size such as 8G, 512MiB, 25% or 0 (no limit), got '" +
-                                    text + "'");
+    throw Error("--max-memory",
+                "expected a size such as 8G, 512MiB, 25% or 0 (no limit), got '" + text + "'");
   };
   if (text == "none" || text == "0") return 0;
   double value = 0;
@@ -52,8 +52,11 @@ std::uint64_t parse_memory(const std::string& text) {
     if (value > 100) return fail();
     return static_cast<std::uint64_t>(static_cast<double>(physical_memory()) * value / 100.0);
   }
-  if (unit.ends_with("iB")) unit.resize(unit.size() - 2);
-  else if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  if (unit.ends_with("iB")) {
+    unit.resize(unit.size() - 2);
+  } else if (unit.size() > 1 && unit.back() == 'B') {
+    unit.pop_back();
+  }
   double scale = 1;
   if (unit.empty() || unit == "B") {
     scale = 1;
@@ -106,7 +109,8 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags) {
                      "L,R: key j allowed iff i+(Nk-Nq)-L <= j <= i+(Nk-Nq)+R; -1 = unbounded");
   flags.scale_option =
       command.add_option("--scale", flags.scale, "multiplies q·k (default 1/sqrt(D); 1: textbook)");
-  command.add_option("--weights", flags.weights_path, "also write the softmax weights [.., Nq, Nk]");
+  command.add_option("--weights", flags.weights_path,
+                     "also write the softmax weights [.., Nq, Nk]");
   command.add_option("--lse", flags.lse_path, "also write the log-sum-exp of the scores [.., Nq]");
   command.add_option("--out-dtype", flags.out_dtype, "dtype of every output")
       ->check(CLI::IsMember({"f32", "f64"}))

@@ -35,7 +35,8 @@ void run_attention(const AttentionCommand& command) {
 void register_attention_command(CLI::App& app) {
   auto command = std::make_shared<AttentionCommand>();
   CLI::App* sub = app.add_subcommand(
-      "attention", "softmax(scale·Q·K^T + mask)·V on given Q, K, V (.npy or FILE.safetensors:NAME)");
+      "attention",
+      "softmax(scale·Q·K^T + mask)·V on given Q, K, V (.npy or FILE.safetensors:NAME)");
   sub->add_option("--q", command->q_path, "queries [B,H,Nq,D], [H,Nq,D] or [Nq,D]")->required();
   sub->add_option("--k", command->k_path, "keys [.., Hkv, Nk, D]; H % Hkv == 0")->required();
   sub->add_option("--v", command->v_path, "values [.., Hkv, Nk, Dv]")->required();

@@ -72,21 +72,23 @@ FusedSplit split_fused(const Tensor& fused, const std::string& spec, std::int64_
                        std::int64_t kv_heads) {
   const Shape& shape = fused.shape();
   if (shape.empty() || shape.size() > 2) {
-    throw Error(spec, "expected a fused weight [d, 3·H·dk] or bias [3·H·dk], got " +
-                          shape_string(shape));
+    throw Error(spec,
+                "expected a fused weight [d, 3·H·dk] or bias [3·H·dk], got " + shape_string(shape));
   }
   const std::int64_t width = shape.back();
   const std::int64_t parts = heads + 2 * kv_heads;
   if (width == 0 || width % parts != 0) {
-    throw Error(spec, "has " + std::to_string(width) + " columns, which do not split into Q, K "
-                      "and V of " + std::to_string(heads) + " + 2 x " + std::to_string(kv_heads) +
-                      " heads of equal width");
+    throw Error(spec, "has " + std::to_string(width) +
+                          " columns, which do not split into Q, K "
+                          "and V of " +
+                          std::to_string(heads) + " + 2 x " + std::to_string(kv_heads) +
+                          " heads of equal width");
   }
   const std::int64_t dk = width / parts;
   const auto block = [&](std::int64_t begin, std::int64_t w, const char* part) {
-    return column_block(fused, begin, w,
-                        spec + "[" + part + ": " + std::to_string(begin) + ":" +
-                            std::to_string(begin + w) + "]");
+    return column_block(
+        fused, begin, w,
+        spec + "[" + part + ": " + std::to_string(begin) + ":" + std::to_string(begin + w) + "]");
   };
   return {block(0, heads * dk, "Q"), block(heads * dk, kv_heads * dk, "K"),
           block((heads + kv_heads) * dk, kv_heads * dk, "V")};
@@ -108,7 +110,9 @@ void run_layer(const LayerCommand& command) {
     throw Error("--wqkv", "gives W^Q, W^K and W^V together; drop --wq, --wk and --wv");
   }
   if (!fused && (command.wq_path.empty() || command.wk_path.empty() || command.wv_path.empty())) {
-    throw Error(command.wq_path.empty() ? "--wq" : command.wk_path.empty() ? "--wk" : "--wv",
+    throw Error(command.wq_path.empty()   ? "--wq"
+                : command.wk_path.empty() ? "--wk"
+                                          : "--wv",
                 "is required (or give the fused projection with --wqkv)");
   }
   if (!command.bqkv_path.empty() &&
@@ -163,10 +167,10 @@ void run_layer(const LayerCommand& command) {
   options.heads = command.heads;
   options.kv_heads = command.kv_heads;
   options.attention = attention_options(command.flags, mask);
-  apply_memory_budget(command.flags,
-                      bytes_of({&x, &wqkv, &wq, &wk, &wv, &wo, &bqkv, &bq, &bk, &bv, &bo, &memory,
-                                &mask}),
-                      options.attention);
+  apply_memory_budget(
+      command.flags,
+      bytes_of({&x, &wqkv, &wq, &wk, &wv, &wo, &bqkv, &bq, &bk, &bv, &bo, &memory, &mask}),
+      options.attention);
   const LayerResult result = within_memory_budget(
       [&] { return multi_head_attention(x->view(), weights, options, view_of(memory)); });
 
