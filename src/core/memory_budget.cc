@@ -12,9 +12,13 @@ namespace qkv::core {
 namespace {
 
 constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
-// The fused kernels' tiles (kernels/fused_common.h): 64 query rows per head, 64 keys.
-constexpr std::uint64_t kTileRows = 64;
+// The fused kernels (kernels/fused_common.h, fused_driver-inl.h): tasks of up to 256 query
+// rows (or one per head of a large group), 64-key tiles, vectors of up to 16 lanes, and packed
+// K^T and V of every (batch, kv head) at once when they fit in 8 Mi floats, else two heads.
+constexpr std::uint64_t kTaskRows = 256;
 constexpr std::uint64_t kKeyTile = 64;
+constexpr std::uint64_t kLanes = 16;
+constexpr std::uint64_t kPackBudgetFloats = std::uint64_t{8} << 20;
 // The unfused kernel declines calls whose n x n float32 matrix exceeds this.
 constexpr std::uint64_t kUnfusedCap = std::uint64_t{2} << 30;
 
@@ -53,15 +57,22 @@ std::uint64_t attention_workspace_bytes(const AttentionShape& shape, int threads
                                         const std::string& kernel) noexcept {
   const std::uint64_t d = u(shape.d), dv = u(shape.dv);
   const std::uint64_t group = shape.hkv > 0 ? u(shape.h / shape.hkv) : 1;
-  const std::uint64_t rows = saturating_mul(group, kTileRows);
-  // Fused: Q, scores and accumulator tiles for `rows` rows, a K^T and a V tile, row states.
-  std::uint64_t fused = saturating_mul(rows, saturating_add(d + dv, kKeyTile + 4));
-  fused = saturating_add(fused, saturating_mul(kKeyTile, d + dv));
-  fused = saturating_mul(fused, 4);
+  const std::uint64_t rows = std::max(kTaskRows, group);
+  const std::uint64_t dvp = dv + kLanes;
+  // Fused, per thread: Q, scores, accumulator and row-state tiles for `rows` rows.
+  const std::uint64_t fused =
+      saturating_mul(saturating_mul(rows, d + dvp + kKeyTile + kLanes + 2), 4);
+  // Fused, shared: the packed K^T and V.
+  const std::uint64_t head_floats =
+      saturating_mul((u(shape.nk) + kKeyTile - 1) / kKeyTile * kKeyTile, d + dvp);
+  const std::uint64_t heads = saturating_mul(u(shape.b), u(shape.hkv));
+  const std::uint64_t all_heads = saturating_mul(heads, head_floats);
+  const std::uint64_t packed = saturating_mul(
+      all_heads <= kPackBudgetFloats ? all_heads : saturating_mul(head_floats, 2), 4);
   // Reference: one row of scores and one accumulator in float64.
   const std::uint64_t reference = saturating_mul(saturating_add(u(shape.nk), dv), 8);
   const std::uint64_t per_thread = std::max(fused, reference);
-  std::uint64_t bytes = saturating_mul(per_thread, u(std::max(threads, 1)));
+  std::uint64_t bytes = saturating_add(saturating_mul(per_thread, u(std::max(threads, 1))), packed);
   if (kernel.empty() || kernel == "unfused_blas") {
     const std::uint64_t scores = saturating_mul(saturating_mul(u(shape.nq), u(shape.nk)), 4);
     if (scores <= kUnfusedCap) {

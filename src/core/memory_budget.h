@@ -3,10 +3,11 @@
 //
 // The estimate is an upper bound on the library's own allocations: the outputs it returns, the
 // intermediates of the layer (projections, the concatenation, converted copies) and the kernel
-// workspace — per thread, the fused kernels' tiles (64 query rows of each head of a group,
-// 64 keys) and the reference kernel's rows, and, when the unfused CBLAS kernel may be chosen,
+// workspace — the fused kernels' packed K^T and V and, per thread, their tiles (256 query rows,
+// 64 keys) or the reference kernel's rows, and, when the unfused CBLAS kernel may be chosen,
 // its nq x nk score matrix (which that kernel caps at 2 GiB). Inputs the caller already holds
-// are not counted.
+// are not counted. The constants mirror the kernels' (src/kernels/fused_common.h); a kernel
+// that grows its workspace should grow this estimate too.
 #pragma once
 
 #include <cstdint>
