@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "core/mask_rule.h"
 #include "qkv/attention.h"
 
 namespace {
