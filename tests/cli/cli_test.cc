@@ -142,6 +142,28 @@ TEST_F(CliTest, MaskScaleAndWindowFlagsReachTheLibrary) {
   EXPECT_EQ(testing::max_abs_diff(out.view(), expected.out.view()), 0.0);
 }
 
+TEST_F(CliTest, CheckReportsErrorsAgainstTheReferenceAndVerboseNamesTheKernel) {
+  const CommandRun run = run_qkv(dir_.path(), {"attention", "--q", "q.npy", "--k", "k.npy", "--v",
+                                               "v.npy", "--out", "o.npy", "--lse", "l.npy",
+                                               "--check"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.out.find("against the float64 reference"), std::string::npos) << run.out;
+  // The reported error is the float32 kernel's real one: small, but read back and bounded.
+  const auto at = run.out.find("out     max abs error ");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const double error = std::stod(run.out.substr(at + 22));
+  EXPECT_LT(error, 1e-5);
+  EXPECT_NE(run.out.find("lse     max abs error"), std::string::npos) << run.out;
+
+  setenv("QKV_VERBOSE", "1", 1);
+  const CommandRun verbose = run_qkv(dir_.path(), {"attention", "--q", "q.npy", "--k", "k.npy",
+                                                   "--v", "v.npy", "--out", "o.npy", "--kernel",
+                                                   "reference"});
+  unsetenv("QKV_VERBOSE");
+  ASSERT_EQ(verbose.status, 0) << verbose.err;
+  EXPECT_NE(verbose.err.find("reference: chosen (--kernel)"), std::string::npos) << verbose.err;
+}
+
 TEST_F(CliTest, BadInputFailsCleanlyAndLeavesExistingOutputsAlone) {
   // An existing output must survive a failed command byte for byte.
   write_npy(dir_ / "o.npy", q_.view(), DType::kF32);

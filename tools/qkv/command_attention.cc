@@ -1,4 +1,6 @@
 // qkv attention: the core operation on given Q, K, V files.
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "cli_common.h"
@@ -11,8 +13,23 @@ namespace {
 
 struct AttentionCommand {
   std::string q_path, k_path, v_path, out_path;
+  bool check = false;
   AttentionFlags flags;
 };
+
+void print_errors(const char* what, const ErrorStats& e) {
+  std::printf("  %-7s max abs error %.3e  max rel error %.3e  (max |reference| %.3e)\n", what,
+              e.max_abs_error, e.max_rel_error, e.max_abs_reference);
+}
+
+// The accuracy report of --check: the chosen kernel against the float64 reference.
+void print_accuracy(const AccuracyReport& report) {
+  std::printf("check: kernel %s against the float64 reference on the same inputs\n",
+              report.kernel.c_str());
+  print_errors("out", report.out);
+  if (report.weights) print_errors("weights", *report.weights);
+  if (report.lse) print_errors("lse", *report.lse);
+}
 
 void run_attention(const AttentionCommand& command) {
   const Tensor q = read_input(command.q_path);
@@ -22,8 +39,15 @@ void run_attention(const AttentionCommand& command) {
   AttentionOptions options = attention_options(command.flags, mask);
   apply_memory_budget(command.flags,
                       q.nbytes() + k.nbytes() + v.nbytes() + (mask ? mask->nbytes() : 0), options);
+  if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
+    std::fputs(explain_kernel_choice(q.view(), k.view(), v.view(), options).c_str(), stderr);
+  }
   const AttentionResult result =
       within_memory_budget([&] { return attention(q.view(), k.view(), v.view(), options); });
+  if (command.check) {
+    print_accuracy(within_memory_budget(
+        [&] { return compare_with_reference(q.view(), k.view(), v.view(), options, result); }));
+  }
 
   std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);
@@ -42,12 +66,15 @@ void register_attention_command(CLI::App& app) {
   sub->add_option("--v", command->v_path, "values [.., Hkv, Nk, Dv]")->required();
   sub->add_option("--out", command->out_path, "output [.., Nq, Dv]")->required();
   add_attention_flags(*sub, command->flags);
+  sub->add_flag("--check", command->check,
+                "also run the float64 reference and print the chosen kernel's max errors");
   sub->footer(
       "Example:\n"
       "  qkv attention --q q.npy --k k.npy --v v.npy --causal --out o.npy --weights w.npy\n"
       "Query head h uses kv head h / (H/Hkv). A row with no allowed key gives zeros and "
       "lse = -inf.\n"
-      "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL).");
+      "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL).\n"
+      "QKV_VERBOSE=1 prints which kernel ran and why the others declined (stderr).");
   sub->callback([command] { run_attention(*command); });
 }
 
