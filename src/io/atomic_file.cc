@@ -39,10 +39,13 @@
 #include <system_error>
 #include <utility>
 
+#include "io/input_file.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
 namespace qkv {
+
+using io::errno_message;
 
 // One staged output. `temp` is empty once it has been renamed into place (or removed).
 struct OutputFiles::Staged {
@@ -144,10 +147,6 @@ class SignalsBlocked {
 // NAME_MAX (255 bytes on common file systems) after the prefix and suffix are added.
 constexpr std::size_t kMaxNameInTemp = 128;
 constexpr int kTempAttempts = 100;
-
-std::string errno_message(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
 
 std::string random_suffix() {
   static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";

@@ -49,11 +49,15 @@
 #include <utility>
 #include <vector>
 
+#include "io/input_file.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
 namespace qkv {
 namespace {
+
+using io::errno_message;
+using io::InputFile;
 
 static_assert(std::endian::native == std::endian::little,
               "qkv reads little-endian safetensors data by copying bytes");
@@ -64,10 +68,6 @@ constexpr std::size_t kMaxRank = 64;
 constexpr std::size_t kQuoteLimit = 60;
 constexpr const char* kSuffix = ".safetensors";
 constexpr const char* kSupported = "qkv reads F32, F64, F16, BF16 and BOOL";
-
-std::string errno_message(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
 
 // Text from the file in single quotes, made safe for a one-line message.
 std::string quote(std::string_view text) {
@@ -111,59 +111,6 @@ std::uint64_t dtype_bits(std::string_view dtype) {
   return 0;
 }
 
-// A file opened for reading, closed on every path out.
-class InputFile {
- public:
-  InputFile(const std::filesystem::path& path, const std::string& subject) : subject_(subject) {
-    do {
-      fd_.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    } while (fd_.fd < 0 && errno == EINTR);
-    if (fd_.fd < 0) throw Error(subject_, "cannot open: " + errno_message(errno));
-    struct stat info {};
-    if (::fstat(fd_.fd, &info) != 0) fail_read(errno);
-    if (S_ISDIR(info.st_mode)) fail_read(EISDIR);
-    if (!S_ISREG(info.st_mode)) throw Error(subject_, "cannot read: not a regular file");
-    size_ = static_cast<std::uint64_t>(info.st_size);
-  }
-  InputFile(const InputFile&) = delete;
-  InputFile& operator=(const InputFile&) = delete;
-
-  std::uint64_t size() const noexcept { return size_; }
-
-  // Reads exactly `count` bytes at `offset`, which the caller has checked lie within size().
-  void read_at(std::uint64_t offset, void* buffer, std::size_t count) const {
-    auto* out = static_cast<char*>(buffer);
-    while (count > 0) {
-      const ssize_t got = ::pread(fd_.fd, out, count, static_cast<off_t>(offset));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        fail_read(errno);
-      }
-      if (got == 0) throw Error(subject_, "cannot read: the file shrank while being read");
-      const auto n = static_cast<std::size_t>(got);
-      out += n;
-      offset += n;
-      count -= n;
-    }
-  }
-
- private:
-  [[noreturn]] void fail_read(int err) const {
-    throw Error(subject_, "cannot read: " + errno_message(err));
-  }
-
-  // Owns the descriptor, so that it is closed also when the constructor throws.
-  struct Descriptor {
-    int fd = -1;
-    ~Descriptor() {
-      if (fd >= 0) ::close(fd);
-    }
-  };
-
-  const std::string& subject_;
-  Descriptor fd_;
-  std::uint64_t size_ = 0;
-};
 
 // Parses the header into entries, refusing anything the format does not allow. Each callback
 // returns false to stop the parser at the first problem, which it records in error().

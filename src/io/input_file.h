@@ -1,0 +1,42 @@
+// Reading an untrusted file: a descriptor closed on every path out, the size known before any
+// header is believed, and every read exact. Shared by the .npy and safetensors readers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace qkv::io {
+
+// The system's text for an errno value ("No such file or directory"), for every io message.
+std::string errno_message(int err);
+
+// A file opened for reading, closed on every path out.
+class InputFile {
+ public:
+  // Opens `path`; errors are qkv::Error with `subject` (which must outlive this object).
+  InputFile(const std::filesystem::path& path, const std::string& subject);
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  std::uint64_t size() const noexcept { return size_; }
+
+  // Reads exactly `count` bytes at `offset`, which the caller has checked lie within size().
+  void read_at(std::uint64_t offset, void* buffer, std::size_t count) const;
+
+ private:
+  [[noreturn]] void fail_read(int err) const;
+
+  // Owns the descriptor, so that it is closed also when the constructor throws.
+  struct Descriptor {
+    int fd = -1;
+    ~Descriptor();
+  };
+
+  const std::string& subject_;
+  Descriptor fd_;
+  std::uint64_t size_ = 0;
+};
+
+}  // namespace qkv::io
