@@ -3,11 +3,8 @@
 //
 // The estimate is an upper bound on the library's own allocations: the outputs it returns, the
 // intermediates of the layer (projections, the concatenation, converted copies) and the kernel
-// workspace — the fused kernels' packed K^T and V and, per thread, their tiles (256 query rows,
-// 64 keys) or the reference kernel's rows, and, when the unfused CBLAS kernel may be chosen,
-// its nq x nk score matrix (which that kernel caps at 2 GiB). Inputs the caller already holds
-// are not counted. The constants mirror the kernels' (src/kernels/fused_common.h); a kernel
-// that grows its workspace should grow this estimate too.
+// workspace, which the kernels estimate themselves (kernels::attention_workspace_bytes in
+// src/kernels/workspace.cc) and pass in. Inputs the caller already holds are not counted.
 #pragma once
 
 #include <cstdint>
@@ -30,17 +27,13 @@ struct MemoryEstimate {
 std::uint64_t saturating_mul(std::uint64_t a, std::uint64_t b) noexcept;
 std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept;
 
-// Workspace of the kernels for an attention call of this shape on `threads` threads;
-// `kernel` is options.kernel (the n x n matrix counts only when unfused_blas may run).
-std::uint64_t attention_workspace_bytes(const AttentionShape& shape, int threads,
-                                        const std::string& kernel) noexcept;
-
 // Bytes of a contiguous tensor of this shape and dtype (saturating).
 std::uint64_t tensor_bytes(const Shape& shape, DType dtype) noexcept;
 
-// What attention() (allocates_outputs) or attention_into() allocates for a validated call.
+// What attention() (allocates_outputs) or attention_into() allocates for a validated call;
+// `workspace` is the kernels' estimate (kernels::attention_workspace_bytes).
 MemoryEstimate attention_memory(const AttentionCall& call, const AttentionOptions& options,
-                                bool allocates_outputs) noexcept;
+                                bool allocates_outputs, std::uint64_t workspace) noexcept;
 
 // The sizes of a multi-head layer call, as multi_head_attention has checked them.
 struct LayerShape {
@@ -54,7 +47,7 @@ struct LayerShape {
 // What multi_head_attention allocates: projections, converted copies, the concatenation, the
 // outputs and the attention workspace.
 MemoryEstimate layer_memory(const LayerShape& shape, const AttentionOptions& options,
-                            int threads) noexcept;
+                            std::uint64_t workspace) noexcept;
 
 // Throws qkv::Error (subject "max_memory") giving the bytes needed and the budget when
 // estimate.total() > budget; budget 0 means no limit. `what` names the call ("attention").

@@ -1,11 +1,12 @@
 // The public attention entry points: validate once, choose a kernel once, run it.
+#include "qkv/attention.h"
+
 #include <string>
 #include <vector>
 
 #include "core/memory_budget.h"
 #include "core/validate.h"
 #include "kernels/kernel.h"
-#include "qkv/attention.h"
 #include "qkv/error.h"
 
 namespace qkv {
@@ -31,6 +32,10 @@ const kernels::AttentionKernel& choose_kernel(const core::AttentionParams& param
   return list.back();  // the reference supports every call
 }
 
+std::uint64_t workspace_bytes(const core::AttentionCall& call, const AttentionOptions& options) {
+  return kernels::attention_workspace_bytes(call.params.shape, call.params.threads, options.kernel);
+}
+
 std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& options,
                          const AttentionOutputs& outputs) {
   core::AttentionParams& params = call.params;
@@ -50,8 +55,9 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
   if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64) {
     throw Error("out_dtype", "must be float32 or float64");
   }
-  core::check_memory_budget(core::attention_memory(call, options, true), options.max_memory,
-                            "attention");
+  core::check_memory_budget(
+      core::attention_memory(call, options, true, workspace_bytes(call, options)),
+      options.max_memory, "attention");
   AttentionResult result;
   result.out = Tensor(options.out_dtype, call.out_shape, "output");
   AttentionOutputs outputs{result.out.mutable_view(), std::nullopt, std::nullopt};
@@ -70,8 +76,9 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
 std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionOptions& options, const AttentionOutputs& outputs) {
   core::AttentionCall call = core::validate_attention(q, k, v, options);
-  core::check_memory_budget(core::attention_memory(call, options, false), options.max_memory,
-                            "attention");
+  core::check_memory_budget(
+      core::attention_memory(call, options, false, workspace_bytes(call, options)),
+      options.max_memory, "attention");
   return bind_and_run(call, options, outputs);
 }
 

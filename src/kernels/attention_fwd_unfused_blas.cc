@@ -40,12 +40,6 @@ extern "C" int openblas_get_num_threads(void) __attribute__((weak));
 namespace qkv::kernels {
 namespace {
 
-// The score workspace above which this kernel declines (the fused kernel has no such limit).
-constexpr double kWorkspaceBudgetBytes = 2.0 * 1024 * 1024 * 1024;
-// Query rows per task: fixed, so that the sgemm calls and hence the bits do not depend on the
-// thread count.
-constexpr std::int64_t kRowBlock = 256;
-
 // A float32 matrix view of operand rows: direct when the operand already is row-major float32
 // with unit column stride, else a packed copy.
 struct Matrix {
@@ -114,10 +108,10 @@ void softmax_rows(float* s, std::int64_t n, std::int64_t ld, std::int64_t rows, 
 
 std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) {
   const core::AttentionShape& s = p.shape;
-  const double bytes = 4.0 * static_cast<double>(std::min(s.nq, kRowBlock)) *
+  const double bytes = 4.0 * static_cast<double>(std::min(s.nq, kUnfusedRowBlock)) *
                        static_cast<double>(s.nk) * std::max(1, p.threads);
-  if (bytes > kWorkspaceBudgetBytes) {
-    return "its score blocks (" + std::to_string(std::min(s.nq, kRowBlock)) + " x nk per thread) " +
+  if (bytes > kUnfusedWorkspaceCapBytes) {
+    return "its score blocks (" + std::to_string(std::min(s.nq, kUnfusedRowBlock)) + " x nk per thread) " +
            "would need " + std::to_string(bytes / (1 << 30)) + " GiB (budget 2 GiB)";
   }
   if (s.nk == 0 || s.dv == 0) return "no keys or no value columns (CBLAS wants ld >= 1)";
@@ -130,7 +124,7 @@ std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) 
 
 void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
   const core::AttentionShape& sh = p.shape;
-  const std::int64_t blocks = (sh.nq + kRowBlock - 1) / kRowBlock;
+  const std::int64_t blocks = (sh.nq + kUnfusedRowBlock - 1) / kUnfusedRowBlock;
   const std::int64_t tasks = sh.b * sh.h * blocks;
   const int nk = static_cast<int>(sh.nk);
   const int d = static_cast<int>(sh.d);
@@ -140,7 +134,7 @@ void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
 
   BlasThreads single_threaded(1);
   core::parallel_for(tasks, p.threads, [&](std::int64_t begin, std::int64_t end) {
-    const std::int64_t rows_max = std::min(kRowBlock, sh.nq);
+    const std::int64_t rows_max = std::min(kUnfusedRowBlock, sh.nq);
     std::vector<float> scores(static_cast<std::size_t>(rows_max * sh.nk));
     std::vector<float> out(static_cast<std::size_t>(rows_max * sh.dv));
     std::vector<float> row_max(static_cast<std::size_t>(rows_max));
@@ -151,8 +145,8 @@ void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
       const std::int64_t h = (task / blocks) % sh.h;
       const std::int64_t b = task / (blocks * sh.h);
       const std::int64_t hk = h / sh.group();
-      const std::int64_t i0 = blk * kRowBlock;
-      const std::int64_t rows = std::min(kRowBlock, sh.nq - i0);
+      const std::int64_t i0 = blk * kUnfusedRowBlock;
+      const std::int64_t rows = std::min(kUnfusedRowBlock, sh.nq - i0);
       view_or_pack(p.q, b, h, i0, rows, sh.d, q);
       view_or_pack(p.k, b, hk, 0, sh.nk, sh.d, k);
       view_or_pack(p.v, b, hk, 0, sh.nk, sh.dv, v);

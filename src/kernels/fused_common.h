@@ -34,6 +34,11 @@ constexpr std::int64_t kKeyTile = 64;
 // d = dv = 128) stay in L2. Measured at n = 8192, d = 128, 1 thread: 103 GFLOP/s with 64-row
 // tasks, 141 with 256. Fewer rows when that would leave fewer than 4 tasks per thread.
 constexpr std::int64_t kTaskRows = 256;
+// Packed K^T and V of every (batch, kv head) at once when they fit in this many floats
+// (32 MiB), else of one head at a time in two alternating slots.
+constexpr std::int64_t kPackBudgetFloats = std::int64_t{8} << 20;
+// The widest vector of floats of any compiled target (AVX-512), for workspace bounds.
+constexpr std::int64_t kMaxLanes = 16;
 
 constexpr float kInfF = std::numeric_limits<float>::infinity();
 

@@ -253,7 +253,6 @@ class FusedWorker {
 // packed operands (32 MiB), plus a few tiles per worker; nothing n x n.
 template <class Micro>
 void run_fused(const core::AttentionParams& p) noexcept {
-  constexpr std::int64_t kPackBudgetFloats = std::int64_t{8} << 20;
   const core::AttentionShape& sh = p.shape;
   const fused::Plan plan = fused::make_plan(sh, p.threads);
   if (plan.tasks == 0) return;
@@ -265,7 +264,7 @@ void run_fused(const core::AttentionParams& p) noexcept {
   const std::int64_t kt_floats = key_tiles * sh.d * fused::kKeyTile;
   const std::int64_t v_floats = v_in_place ? 0 : key_tiles * fused::kKeyTile * dvp;
   const std::int64_t head_floats = kt_floats + v_floats;
-  const bool all_at_once = heads * head_floats <= kPackBudgetFloats;
+  const bool all_at_once = heads * head_floats <= fused::kPackBudgetFloats;
   const std::int64_t chunk = all_at_once ? heads : 1;
   const std::int64_t chunks = heads / chunk;
   fused::Buffer slots[2];

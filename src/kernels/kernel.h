@@ -38,6 +38,19 @@ void attention_fwd_fused_scalar(const core::AttentionParams& params) noexcept;
 std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& params);
 void attention_fwd_unfused_blas(const core::AttentionParams& params) noexcept;
 
+// The unfused kernel's query rows per task: fixed, so that the sgemm calls and hence the bits
+// do not depend on the thread count; and the size of its per-thread score blocks above which it
+// declines.
+inline constexpr std::int64_t kUnfusedRowBlock = 256;
+inline constexpr double kUnfusedWorkspaceCapBytes = 2.0 * 1024 * 1024 * 1024;
+
+// An upper bound on the scratch memory any kernel the call may run allocates for an attention
+// call of this shape on `threads` threads; `kernel` is options.kernel (empty: any). Kept beside
+// the kernels (workspace.cc) so that a kernel that grows its workspace grows this too. Used by
+// the memory budget, which refuses a call before anything is allocated.
+std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int threads,
+                                        const std::string& kernel) noexcept;
+
 // Shared by the float32 kernels: why float32 cannot represent these inputs, or empty.
 std::string float32_declines(const core::AttentionParams& params);
 

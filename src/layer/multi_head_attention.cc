@@ -10,6 +10,7 @@
 #include "core/memory_budget.h"
 #include "core/parallel_for.h"
 #include "core/validate.h"
+#include "kernels/kernel.h"
 #include "layer/projection.h"
 #include "qkv/error.h"
 #include "qkv/layer.h"
@@ -116,8 +117,8 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
                                  const std::optional<TensorView>& memory) {
   // Validation: every shape against the contract, every value finite.
   if (x.rank() != 2 && x.rank() != 3) {
-    throw Error(x.name, "expected [N, d] or [B, N, d] (one sample per row), got " +
-                            str(x.rank()) + " dims " + shape_string(x.shape));
+    throw Error(x.name, "expected [N, d] or [B, N, d] (one sample per row), got " + str(x.rank()) +
+                            " dims " + shape_string(x.shape));
   }
   const bool batched = x.rank() == 3;
   const TensorView& source = memory ? *memory : x;
@@ -191,9 +192,23 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   const int threads = core::resolve_thread_count(options.attention.threads);
 
   // Refused here, before the projections allocate anything, if the whole call cannot fit.
-  const core::LayerShape layer_shape{batch, nq, nk, d, d_m, heads, kv_heads, dk, dv, d_out,
-                                     memory.has_value(), weights.wo.has_value(), compute};
-  core::check_memory_budget(core::layer_memory(layer_shape, options.attention, threads),
+  const core::LayerShape layer_shape{batch,
+                                     nq,
+                                     nk,
+                                     d,
+                                     d_m,
+                                     heads,
+                                     kv_heads,
+                                     dk,
+                                     dv,
+                                     d_out,
+                                     memory.has_value(),
+                                     weights.wo.has_value(),
+                                     compute};
+  const core::AttentionShape attention_shape{batch, heads, kv_heads, nq, nk, dk, dv};
+  const std::uint64_t workspace =
+      kernels::attention_workspace_bytes(attention_shape, threads, options.attention.kernel);
+  core::check_memory_budget(core::layer_memory(layer_shape, options.attention, workspace),
                             options.attention.max_memory, "the layer");
 
   // Projections: [B·N, d] · [d, width] for Q, and from the memory (or X) for K and V.
@@ -215,8 +230,8 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   LayerResult result;
   Tensor concat(compute, {batch * nq, heads * dv}, "concatenated heads");
   AttentionOutputs outputs;
-  outputs.out = head_view<MutableTensorView>(concat.data(), compute, batched, batch, nq, heads,
-                                             dv, concat.name());
+  outputs.out = head_view<MutableTensorView>(concat.data(), compute, batched, batch, nq, heads, dv,
+                                             concat.name());
   Shape score_shape = {heads, nq, nk};
   if (batched) score_shape.insert(score_shape.begin(), batch);
   const DType out_dtype = options.attention.out_dtype;

@@ -1,0 +1,55 @@
+// The kernels' scratch memory, bounded from the shape alone, for the memory budget. Each term
+// follows the allocations of one kernel; change it with the kernel.
+#include <algorithm>
+
+#include "core/memory_budget.h"
+#include "kernels/fused_common.h"
+#include "kernels/kernel.h"
+
+namespace qkv::kernels {
+namespace {
+
+std::uint64_t u(std::int64_t n) noexcept { return n < 0 ? 0 : static_cast<std::uint64_t>(n); }
+
+}  // namespace
+
+std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int threads,
+                                        const std::string& kernel) noexcept {
+  using core::saturating_add;
+  using core::saturating_mul;
+  const std::uint64_t d = u(shape.d), dv = u(shape.dv), nq = u(shape.nq), nk = u(shape.nk);
+  const std::uint64_t workers = u(std::max(threads, 1));
+  const std::uint64_t lanes = u(fused::kMaxLanes), key_tile = u(fused::kKeyTile);
+  const std::uint64_t group = shape.hkv > 0 ? u(shape.h / shape.hkv) : 1;
+
+  // Fused, per worker: the Q, score, accumulator and row-state tiles of one task.
+  const std::uint64_t rows = std::max(u(fused::kTaskRows), group);
+  const std::uint64_t dvp = dv + lanes;
+  const std::uint64_t fused_tiles =
+      saturating_mul(saturating_mul(rows, d + dvp + key_tile + lanes + 2), 4);
+  // Fused, shared: packed K^T and V of every kv head when they fit the pack budget, else two.
+  const std::uint64_t head_floats =
+      saturating_mul((nk + key_tile - 1) / key_tile * key_tile, d + dvp);
+  const std::uint64_t all_heads =
+      saturating_mul(saturating_mul(u(shape.b), u(shape.hkv)), head_floats);
+  const std::uint64_t packed = saturating_mul(
+      all_heads <= u(fused::kPackBudgetFloats) ? all_heads : saturating_mul(head_floats, 2), 4);
+  // Reference, per worker: one row of scores and one accumulator in float64.
+  const std::uint64_t reference = saturating_mul(nk + dv, 8);
+  std::uint64_t bytes =
+      saturating_add(saturating_mul(std::max(fused_tiles, reference), workers), packed);
+
+  if (kernel.empty() || kernel == "unfused_blas") {
+    // Unfused, per worker: a block of scores and outputs, row state, and packed Q, K and V.
+    const std::uint64_t block = std::min(nq, u(kUnfusedRowBlock));
+    std::uint64_t unfused =
+        saturating_mul(saturating_add(saturating_mul(block, nk + dv + 2),
+                                      saturating_mul(block + 2 * nk, std::max(d, dv))),
+                       4);
+    unfused = saturating_mul(unfused, workers);
+    bytes = std::max(bytes, unfused);
+  }
+  return bytes;
+}
+
+}  // namespace qkv::kernels
