@@ -1,9 +1,6 @@
 // End-to-end tests of the qkv executable: exit status, exactly one stderr line on failure,
 // outputs equal to the library's, and no output created or altered by a failed command.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -17,6 +14,7 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
+#include "support/command_runner.h"
 #include "support/test_support.h"
 
 namespace qkv {
@@ -24,52 +22,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CommandRun {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
+using testing::CommandRun;
+using testing::files_in;
+using testing::slurp;
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// Runs `qkv args...` in `dir` with stdout and stderr captured.
 CommandRun run_qkv(const fs::path& dir, const std::vector<std::string>& args) {
-  const fs::path out_file = dir / ".stdout", err_file = dir / ".stderr";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (chdir(dir.c_str()) != 0) _exit(126);
-    const int out = open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int err = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(out, 1);
-    dup2(err, 2);
-    std::vector<char*> argv;
-    std::string program = QKV_CLI_PATH;
-    argv.push_back(program.data());
-    std::vector<std::string> copy = args;
-    for (std::string& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(program.c_str(), argv.data());
-    _exit(127);
-  }
-  int wstatus = 0;
-  waitpid(pid, &wstatus, 0);
-  CommandRun run;
-  run.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
-  run.out = slurp(out_file);
-  run.err = slurp(err_file);
-  fs::remove(out_file);
-  fs::remove(err_file);
-  return run;
-}
-
-std::vector<std::string> files_in(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
-  std::sort(names.begin(), names.end());
-  return names;
+  return testing::run_program(QKV_CLI_PATH, dir, args);
 }
 
 // A failed command: status 1..127, one non-empty stderr line that mentions `mentions`, and the

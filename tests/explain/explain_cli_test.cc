@@ -3,10 +3,7 @@
 //
 // The golden file is tests/explain/builtin_walk_through.golden; after an intended change of
 // the text, regenerate it with QKV_UPDATE_GOLDEN=1 ./test_explain and review the diff.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -17,6 +14,7 @@
 
 #include "qkv/io.h"
 #include "qkv/layer.h"
+#include "support/command_runner.h"
 #include "support/test_support.h"
 
 namespace qkv {
@@ -24,54 +22,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CommandRun {
-  int status = -1;
-  std::string out, err;
-};
+using testing::CommandRun;
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// `qkv args...` run in `dir`; stdout and stderr go to files there and are read back.
-CommandRun qkv(const fs::path& dir, std::vector<std::string> args) {
-  const fs::path out = dir / ".out", err = dir / ".err";
-  const pid_t child = fork();
-  if (child == 0) {
-    if (chdir(dir.c_str()) != 0) _exit(126);
-    dup2(open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), 1);
-    dup2(open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), 2);
-    std::string program = QKV_CLI_PATH;
-    std::vector<char*> argv = {program.data()};
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(program.c_str(), argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(child, &status, 0);
-  CommandRun run{WIFEXITED(status) ? WEXITSTATUS(status) : 128, read_file(out), read_file(err)};
-  fs::remove(out);
-  fs::remove(err);
-  return run;
-}
-
-std::vector<std::string> listing(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
-  std::sort(names.begin(), names.end());
-  return names;
+CommandRun qkv(const fs::path& dir, const std::vector<std::string>& args) {
+  return testing::run_program(QKV_CLI_PATH, dir, args);
 }
 
 void expect_clean_failure(const fs::path& dir, const std::vector<std::string>& args,
                           const std::string& names) {
-  const std::vector<std::string> before = listing(dir);
+  const std::vector<std::string> before = testing::files_in(dir);
   const CommandRun run = qkv(dir, args);
   EXPECT_GE(run.status, 1);
   EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
   EXPECT_NE(run.err.find(names), std::string::npos) << run.err;
-  EXPECT_EQ(listing(dir), before);
+  EXPECT_EQ(testing::files_in(dir), before);
 }
 
 TEST(ExplainCli, BuiltinExampleMatchesTheGolden) {
@@ -83,7 +47,7 @@ TEST(ExplainCli, BuiltinExampleMatchesTheGolden) {
   if (std::getenv("QKV_UPDATE_GOLDEN") != nullptr) {
     std::ofstream(golden, std::ios::binary) << run.out;
   }
-  EXPECT_EQ(run.out, read_file(golden)) << "regenerate with QKV_UPDATE_GOLDEN=1 after review";
+  EXPECT_EQ(run.out, testing::slurp(golden)) << "regenerate with QKV_UPDATE_GOLDEN=1 after review";
 }
 
 TEST(ExplainCli, WritesThePageAndTheSvg) {
@@ -91,9 +55,9 @@ TEST(ExplainCli, WritesThePageAndTheSvg) {
   const CommandRun run = qkv(dir.path(), {"explain", "--html", "page.html", "--svg", "map.svg"});
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_NE(run.out.find("wrote page.html"), std::string::npos);
-  const std::string page = read_file(dir / "page.html");
+  const std::string page = testing::slurp(dir / "page.html");
   EXPECT_NE(page.find("id=\"qkv-data\""), std::string::npos);
-  EXPECT_NE(read_file(dir / "map.svg").find("</svg>"), std::string::npos);
+  EXPECT_NE(testing::slurp(dir / "map.svg").find("</svg>"), std::string::npos);
 }
 
 class ExplainFiles : public ::testing::Test {
@@ -159,7 +123,7 @@ TEST_F(ExplainFiles, BadInputFailsCleanly) {
   expect_clean_failure(dir_.path(),
                        {"explain", "--q", "q.npy", "--k", "k.npy", "--html", "new.html"}, "--v");
   expect_clean_failure(dir_.path(), {"explain", "--causal", "--html", "new.html"}, "--causal");
-  EXPECT_EQ(read_file(page), "an older page");
+  EXPECT_EQ(testing::slurp(page), "an older page");
 }
 
 }  // namespace

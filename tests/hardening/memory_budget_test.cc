@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "hardening/cli_runner.h"
+#include "support/command_runner.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "qkv/io.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "hardening/cli_runner.h"
+#include "support/command_runner.h"
 #include "io/safetensors_builder.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "hardening/cli_runner.h"
+#include "support/command_runner.h"
 #include "qkv/io.h"
 #include "support/test_support.h"
 

@@ -1,4 +1,4 @@
-// Runs the qkv executable as a user would, for the hardening and hostile-file tests: captured
+// Runs the qkv executable as a user would, for every end-to-end test: captured
 // stdout and stderr, the exit status (128 + signal when killed), and the folder's files.
 #pragma once
 
