@@ -133,6 +133,16 @@ Window parse_window(const std::string& text) {
                 parse_window_side(text.substr(comma + 1), text)};
 }
 
+std::optional<Tensor> read_optional(const std::string& spec) {
+  if (spec.empty()) return std::nullopt;
+  return read_input(spec);
+}
+
+std::optional<TensorView> view_of(const std::optional<Tensor>& tensor) {
+  if (!tensor) return std::nullopt;
+  return tensor->view();
+}
+
 std::optional<Tensor> load_mask(const AttentionFlags& flags) {
   if (flags.mask_path.empty()) return std::nullopt;
   return read_input(flags.mask_path);

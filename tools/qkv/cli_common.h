@@ -38,6 +38,10 @@ AttentionOptions attention_options(const AttentionFlags& flags, const std::optio
 // Reads a tensor argument: "FILE.npy" or "FILE.safetensors:NAME".
 Tensor read_input(const std::string& spec);
 
+// An optional tensor argument: nothing for an empty spec.
+std::optional<Tensor> read_optional(const std::string& spec);
+std::optional<TensorView> view_of(const std::optional<Tensor>& tensor);
+
 // The memory budget in bytes that --max-memory sets ("8G", "512MiB", "25%" of physical memory,
 // "0" or "none" for no limit), or by default kDefaultMemoryFraction of the physical memory (or
 // of the cgroup's limit, when lower). Throws qkv::Error naming --max-memory.

@@ -42,16 +42,6 @@ constexpr const char* kConclusions =
     "     can match) and its value (what it gives you) both come from the film's one row, through\n"
     "     W^K and W^V. The key decides how much a film counts; the value is what it brings.\n";
 
-std::optional<Tensor> read_optional(const std::string& path) {
-  if (path.empty()) return std::nullopt;
-  return read_input(path);
-}
-
-std::optional<TensorView> view_of(const std::optional<Tensor>& tensor) {
-  if (!tensor) return std::nullopt;
-  return tensor->view();
-}
-
 std::vector<std::string> read_labels(const std::string& path) {
   if (path.empty()) return {};
   std::ifstream in(path);

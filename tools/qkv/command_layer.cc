@@ -26,16 +26,6 @@ struct LayerCommand {
   AttentionFlags flags;
 };
 
-std::optional<Tensor> read_optional(const std::string& path) {
-  if (path.empty()) return std::nullopt;
-  return read_input(path);
-}
-
-std::optional<TensorView> view_of(const std::optional<Tensor>& tensor) {
-  if (!tensor) return std::nullopt;
-  return tensor->view();
-}
-
 // A weight matrix; with --linear-layout, stored [out, in] and transposed here to [in, out].
 std::optional<Tensor> read_weight(const std::string& spec, bool linear_layout) {
   if (spec.empty()) return std::nullopt;
