@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "core/format_bytes.h"
 #include "qkv/error.h"
 
 namespace qkv::core {
@@ -14,18 +15,9 @@ namespace {
 constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
 std::uint64_t u(std::int64_t n) noexcept { return n < 0 ? 0 : static_cast<std::uint64_t>(n); }
 
+// Sizes in the refusal message: "512 B", else as format_bytes.
 std::string human(std::uint64_t bytes) {
-  constexpr std::array<const char*, 6> kUnits = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double value = static_cast<double>(bytes) / 1024.0;
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < kUnits.size()) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, value < 10.0 ? "%.3g %s" : "%.0f %s", value, kUnits[unit]);
-  return text;
+  return bytes < 1024 ? std::to_string(bytes) + " B" : format_bytes(bytes);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <system_error>
 
 #include "qkv/error.h"
@@ -13,6 +14,29 @@ namespace qkv::io {
 
 std::string errno_message(int err) {
   return std::error_code(err, std::generic_category()).message();
+}
+
+std::string quote_from_file(std::string_view text, char delimiter, std::size_t limit) {
+  std::string out(1, delimiter);
+  std::size_t shown = 0;
+  for (const char c : text) {
+    if (shown++ == limit) {
+      out += "...";
+      break;
+    }
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\\' || c == delimiter) {
+      out += '\\';
+      out += c;
+    } else if (byte >= 0x20 && byte < 0x7f) {
+      out += c;
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(byte));
+      out += escaped;
+    }
+  }
+  return out + delimiter;
 }
 
 InputFile::InputFile(const std::filesystem::path& path, const std::string& subject)

@@ -6,11 +6,17 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 namespace qkv::io {
 
 // The system's text for an errno value ("No such file or directory"), for every io message.
 std::string errno_message(int err);
+
+// `text` read from a file, between `delimiter`s, made safe for a one-line message: the
+// delimiter and backslash escaped, bytes outside printable ASCII as \xNN, at most `limit`
+// characters shown before "...". A hostile file cannot break or colour the line.
+std::string quote_from_file(std::string_view text, char delimiter, std::size_t limit);
 
 // A file opened for reading, closed on every path out.
 class InputFile {

@@ -51,6 +51,7 @@
 #include <system_error>
 #include <utility>
 
+#include "core/format_bytes.h"
 #include "io/input_file.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -58,6 +59,7 @@
 namespace qkv {
 namespace {
 
+using core::format_bytes;
 using io::errno_message;
 using io::InputFile;
 
@@ -83,41 +85,7 @@ std::string quote(std::string_view text) {
   const char delimiter =
       text.find('\'') != std::string_view::npos && text.find('"') == std::string_view::npos ? '"'
                                                                                             : '\'';
-  std::string out(1, delimiter);
-  std::size_t shown = 0;
-  for (const char c : text) {
-    if (shown++ == kQuoteLimit) {
-      out += "...";
-      break;
-    }
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == '\\' || c == delimiter) {
-      out += '\\';
-      out += c;
-    } else if (byte >= 0x20 && byte < 0x7f) {
-      out += c;
-    } else {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(byte));
-      out += escaped;
-    }
-  }
-  return out + delimiter;
-}
-
-// "64 bytes", "3 KiB", "1.5 GiB", "4 TiB".
-std::string format_bytes(std::uint64_t bytes) {
-  if (bytes < 1024) return std::to_string(bytes) + (bytes == 1 ? " byte" : " bytes");
-  constexpr std::array<const char*, 6> kUnits = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double value = static_cast<double>(bytes) / 1024.0;
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < kUnits.size()) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, value < 10.0 ? "%.3g %s" : "%.0f %s", value, kUnits[unit]);
-  return text;
+  return io::quote_from_file(text, delimiter, kQuoteLimit);
 }
 
 // "()", "(5,)", "(2, 3)": the way Python writes a tuple, as NumPy's header does.

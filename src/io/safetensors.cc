@@ -70,28 +70,7 @@ constexpr const char* kSuffix = ".safetensors";
 constexpr const char* kSupported = "qkv reads F32, F64, F16, BF16 and BOOL";
 
 // Text from the file in single quotes, made safe for a one-line message.
-std::string quote(std::string_view text) {
-  std::string out = "'";
-  std::size_t shown = 0;
-  for (const char c : text) {
-    if (shown++ == kQuoteLimit) {
-      out += "...";
-      break;
-    }
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == '\\' || c == '\'') {
-      out += '\\';
-      out += c;
-    } else if (byte >= 0x20 && byte < 0x7f) {
-      out += c;
-    } else {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(byte));
-      out += escaped;
-    }
-  }
-  return out + "'";
-}
+std::string quote(std::string_view text) { return io::quote_from_file(text, '\'', kQuoteLimit); }
 
 std::string str(std::uint64_t n) { return std::to_string(n); }
 
