@@ -136,23 +136,37 @@ struct HwyMicro {
     }
   }
 
+  // The first `vectors` key vectors of the tile: blocks of kKeyVectors, then one narrower block.
   template <int MR>
-  static HWY_INLINE void scores_rows(const float* q, std::int64_t d, const float* kt, float scale,
-                                     float* s, float* row_max) {
+  static HWY_INLINE void scores_rows(const float* q, std::int64_t d, const float* kt,
+                                     std::int64_t vectors, float scale, float* s,
+                                     float* row_max) {
     for (int r = 0; r < MR; ++r) row_max[r] = -fused::kInfF;
     std::int64_t u = 0;
-    for (; u + kKeyVectors <= kTileVectors; u += kKeyVectors) {
+    for (; u + kKeyVectors <= vectors; u += kKeyVectors) {
       scores_block<MR, kKeyVectors>(q, d, kt + u * kLanes, scale, s + u * kLanes, row_max);
     }
-    for (; u < kTileVectors; ++u) {
-      scores_block<MR, 1>(q, d, kt + u * kLanes, scale, s + u * kLanes, row_max);
+    const std::int64_t off = u * kLanes;
+    switch (vectors - u) {
+      case 3:
+        if constexpr (kKeyVectors > 3) scores_block<MR, 3>(q, d, kt + off, scale, s + off, row_max);
+        break;
+      case 2:
+        if constexpr (kKeyVectors > 2) scores_block<MR, 2>(q, d, kt + off, scale, s + off, row_max);
+        break;
+      case 1:
+        scores_block<MR, 1>(q, d, kt + off, scale, s + off, row_max);
+        break;
+      default:
+        break;
     }
   }
 
   static void scores(const float* q, std::int64_t rows, std::int64_t d, const float* kt,
-                     float scale, float* s, float* row_max) noexcept {
+                     std::int64_t keys, float scale, float* s, float* row_max) noexcept {
+    const std::int64_t vectors = (keys + kLanes - 1) / kLanes;
     for_row_blocks(rows, 0, [&]<int MR>(std::int64_t r) {
-      scores_rows<MR>(q + r * d, d, kt, scale, s + r * kTile, row_max + r);
+      scores_rows<MR>(q + r * d, d, kt, vectors, scale, s + r * kTile, row_max + r);
     });
   }
 

@@ -26,17 +26,17 @@ struct ScalarMicro {
   static constexpr std::int64_t kTile = fused::kKeyTile;
 
   static void scores(const float* q, std::int64_t rows, std::int64_t d, const float* kt,
-                     float scale, float* s, float* row_max) noexcept {
+                     std::int64_t keys, float scale, float* s, float* row_max) noexcept {
     for (std::int64_t r = 0; r < rows; ++r) {
       float* row = s + r * kTile;
-      for (std::int64_t j = 0; j < kTile; ++j) row[j] = 0.0f;
+      for (std::int64_t j = 0; j < keys; ++j) row[j] = 0.0f;
       for (std::int64_t c = 0; c < d; ++c) {
         const float qc = q[r * d + c];
         const float* k = kt + c * kTile;
-        for (std::int64_t j = 0; j < kTile; ++j) row[j] += qc * k[j];
+        for (std::int64_t j = 0; j < keys; ++j) row[j] += qc * k[j];
       }
       row_max[r] = -fused::kInfF;
-      for (std::int64_t j = 0; j < kTile; ++j) {
+      for (std::int64_t j = 0; j < keys; ++j) {
         row[j] *= scale;
         row_max[r] = std::max(row_max[r], row[j]);
       }

@@ -177,7 +177,7 @@ void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
         if (p.lse.data != nullptr) {
           const SoftmaxState st{row_max[static_cast<std::size_t>(r)],
                                 row_sum[static_cast<std::size_t>(r)]};
-          core::store_real(p.lse.data, p.lse.dtype, p.lse.strides.at(b, h, i, 0), finish(st).lse);
+          core::store_real(p.lse.data, p.lse.dtype, p.lse.strides.at(b, h, i, 0), log_sum_exp(st));
         }
       }
     }

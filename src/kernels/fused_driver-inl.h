@@ -49,7 +49,8 @@
 //
 // The policy `Micro` supplies the inner loops (all on 64-key rows of S):
 //   kLanes, kRows (the row group the loop nest hands the micro-kernels at a time);
-//   scores(q, rows, d, kt, scale, s, row_max) (S = scale · Q·K^T and each row's max);
+//   scores(q, rows, d, kt, keys, scale, s, row_max) (S = scale · Q·K^T and each row's max, for
+//   at least the first `keys` keys of the tile: later scores may be left as they were);
 //   row_max(s) -> max;
 //   exp_accumulate(s, m, alpha, lsum) (s := exp(s - m); lsum[lane] := alpha · lsum[lane] + the
 //   lane's part of sum_j s_j); exp_scale(s, m, f) (s := exp(s - m) · f);
@@ -124,10 +125,14 @@ class FusedWorker {
         if (j0 >= keys.last || j0 + bk <= keys.first) continue;
         const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
                           fused::tile_fully_allowed(p_.masking, sh, ilo, ihi, j0, j0 + bk);
-        Micro::scores(q_.get() + r0 * sh.d, nr, sh.d, k_tile, scale(),
+        // A tile that the causal/window end crosses is computed only up to the group's last
+        // allowed key: mask_row sets every later score to -inf, so those keys would add
+        // exactly 0 to o and l.
+        const std::int64_t used = std::min(bk, keys.last - j0);
+        Micro::scores(q_.get() + r0 * sh.d, nr, sh.d, k_tile, used, scale(),
                       s_.get() + r0 * fused::kKeyTile, max_.get() + r0);
         for (std::int64_t r = r0; r < r0 + nr; ++r) update_row(t, r, j0, bk, full);
-        Micro::accumulate_pv(s_.get() + r0 * fused::kKeyTile, nr, bk, v_tile, kv.ldv, dvp_,
+        Micro::accumulate_pv(s_.get() + r0 * fused::kKeyTile, nr, used, v_tile, kv.ldv, dvp_,
                              alpha_.get() + r0, o_.get() + r0 * dvp_);
       }
     }
@@ -139,10 +144,10 @@ class FusedWorker {
       for (std::int64_t x = 0; x < Micro::kLanes; ++x) st.sum += lsum[x];
       const std::int64_t h = t.hk * plan_.g + r / per_head;
       const std::int64_t i = t.i0 + r % per_head;
-      const Finished f = finish(st);
-      fused::store_row(p_.out, t.b, h, i, 0, o_.get() + r * dvp_, sh.dv, f.inv_sum);
+      fused::store_row(p_.out, t.b, h, i, 0, o_.get() + r * dvp_, sh.dv, inverse_sum(st));
       if (p_.lse.data != nullptr) {
-        core::store_real(p_.lse.data, p_.lse.dtype, p_.lse.strides.at(t.b, h, i, 0), f.lse);
+        core::store_real(p_.lse.data, p_.lse.dtype, p_.lse.strides.at(t.b, h, i, 0),
+                         log_sum_exp(st));
       }
     }
     if (p_.weights.data != nullptr) write_weights(t, range, kv);
@@ -210,7 +215,7 @@ class FusedWorker {
     for (std::int64_t kt = tile_begin; kt < tile_end; ++kt) {
       const std::int64_t j0 = kt * fused::kKeyTile;
       const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
-      Micro::scores(q_.get(), rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, scale(), s_.get(),
+      Micro::scores(q_.get(), rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, bk, scale(), s_.get(),
                     max_.get());
       const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
                         fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
@@ -218,15 +223,15 @@ class FusedWorker {
         float* s = s_.get() + r * fused::kKeyTile;
         if (!full) masked_max(t, r, j0, bk, s);
         const SoftmaxState& st = state_[static_cast<std::size_t>(r)];
-        const Finished f = finish(st);
+        const float inv_sum = inverse_sum(st);
         if (st.max == -fused::kInfF) {
           std::fill(s, s + fused::kKeyTile, 0.0f);
         } else if (st.max == fused::kInfF) {
           for (std::int64_t j = 0; j < fused::kKeyTile; ++j) {
-            s[j] = s[j] == fused::kInfF ? f.inv_sum : 0.0f;
+            s[j] = s[j] == fused::kInfF ? inv_sum : 0.0f;
           }
         } else {
-          Micro::exp_scale(s, st.max, f.inv_sum);
+          Micro::exp_scale(s, st.max, inv_sum);
         }
         const std::int64_t h = t.hk * plan_.g + r / per_head;
         const std::int64_t i = t.i0 + r % per_head;
@@ -299,15 +304,15 @@ void run_fused(const core::AttentionParams& p) noexcept {
         std::atomic<std::int64_t>& counter = next[static_cast<std::size_t>(c)];
         const std::int64_t tasks = chunk * plan.q_tiles;
         for (std::int64_t t = counter.fetch_add(1); t < tasks; t = counter.fetch_add(1)) {
-          const std::int64_t g = c * chunk + t % chunk;
-          const float* head = base + (t % chunk) * head_floats;
+          const std::int64_t g = c * chunk + t / plan.q_tiles;
+          const float* head = base + (t / plan.q_tiles) * head_floats;
           HeadPack kv{head, head + kt_floats, dvp};
           if (v_in_place) {
             kv.v =
                 static_cast<const float*>(p.v.data) + p.v.strides.at(g / sh.hkv, g % sh.hkv, 0, 0);
             kv.ldv = p.v.strides.row;
           }
-          worker.run(fused::task_at(plan, sh, g, t / chunk), kv);
+          worker.run(fused::task_at(plan, sh, g, t % plan.q_tiles), kv);
         }
       }
     }

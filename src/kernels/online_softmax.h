@@ -54,18 +54,22 @@ inline MergeFactors merge(SoftmaxState& a, const SoftmaxState& b) noexcept {
   return f;
 }
 
-// The finished row: the factor 1/sum for the accumulator (0 for an all-masked row, whose
-// accumulator is zero) and the log-sum-exp.
-struct Finished {
-  float inv_sum = 0.0f;
-  double lse = -std::numeric_limits<double>::infinity();  // in double: max + log(sum) exactly
-};
-
-inline Finished finish(const SoftmaxState& s) noexcept {
+// The finished row's factor 1/sum for the accumulator: 0 for an all-masked row, whose
+// accumulator is zero.
+inline float inverse_sum(const SoftmaxState& s) noexcept {
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  if (s.max == -kInf || s.sum == 0.0f) return {};
-  if (s.max == kInf) return {1.0f / s.sum, static_cast<double>(kInf)};
-  return {1.0f / s.sum, static_cast<double>(s.max) + std::log(static_cast<double>(s.sum))};
+  if (s.max == -kInf || s.sum == 0.0f) return 0.0f;
+  return 1.0f / s.sum;
+}
+
+// The finished row's log-sum-exp, in double so that max + log(sum) keeps log(sum)'s bits when
+// |max| is large; -inf for an all-masked row. Kept apart from inverse_sum because the log is
+// worth skipping when nobody asked for the lse.
+inline double log_sum_exp(const SoftmaxState& s) noexcept {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  if (s.max == -kInf || s.sum == 0.0f) return -std::numeric_limits<double>::infinity();
+  if (s.max == kInf) return static_cast<double>(kInf);
+  return static_cast<double>(s.max) + std::log(static_cast<double>(s.sum));
 }
 
 }  // namespace qkv::kernels
