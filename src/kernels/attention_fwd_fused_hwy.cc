@@ -177,7 +177,7 @@ struct HwyMicro {
     return hn::GetLane(hn::MaxOfLanes(df, m));
   }
 
-  static void exp_accumulate(float* s, float max, float alpha, float* lsum) noexcept {
+  static HWY_INLINE void exp_accumulate(float* s, float max, float alpha, float* lsum) noexcept {
     const D df;
     const V vm = hn::Set(df, max);
     V sum = hn::Zero(df);
@@ -187,6 +187,26 @@ struct HwyMicro {
       sum = hn::Add(sum, e);
     }
     hn::Store(hn::MulAdd(hn::Load(df, lsum), hn::Set(df, alpha), sum), df, lsum);
+  }
+
+  static float exp1(float x) noexcept {
+    const D df;
+    return hn::GetLane(ExpNonPositive(df, hn::Set(df, x)));
+  }
+
+  static void softmax_rows(float* s, std::int64_t rows, const float* tile_max, float* m,
+                           float* alpha, float* lsum) noexcept {
+    const D df;
+    for (std::int64_t r = 0; r < rows; r += kLanes) {
+      const auto live = hn::FirstN(df, static_cast<std::size_t>(std::min(kLanes, rows - r)));
+      const V old = hn::MaskedLoad(live, df, m + r);
+      const V now = hn::Max(old, hn::MaskedLoad(live, df, tile_max + r));
+      hn::BlendedStore(ExpNonPositive(df, hn::Sub(old, now)), live, df, alpha + r);
+      hn::BlendedStore(now, live, df, m + r);
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      exp_accumulate(s + r * kTile, m[r], alpha[r], lsum + r * kLanes);
+    }
   }
 
   static void exp_scale(float* s, float max, float factor) noexcept {

@@ -58,6 +58,18 @@ struct ScalarMicro {
     lsum[0] = lsum[0] * alpha + sum;
   }
 
+  static float exp1(float x) noexcept { return std::exp(x); }
+
+  static void softmax_rows(float* s, std::int64_t rows, const float* tile_max, float* m,
+                           float* alpha, float* lsum) noexcept {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float now = std::max(m[r], tile_max[r]);
+      alpha[r] = std::exp(m[r] - now);
+      m[r] = now;
+      exp_accumulate(s + r * kTile, m[r], alpha[r], lsum + r);
+    }
+  }
+
   static void exp_scale(float* s, float m, float factor) noexcept {
     for (std::int64_t j = 0; j < kTile; ++j) s[j] = std::exp(s[j] - m) * factor;
   }

@@ -52,8 +52,11 @@
 //   scores(q, rows, d, kt, keys, scale, s, row_max) (S = scale · Q·K^T and each row's max, for
 //   at least the first `keys` keys of the tile: later scores may be left as they were);
 //   row_max(s) -> max;
+//   exp1(x) -> exp(x) for x <= 0 or -inf, the scalar exp the vector ones agree with bit for bit;
 //   exp_accumulate(s, m, alpha, lsum) (s := exp(s - m); lsum[lane] := alpha · lsum[lane] + the
-//   lane's part of sum_j s_j); exp_scale(s, m, f) (s := exp(s - m) · f);
+//   lane's part of sum_j s_j); softmax_rows(s, rows, tile_max, m, alpha, lsum) (for `rows`
+//   rows with finite new maxes: m := max(m, tile_max), alpha := exp1(m_old - m), then
+//   exp_accumulate per row); exp_scale(s, m, f) (s := exp(s - m) · f);
 //   accumulate_pv(p, rows, bk, v, ldv, dvp, alpha, o) (V rows ldv apart, o rows dvp apart).
 
 #if defined(QKV_KERNELS_FUSED_DRIVER_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -85,10 +88,11 @@ class FusedWorker {
         o_(fused::make_buffer(plan.max_rows * dvp_)),
         alpha_(fused::make_buffer(plan.max_rows)),
         max_(fused::make_buffer(plan.max_rows)),
-        lsum_(fused::make_buffer(plan.max_rows * Micro::kLanes)),
-        state_(static_cast<std::size_t>(plan.max_rows)) {}
+        m_(fused::make_buffer(plan.max_rows)),
+        sum_(fused::make_buffer(plan.max_rows)),
+        lsum_(fused::make_buffer(plan.max_rows * Micro::kLanes)) {}
 
-  bool ok() const noexcept { return q_ && s_ && o_ && alpha_ && max_ && lsum_; }
+  bool ok() const noexcept { return q_ && s_ && o_ && alpha_ && max_ && m_ && sum_ && lsum_; }
 
   void run(const fused::Task& t, const HeadPack& kv) noexcept {
     const core::AttentionShape& sh = p_.shape;
@@ -99,7 +103,7 @@ class FusedWorker {
                        q_.get() + gh * per_head * sh.d, sh.d);
     }
     std::fill(o_.get(), o_.get() + rows * dvp_, 0.0f);
-    std::fill(state_.begin(), state_.end(), SoftmaxState{});
+    std::fill(m_.get(), m_.get() + rows, -fused::kInfF);
     std::fill(lsum_.get(), lsum_.get() + rows * Micro::kLanes, 0.0f);
 
     const core::KeyRange range = fused::task_key_range(p_.masking, sh, t.i0, t.i1);
@@ -131,17 +135,22 @@ class FusedWorker {
         const std::int64_t used = std::min(bk, keys.last - j0);
         Micro::scores(q_.get() + r0 * sh.d, nr, sh.d, k_tile, used, scale(),
                       s_.get() + r0 * fused::kKeyTile, max_.get() + r0);
-        for (std::int64_t r = r0; r < r0 + nr; ++r) update_row(t, r, j0, bk, full);
+        if (full) {
+          update_group(t, r0, nr, j0, bk);
+        } else {
+          for (std::int64_t r = r0; r < r0 + nr; ++r) update_row(t, r, j0, bk, false);
+        }
         Micro::accumulate_pv(s_.get() + r0 * fused::kKeyTile, nr, used, v_tile, kv.ldv, dvp_,
                              alpha_.get() + r0, o_.get() + r0 * dvp_);
       }
     }
 
     for (std::int64_t r = 0; r < rows; ++r) {
-      SoftmaxState& st = state_[static_cast<std::size_t>(r)];
       const float* lsum = lsum_.get() + r * Micro::kLanes;
-      st.sum = 0.0f;
-      for (std::int64_t x = 0; x < Micro::kLanes; ++x) st.sum += lsum[x];
+      float& sum = sum_.get()[r];
+      sum = 0.0f;
+      for (std::int64_t x = 0; x < Micro::kLanes; ++x) sum += lsum[x];
+      const SoftmaxState st{m_.get()[r], sum};
       const std::int64_t h = t.hk * plan_.g + r / per_head;
       const std::int64_t i = t.i0 + r % per_head;
       fused::store_row(p_.out, t.b, h, i, 0, o_.get() + r * dvp_, sh.dv, inverse_sum(st));
@@ -159,29 +168,60 @@ class FusedWorker {
   float scale() const noexcept { return static_cast<float>(p_.scale); }
 
   // The online-softmax step for row r of the current key tile: mask if needed, merge the
-  // tile's max into the state, P = exp(S - m), running sum, and the factor for o.
+  // tile's max into the running max m, P = exp(S - m), the running sum, and the factor alpha
+  // for o. (merge() of online_softmax.h with the Micro's own exp, which update_group uses too:
+  // a row takes the same bits through either path.)
   void update_row(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk,
                   bool full) noexcept {
     float* s = s_.get() + r * fused::kKeyTile;
     const float tile_max = full ? max_.get()[r] : masked_max(t, r, j0, bk, s);
-    SoftmaxState& st = state_[static_cast<std::size_t>(r)];
+    float& m = m_.get()[r];
+    const float now = std::max(m, tile_max);
+    // rescale_factor(m, now): an all-masked state so far contributes nothing, nor does a
+    // finite one once a score of +inf arrives.
+    float alpha = 0.0f;
+    if (m != -fused::kInfF) {
+      if (m == now) {
+        alpha = 1.0f;
+      } else if (now != fused::kInfF) {
+        alpha = Micro::exp1(m - now);
+      }
+    }
+    m = now;
     // The tile's exponentials are taken against the merged max, so its factor is 1; the
-    // running sum lives in kLanes lanes beside the state (a horizontal sum per row and tile
-    // would cost as much as the exp), each lane adding the tile's partial sum.
-    const float alpha = merge(st, SoftmaxState{std::max(st.max, tile_max), 0.0f}).a;
+    // running sum lives in kLanes lanes per row (a horizontal sum per row and tile would cost
+    // as much as the exp), each lane adding the tile's partial sum.
     float* lsum = lsum_.get() + r * Micro::kLanes;
-    if (st.max == -fused::kInfF) {
+    if (m == -fused::kInfF) {
       std::fill(s, s + fused::kKeyTile, 0.0f);
-    } else if (st.max == fused::kInfF) {
+    } else if (m == fused::kInfF) {
       for (std::int64_t x = 0; x < Micro::kLanes; ++x) lsum[x] *= alpha;
       for (std::int64_t j = 0; j < fused::kKeyTile; ++j) {
         s[j] = s[j] == fused::kInfF ? 1.0f : 0.0f;
         lsum[0] += s[j];
       }
     } else {
-      Micro::exp_accumulate(s, st.max, alpha, lsum);
+      Micro::exp_accumulate(s, m, alpha, lsum);
     }
     alpha_.get()[r] = alpha;
+  }
+
+  // update_row for the rows [r0, r0 + nr) of a tile that needs no masking, in one
+  // Micro::softmax_rows call: the alphas of 16 rows in one vector exp, the exp's constants
+  // loaded once per group, no branches per row. A row whose new max is not finite (a score
+  // that overflowed) sends the group through update_row, which has those cases.
+  void update_group(const fused::Task& t, std::int64_t r0, std::int64_t nr, std::int64_t j0,
+                    std::int64_t bk) noexcept {
+    const float* m = m_.get();
+    const float* tile_max = max_.get();
+    for (std::int64_t r = r0; r < r0 + nr; ++r) {
+      if (!std::isfinite(std::max(m[r], tile_max[r]))) {
+        for (std::int64_t x = r0; x < r0 + nr; ++x) update_row(t, x, j0, bk, true);
+        return;
+      }
+    }
+    Micro::softmax_rows(s_.get() + r0 * fused::kKeyTile, nr, tile_max + r0, m_.get() + r0,
+                        alpha_.get() + r0, lsum_.get() + r0 * Micro::kLanes);
   }
 
   // The per-element path for row r of a tile that the causal/window boundary crosses, that
@@ -222,7 +262,7 @@ class FusedWorker {
       for (std::int64_t r = 0; r < rows; ++r) {
         float* s = s_.get() + r * fused::kKeyTile;
         if (!full) masked_max(t, r, j0, bk, s);
-        const SoftmaxState& st = state_[static_cast<std::size_t>(r)];
+        const SoftmaxState st{m_.get()[r], sum_.get()[r]};
         const float inv_sum = inverse_sum(st);
         if (st.max == -fused::kInfF) {
           std::fill(s, s + fused::kKeyTile, 0.0f);
@@ -243,8 +283,9 @@ class FusedWorker {
   const core::AttentionParams& p_;
   const fused::Plan& plan_;
   std::int64_t dvp_;
-  fused::Buffer q_, s_, o_, alpha_, max_, lsum_;
-  std::vector<SoftmaxState> state_;
+  // Per row: the tile's max (max_), the running max (m_), the factor for o (alpha_), the
+  // running sum in kLanes lanes (lsum_) and its final total (sum_).
+  fused::Buffer q_, s_, o_, alpha_, max_, m_, sum_, lsum_;
 };
 
 // Runs the fused forward pass on exactly min(p.threads, tasks) threads. The (b, kv head) pairs
