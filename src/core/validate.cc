@@ -91,18 +91,64 @@ Strides4 canonical_strides(const Shape& strides) {
   return s;
 }
 
-void require_finite(const TensorView& view) {
-  // Fast path for contiguous float32: an exponent-bits test the compiler vectorises (this scan
-  // runs on every attention call); the element-wise walk below only names a bad element.
-  if (view.dtype == DType::kF32 && view.is_contiguous()) {
-    const float* x = static_cast<const float*>(view.data);
-    const std::int64_t count = view.numel();
-    std::uint32_t bad = 0;
-    for (std::int64_t i = 0; i < count; ++i) {
-      bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(x[i]) & 0x7f800000u) ==
-                                        0x7f800000u);
+namespace {
+
+// Calls row(offset) with the element offset of the start of every innermost row of a view
+// (every index but the last), in C order.
+template <class Row>
+void for_each_row_offset(const TensorView& view, Row row) {
+  const std::size_t rank = view.shape.size();
+  if (rank == 0) {
+    row(std::int64_t{0});
+    return;
+  }
+  const std::int64_t width = view.shape[rank - 1];
+  if (width == 0) return;
+  const std::int64_t rows = view.numel() / width;
+  std::vector<std::int64_t> index(rank - 1, 0);
+  std::int64_t offset = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    row(offset);
+    for (std::size_t axis = rank - 1; axis-- > 0;) {
+      offset += view.strides[axis];
+      if (++index[axis] < view.shape[axis]) break;
+      offset -= view.strides[axis] * view.shape[axis];
+      index[axis] = 0;
     }
-    if (bad == 0) return;
+  }
+}
+
+// True when some element of x[0, count) is an infinity or NaN: an exponent-bits test that the
+// compiler vectorises (no early exit).
+template <class Float, class Bits, Bits kExponent>
+bool any_non_finite(const Float* x, std::int64_t count) noexcept {
+  Bits bad = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    bad |= static_cast<Bits>((std::bit_cast<Bits>(x[i]) & kExponent) == kExponent);
+  }
+  return bad != 0;
+}
+
+}  // namespace
+
+void require_finite(const TensorView& view) {
+  // Fast path for unit column stride (contiguous tensors and column blocks of a wider matrix
+  // alike: this scan runs on every attention call); the element-wise walk below only names a
+  // bad element.
+  const bool real = view.dtype == DType::kF32 || view.dtype == DType::kF64;
+  if (real && (view.rank() == 0 || view.strides.back() == 1)) {
+    bool bad = false;
+    const std::int64_t width = view.rank() == 0 ? 1 : view.shape.back();
+    for_each_row_offset(view, [&](std::int64_t offset) {
+      if (view.dtype == DType::kF32) {
+        bad |= any_non_finite<float, std::uint32_t, 0x7f800000u>(
+            static_cast<const float*>(view.data) + offset, width);
+      } else {
+        bad |= any_non_finite<double, std::uint64_t, 0x7ff0000000000000u>(
+            static_cast<const double*>(view.data) + offset, width);
+      }
+    });
+    if (!bad) return;
   }
   for_each_real(view, [&](double value, std::int64_t flat) {
     if (!std::isfinite(value)) {

@@ -90,6 +90,30 @@ TEST(AttentionApi, NonFiniteInputsAndBadOptionsAreRejected) {
   expect_error(q.view(), k.view(), v.view(), bad_kernel, "kernel no-such", "reference");
 }
 
+TEST(AttentionApi, NonFiniteValuesAreFoundInColumnBlocksAndOnlyThere) {
+  // Heads 0 and 2 of a [N, 3·d] matrix as a strided view [2, N, d] (column blocks 0 and 2):
+  // a non-finite value in block 1 lies outside the view and must not be reported; one inside
+  // is named with the view's flat index, in float32 and float64 alike.
+  for (const DType dtype : {DType::kF32, DType::kF64}) {
+    Tensor wide = rnd({5, 3 * 8}, 1, "wide", dtype);
+    const TensorView q{wide.data(), dtype, {2, 5, 8}, {16, 24, 1}, "q.npy"};
+    const Tensor k = rnd({2, 6, 8}, 2, "k.npy");
+    const Tensor v = rnd({2, 6, 3}, 3, "v.npy");
+    const auto set = [&](std::int64_t element, double value) {
+      if (dtype == DType::kF32) {
+        wide.data_as<float>()[element] = static_cast<float>(value);
+      } else {
+        wide.data_as<double>()[element] = value;
+      }
+    };
+    set(2 * 24 + 8 + 3, std::numeric_limits<double>::infinity());  // row 2, block 1
+    EXPECT_NO_THROW(attention(q, k.view(), v.view()));
+    // View [1, 3, 5] is row 3, column 16 + 5 of the wide matrix; flat index 1·40 + 3·8 + 5.
+    set(3 * 24 + 16 + 5, std::numeric_limits<double>::quiet_NaN());
+    expect_error(q, k.view(), v.view(), {}, "q.npy", "NaN at flat index 69");
+  }
+}
+
 TEST(AttentionApi, StridedColumnBlocksEqualContiguousCopies) {
   // Q and K as head column blocks of [N, H·d] matrices in float64, V contiguous float32.
   const Tensor wide_q = rnd({5, 3 * 8}, 1, "wq", DType::kF64);
