@@ -2,13 +2,21 @@
 // of vector FMAs (enough to cover 4-cycle latency on 2 FMA ports plus headroom) on the best
 // SIMD target, and the achieved flop rate is summed over threads. A measured peak, not a data
 // sheet's: clocks under load and the number of FMA ports are what they are on this machine.
+//
+// Beside it, the ceiling of the fused kernel's micro-kernels: the same FMAs fed from L1 the
+// way q·K^T and P·V feed them (a 6-row x 4-vector accumulator block on AVX-512, per step 4
+// vector loads and 6 broadcast loads, with a 64-step loop and the block stored after it, as
+// for one d = 64 tile). What this reaches is what a micro-kernel can reach with every load
+// hitting L1; the kernel's fraction of the peak is bounded by it.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fma_peak_hwy.cc"
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <vector>
 
 #include "core/parallel_for.h"
+#include "hwy/aligned_allocator.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
 #include "hwy/highway.h"
@@ -35,6 +43,50 @@ double FmaChains(std::int64_t iterations, float* sink) {
   return 2.0 * static_cast<double>(kChains * hn::Lanes(df)) * static_cast<double>(iterations);
 }
 
+// `iterations` times: a kRows x kVectors block of accumulators over 64 steps, each step
+// loading kVectors vectors and broadcasting kRows scalars from a 16 KiB L1-resident buffer
+// (at 16 lanes), then storing the block; returns the flops done.
+double FmaFromL1(std::int64_t iterations, float* sink) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+#if HWY_TARGET <= HWY_AVX3
+  constexpr int kRows = 6;  // as HwyMicro on 32 vector registers
+  constexpr int kVectors = 4;
+#else
+  constexpr int kRows = 4;
+  constexpr int kVectors = 2;
+#endif
+  constexpr std::int64_t kSteps = 64;
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t k_floats = kSteps * kVectors * lanes;
+  auto buffer = hwy::AllocateAligned<float>(static_cast<std::size_t>(k_floats + kRows * kSteps +
+                                                                     kRows * kVectors * lanes));
+  float* k = buffer.get();
+  float* q = k + k_floats;
+  float* out = q + kRows * kSteps;
+  std::fill(k, out, 1e-3f);
+  for (std::int64_t it = 0; it < iterations; ++it) {
+    V acc[kRows][kVectors];
+    for (int r = 0; r < kRows; ++r) {
+      for (int u = 0; u < kVectors; ++u) acc[r][u] = hn::Zero(df);
+    }
+    for (std::int64_t c = 0; c < kSteps; ++c) {
+      V kv[kVectors];
+      for (int u = 0; u < kVectors; ++u) kv[u] = hn::Load(df, k + (c * kVectors + u) * lanes);
+      for (int r = 0; r < kRows; ++r) {
+        const V qr = hn::Set(df, q[r * kSteps + c]);
+        for (int u = 0; u < kVectors; ++u) acc[r][u] = hn::MulAdd(qr, kv[u], acc[r][u]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      for (int u = 0; u < kVectors; ++u) hn::Store(acc[r][u], df, out + (r * kVectors + u) * lanes);
+    }
+  }
+  *sink = out[0];
+  return 2.0 * kRows * kVectors * static_cast<double>(lanes) * kSteps *
+         static_cast<double>(iterations);
+}
+
 }  // namespace qkv::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -42,9 +94,13 @@ HWY_AFTER_NAMESPACE();
 namespace qkv::kernels {
 
 HWY_EXPORT(FmaChains);
+HWY_EXPORT(FmaFromL1);
 
-double measure_fma_peak_gflops(int threads) {
-  constexpr std::int64_t kIterations = 20'000'000;
+namespace {
+
+// The best of 3 rounds of `probe` on every thread at once, summed over threads, in GFLOP/s.
+template <class Probe>
+double best_rate_gflops(int threads, std::int64_t iterations, Probe probe) {
   double best = 0.0;
   for (int round = 0; round < 3; ++round) {
     std::vector<double> rate(static_cast<std::size_t>(threads), 0.0);
@@ -52,8 +108,7 @@ double measure_fma_peak_gflops(int threads) {
     core::parallel_for(threads, threads, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t t = begin; t < end; ++t) {
         const auto start = std::chrono::steady_clock::now();
-        const double flops =
-            HWY_DYNAMIC_DISPATCH(FmaChains)(kIterations, &sink[static_cast<std::size_t>(t)]);
+        const double flops = probe(iterations, &sink[static_cast<std::size_t>(t)]);
         const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
         rate[static_cast<std::size_t>(t)] = flops / took.count() * 1e-9;
       }
@@ -63,6 +118,20 @@ double measure_fma_peak_gflops(int threads) {
     best = std::max(best, sum);
   }
   return best;
+}
+
+}  // namespace
+
+double measure_fma_peak_gflops(int threads) {
+  return best_rate_gflops(threads, 20'000'000, [](std::int64_t iterations, float* sink) {
+    return HWY_DYNAMIC_DISPATCH(FmaChains)(iterations, sink);
+  });
+}
+
+double measure_fma_from_l1_gflops(int threads) {
+  return best_rate_gflops(threads, 200'000, [](std::int64_t iterations, float* sink) {
+    return HWY_DYNAMIC_DISPATCH(FmaFromL1)(iterations, sink);
+  });
 }
 
 }  // namespace qkv::kernels

@@ -65,5 +65,8 @@ std::string simd_target_name(std::int64_t target);
 // The machine's fp32 FMA peak in GFLOP/s on `threads` threads, measured by a short probe
 // (about 0.5 s) on the best SIMD target; 0 in a portable build.
 double measure_fma_peak_gflops(int threads);
+// The same FMAs fed from L1 as the fused kernel's micro-kernels feed them (vector and
+// broadcast loads, a 6 x 4 accumulator block on AVX-512): the ceiling of those kernels.
+double measure_fma_from_l1_gflops(int threads);
 
 }  // namespace qkv::kernels

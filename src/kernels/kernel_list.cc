@@ -29,6 +29,7 @@ void simd_force_target(std::int64_t) {}
 std::string simd_target_name() { return "none (portable build)"; }
 std::string simd_target_name(std::int64_t) { return "none"; }
 double measure_fma_peak_gflops(int) { return 0.0; }
+double measure_fma_from_l1_gflops(int) { return 0.0; }
 #endif
 
 }  // namespace qkv::kernels
