@@ -139,8 +139,7 @@ struct HwyMicro {
   // The first `vectors` key vectors of the tile: blocks of kKeyVectors, then one narrower block.
   template <int MR>
   static HWY_INLINE void scores_rows(const float* q, std::int64_t d, const float* kt,
-                                     std::int64_t vectors, float scale, float* s,
-                                     float* row_max) {
+                                     std::int64_t vectors, float scale, float* s, float* row_max) {
     for (int r = 0; r < MR; ++r) row_max[r] = -fused::kInfF;
     std::int64_t u = 0;
     for (; u + kKeyVectors <= vectors; u += kKeyVectors) {

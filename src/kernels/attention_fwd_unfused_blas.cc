@@ -111,8 +111,9 @@ std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) 
   const double bytes = 4.0 * static_cast<double>(std::min(s.nq, kUnfusedRowBlock)) *
                        static_cast<double>(s.nk) * std::max(1, p.threads);
   if (bytes > kUnfusedWorkspaceCapBytes) {
-    return "its score blocks (" + std::to_string(std::min(s.nq, kUnfusedRowBlock)) + " x nk per thread) " +
-           "would need " + std::to_string(bytes / (1 << 30)) + " GiB (budget 2 GiB)";
+    return "its score blocks (" + std::to_string(std::min(s.nq, kUnfusedRowBlock)) +
+           " x nk per thread) " + "would need " + std::to_string(bytes / (1 << 30)) +
+           " GiB (budget 2 GiB)";
   }
   if (s.nk == 0 || s.dv == 0) return "no keys or no value columns (CBLAS wants ld >= 1)";
   const std::int64_t int_max = std::numeric_limits<int>::max();

@@ -59,8 +59,8 @@ double FmaFromL1(std::int64_t iterations, float* sink) {
   constexpr std::int64_t kSteps = 64;
   const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(df));
   const std::int64_t k_floats = kSteps * kVectors * lanes;
-  auto buffer = hwy::AllocateAligned<float>(static_cast<std::size_t>(k_floats + kRows * kSteps +
-                                                                     kRows * kVectors * lanes));
+  auto buffer = hwy::AllocateAligned<float>(
+      static_cast<std::size_t>(k_floats + kRows * kSteps + kRows * kVectors * lanes));
   float* k = buffer.get();
   float* q = k + k_floats;
   float* out = q + kRows * kSteps;

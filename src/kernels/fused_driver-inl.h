@@ -255,8 +255,8 @@ class FusedWorker {
     for (std::int64_t kt = tile_begin; kt < tile_end; ++kt) {
       const std::int64_t j0 = kt * fused::kKeyTile;
       const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
-      Micro::scores(q_.get(), rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, bk, scale(), s_.get(),
-                    max_.get());
+      Micro::scores(q_.get(), rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, bk, scale(),
+                    s_.get(), max_.get());
       const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
                         fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
       for (std::int64_t r = 0; r < rows; ++r) {

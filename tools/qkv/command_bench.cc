@@ -257,7 +257,8 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--peak-gflops", command->peak_gflops, "use this peak instead of measuring");
   sub->add_flag("--no-baseline", command->no_baseline, "skip the unfused CBLAS baseline");
   sub->add_flag("--json", command->json, "print one JSON object");
-  sub->add_flag("--peak", command->peak_only, "only measure the fp32 FMA peak and the fused micro-kernels' ceiling");
+  sub->add_flag("--peak", command->peak_only,
+                "only measure the fp32 FMA peak and the fused micro-kernels' ceiling");
   sub->footer(
       "Example:\n"
       "  qkv bench --n 4096 --d 64 --heads 8 --causal --threads 2\n"
