@@ -22,8 +22,8 @@
 
 namespace qkv::kernels::fused {
 
-// Keys per tile (BK). 64 keys are 4 AVX-512 vectors: the q·K^T micro-kernel keeps a 4-row x
-// 4-vector block of scores in 16 registers, and one tile's packed K^T (d x 64) and V (64 x dv)
+// Keys per tile (BK). 64 keys are 4 AVX-512 vectors: the q·K^T micro-kernel keeps a 6-row x
+// 4-vector block of scores in 24 registers, and one tile's packed K^T (d x 64) and V (64 x dv)
 // stay within L1/L2 for d <= 128. Larger tiles amortise the per-tile softmax bookkeeping
 // better but push the score tile out of L1.
 constexpr std::int64_t kKeyTile = 64;

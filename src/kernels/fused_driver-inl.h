@@ -8,7 +8,7 @@
 //            query head h reads kv head h / g, g = h / hkv.
 //   tasks    (b, kv head, query tile): bq rows of each of the g query heads that share the kv
 //            head (g·bq ≈ 256 rows), so every K/V tile is packed once for all of them. Tasks own
-//            disjoint output rows, threads take them from an atomic counter, heaviest first:
+//            disjoint output rows, threads take them from an atomic counter (order below):
 //            any thread count and any schedule give the same bits.
 //   packing  K^T in tiles of [d x 64] (and V as [nk x dvp] unless it is float32 with dense
 //            rows and dv a whole number of vectors, then read in place), once per kv
@@ -16,18 +16,24 @@
 //   per task Q tile packed to float32 [rows x d]; per row a softmax state (max m, sum l: l in
 //            kLanes lanes) and an accumulator o [dv] (padded to the vector width, dvp).
 //            for each key tile [j0, j0 + 64) inside the union of the rows' causal/window ranges
-//            (tiles outside it are never touched), group by group of 16 rows:
-//              skip the tile if it lies outside all the group's rows' ranges
-//              S = scale · Q · K^T              micro-kernel, 16 x 64, over any d, with
+//            (tiles outside it are never touched), group by group of 4·kRows rows (24 on
+//            AVX-512):
+//              skip the tile if it lies outside all the group's rows' ranges; on a tile that
+//              the causal/window end crosses, only the keys up to the group's last allowed
+//              one are computed
+//              S = scale · Q · K^T              micro-kernel, 24 x 64, over any d, with
 //                                               each row's max taken in registers
 //              per row: S += mask, -inf where forbidden: only on tiles that the causal/window
 //                       boundary crosses for this group, with an explicit mask, or the short
 //                       last tile
-//                       m' = max(m, max_j S_j);  alpha = exp(m - m') (merge())
+//                       m' = max(m, max_j S_j);  alpha = exp(m - m') (merge()'s rule,
+//                       with the Micro's exp; a whole group at once on unmasked tiles)
 //                       P_j = exp(S_j - m');  l = alpha · l + the tile's sum (lane-wise)
-//              o := alpha · o + P · V           micro-kernel, 16 x dvp, the rescale fused in
+//              o := alpha · o + P · V           micro-kernel, 24 x dvp, the rescale fused in
 //            (the group's scores stay in L1; the K^T and V tiles, 16 KiB each at d = dv = 64,
 //            are reused by 4 register blocks while in L1)
+//   order    without causal/window, head by head (a kv head's K^T and V stay in L2 from one
+//            task to the next); with them, the heaviest query tiles of every head first.
 //            O = o / l, lse = m + log l; a row with no allowed key stays m = -inf, l = 0, o = 0
 //            and is written as zeros with lse = -inf.
 //   weights  (when asked for) a second sweep over the same key tiles recomputes S exactly as
@@ -292,7 +298,7 @@ class FusedWorker {
 // are packed in chunks: all of them at once when their K^T (and V, when it cannot be read in
 // place) fit in kPackBudgetFloats, else one per chunk in two alternating slots. For each chunk,
 // every worker packs its share of the tiles, all meet at a barrier, then they take the chunk's
-// (query tile, head) tasks from a shared counter, heaviest first. With one chunk there is one
+// (query tile, head) tasks from a shared counter in the order below. With one chunk there is one
 // barrier per call; with two slots a worker that ran out of tasks packs the next chunk while
 // the others finish, and the slot it overwrites belonged to the chunk before, all of whose
 // tasks were finished before the previous barrier opened. Memory: at most kPackBudgetFloats of
