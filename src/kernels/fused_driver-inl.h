@@ -26,7 +26,7 @@
 //              per row: S += mask, -inf where forbidden: only on tiles that the causal/window
 //                       boundary crosses for this group, with an explicit mask, or the short
 //                       last tile
-//                       m' = max(m, max_j S_j);  alpha = exp(m - m') (merge()'s rule,
+//                       m' = max(m, max_j S_j);  alpha = exp(m - m') (rescale_factor(),
 //                       with the Micro's exp; a whole group at once on unmasked tiles)
 //                       P_j = exp(S_j - m');  l = alpha · l + the tile's sum (lane-wise)
 //              o := alpha · o + P · V           micro-kernel, 24 x dvp, the rescale fused in
@@ -175,24 +175,15 @@ class FusedWorker {
 
   // The online-softmax step for row r of the current key tile: mask if needed, merge the
   // tile's max into the running max m, P = exp(S - m), the running sum, and the factor alpha
-  // for o. (merge() of online_softmax.h with the Micro's own exp, which update_group uses too:
-  // a row takes the same bits through either path.)
+  // for o (with the Micro's exp, which update_group uses too: a row takes the same bits through
+  // either path).
   void update_row(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk,
                   bool full) noexcept {
     float* s = s_.get() + r * fused::kKeyTile;
     const float tile_max = full ? max_.get()[r] : masked_max(t, r, j0, bk, s);
     float& m = m_.get()[r];
     const float now = std::max(m, tile_max);
-    // rescale_factor(m, now): an all-masked state so far contributes nothing, nor does a
-    // finite one once a score of +inf arrives.
-    float alpha = 0.0f;
-    if (m != -fused::kInfF) {
-      if (m == now) {
-        alpha = 1.0f;
-      } else if (now != fused::kInfF) {
-        alpha = Micro::exp1(m - now);
-      }
-    }
+    const float alpha = rescale_factor(m, now, [](float x) { return Micro::exp1(x); });
     m = now;
     // The tile's exponentials are taken against the merged max, so its factor is 1; the
     // running sum lives in kLanes lanes per row (a horizontal sum per row and tile would cost
