@@ -32,10 +32,10 @@
 //              o := alpha · o + P · V           micro-kernel, 24 x dvp, the rescale fused in
 //            (the group's scores stay in L1; the K^T and V tiles, 16 KiB each at d = dv = 64,
 //            are reused by 4 register blocks while in L1)
-//   order    without causal/window, head by head (a kv head's K^T and V stay in L2 from one
-//            task to the next); with them, the heaviest query tiles of every head first.
 //            O = o / l, lse = m + log l; a row with no allowed key stays m = -inf, l = 0, o = 0
 //            and is written as zeros with lse = -inf.
+//   order    without causal/window, head by head (a kv head's K^T and V stay in L2 from one
+//            task to the next); with them, the heaviest query tiles of every head first.
 //   weights  (when asked for) a second sweep over the same key tiles recomputes S exactly as
 //            above and writes exp(S - m) / l tile by tile: no n x n workspace. The final (m, l)
 //            pair is the log-sum-exp in split form; exp(S - m) / l is used rather than
@@ -92,9 +92,11 @@ class FusedWorker {
         q_(fused::make_buffer(plan.max_rows * p.shape.d)),
         s_(fused::make_buffer(plan.max_rows * fused::kKeyTile)),
         o_(fused::make_buffer(plan.max_rows * dvp_)),
-        alpha_(fused::make_buffer(plan.max_rows)),
-        max_(fused::make_buffer(plan.max_rows)),
-        m_(fused::make_buffer(plan.max_rows)),
+        // One vector of slack: softmax_rows reads these a vector of rows at a time, and
+        // targets without masked loads read the whole vector.
+        alpha_(fused::make_buffer(plan.max_rows + Micro::kLanes)),
+        max_(fused::make_buffer(plan.max_rows + Micro::kLanes)),
+        m_(fused::make_buffer(plan.max_rows + Micro::kLanes)),
         sum_(fused::make_buffer(plan.max_rows)),
         lsum_(fused::make_buffer(plan.max_rows * Micro::kLanes)) {}
 

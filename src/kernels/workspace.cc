@@ -25,8 +25,10 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
   // Fused, per worker: the Q, score, accumulator and row-state tiles of one task.
   const std::uint64_t rows = std::max(u(fused::kTaskRows), group);
   const std::uint64_t dvp = dv + lanes;
-  const std::uint64_t fused_tiles =
-      saturating_mul(saturating_mul(rows, d + dvp + key_tile + lanes + 2), 4);
+  // Per row: Q, o (padded), scores, lane-wise sums and 4 scalars (alpha, tile max, running max,
+  // sum); 3 vectors of slack for the per-row scalars.
+  const std::uint64_t fused_tiles = saturating_mul(
+      saturating_add(saturating_mul(rows, d + dvp + key_tile + lanes + 4), 3 * lanes), 4);
   // Fused, shared: packed K^T and V of every kv head when they fit the pack budget, else two.
   const std::uint64_t head_floats =
       saturating_mul((nk + key_tile - 1) / key_tile * key_tile, d + dvp);
