@@ -1,6 +1,7 @@
 // The only place that checks user input. Everything past it (kernels) trusts the params.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 
 #include "core/params.h"
@@ -32,5 +33,8 @@ Strides4 canonical_strides(const Shape& strides);
 
 // Throws qkv::Error naming `view` if any element is NaN or infinite.
 void require_finite(const TensorView& view);
+// The same for several views, the first bad one (in the order given) named; large views are
+// scanned on up to `threads` threads, with the same result for any count.
+void require_finite(std::initializer_list<const TensorView*> views, int threads);
 
 }  // namespace qkv::core

@@ -114,6 +114,50 @@ TEST(AttentionApi, NonFiniteValuesAreFoundInColumnBlocksAndOnlyThere) {
   }
 }
 
+TEST(AttentionApi, TheThreadedScanNamesTheSameFirstBadValueForAnyThreadCount) {
+  // Q, K and V large enough that the finiteness scan splits their rows between up to three
+  // threads (with two, the split falls inside K, at its head 1, row 350), as column blocks of [N, 131] matrices whose last three
+  // columns are NaN: the scan must read exactly the view's rows, and the first bad view in
+  // the order Q, K, V is named with its own flat index, whatever the thread count.
+  constexpr std::int64_t kHeads = 3, kRows = 700, kCols = 128, kStride = 131;
+  const auto wide = [&](std::uint64_t seed) {
+    Tensor t = rnd({kHeads * kRows, kStride}, seed, "wide");
+    for (std::int64_t r = 0; r < kHeads * kRows; ++r) {
+      for (std::int64_t c = kCols; c < kStride; ++c) {
+        t.data_as<float>()[r * kStride + c] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+    return t;
+  };
+  Tensor wq = wide(1), wk = wide(2), wv = wide(3);
+  const Shape shape{kHeads, kRows, kCols};
+  const Shape strides{kRows * kStride, kStride, 1};
+  const TensorView q{wq.data(), DType::kF32, shape, strides, "q.npy"};
+  const TensorView k{wk.data(), DType::kF32, shape, strides, "k.npy"};
+  const TensorView v{wv.data(), DType::kF32, shape, strides, "v.npy"};
+  for (const int threads : {1, 3}) {
+    AttentionOptions o;
+    o.threads = threads;
+    EXPECT_NO_THROW(attention(q, k, v, o)) << threads << " threads";
+  }
+  // K's element [2, 350, 5], and a later one in V: K is named, at its own flat index.
+  wk.data_as<float>()[(2 * kRows + 350) * kStride + 5] = std::numeric_limits<float>::infinity();
+  wv.data_as<float>()[(1 * kRows + 10) * kStride + 7] = std::numeric_limits<float>::quiet_NaN();
+  const std::string index = std::to_string((2 * kRows + 350) * kCols + 5);
+  for (const int threads : {1, 2, 3, 8}) {
+    AttentionOptions o;
+    o.threads = threads;
+    expect_error(q, k, v, o, "k.npy", "an infinity at flat index " + index);
+  }
+  // V alone: its value in the first chunk is found too.
+  wk.data_as<float>()[(2 * kRows + 350) * kStride + 5] = 0.0f;
+  for (const int threads : {1, 2, 3, 8}) {
+    AttentionOptions o;
+    o.threads = threads;
+    expect_error(q, k, v, o, "v.npy", "NaN at flat index " + std::to_string(710 * kCols + 7));
+  }
+}
+
 TEST(AttentionApi, StridedColumnBlocksEqualContiguousCopies) {
   // Q and K as head column blocks of [N, H·d] matrices in float64, V contiguous float32.
   const Tensor wide_q = rnd({5, 3 * 8}, 1, "wq", DType::kF64);
