@@ -116,9 +116,10 @@ TEST(AttentionApi, NonFiniteValuesAreFoundInColumnBlocksAndOnlyThere) {
 
 TEST(AttentionApi, TheThreadedScanNamesTheSameFirstBadValueForAnyThreadCount) {
   // Q, K and V large enough that the finiteness scan splits their rows between up to three
-  // threads (with two, the split falls inside K, at its head 1, row 350), as column blocks of [N, 131] matrices whose last three
-  // columns are NaN: the scan must read exactly the view's rows, and the first bad view in
-  // the order Q, K, V is named with its own flat index, whatever the thread count.
+  // threads (with two, the split falls inside K, at its head 1, row 350), as column blocks of
+  // [N, 131] matrices whose last three columns are NaN: the scan must read exactly the view's
+  // rows, and the first bad view in the order Q, K, V is named with its own flat index,
+  // whatever the thread count.
   constexpr std::int64_t kHeads = 3, kRows = 700, kCols = 128, kStride = 131;
   const auto wide = [&](std::uint64_t seed) {
     Tensor t = rnd({kHeads * kRows, kStride}, seed, "wide");
