@@ -6,6 +6,7 @@
 
 #include "core/memory_budget.h"
 #include "core/validate.h"
+#include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
 #include "qkv/error.h"
 
@@ -43,6 +44,7 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
   if (outputs.weights) core::bind_output(params.weights, *outputs.weights, call.weights_shape);
   if (outputs.lse) core::bind_output(params.lse, *outputs.lse, call.lse_shape, false);
   const kernels::AttentionKernel& kernel = choose_kernel(params, options.kernel);
+  kernels::single_threaded_blas();  // whichever kernel runs: OpenBLAS's idle pool spins
   kernel.run(params);
   return std::string(kernel.name);
 }

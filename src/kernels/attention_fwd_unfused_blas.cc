@@ -14,8 +14,8 @@
 // sharing of K/V between the heads of a group.
 //
 // Threads: exactly params.threads of ours, each running single-threaded sgemm calls on its own
-// tasks; OpenBLAS is set to one thread for the duration (through a weak symbol, so any CBLAS
-// links) and the previous count put back. No hidden threads beyond --threads, no data handed
+// tasks; OpenBLAS runs on one thread with its pool joined (blas_threads.h: weak symbols, so
+// any CBLAS links). No hidden threads beyond --threads, no data handed
 // between threads (ThreadSanitizer cannot see inside OpenBLAS's own pool), and since the row
 // blocks do not depend on the thread count, neither do the bits. With one (b, h) and fewer
 // than 256·threads rows, fewer tasks than threads: this kernel is for the many-heads case.
@@ -30,12 +30,12 @@
 
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
+#include "kernels/blas_threads.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 #include "kernels/softmax_rows.h"
 
-extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
-extern "C" int openblas_get_num_threads(void) __attribute__((weak));
+extern "C" char* openblas_get_corename(void) __attribute__((weak));
 
 namespace qkv::kernels {
 namespace {
@@ -63,24 +63,13 @@ void view_or_pack(const core::InputOperand& op, std::int64_t b, std::int64_t h, 
   m.ld = static_cast<int>(cols);
 }
 
-class BlasThreads {
- public:
-  explicit BlasThreads(int threads) {
-    if (openblas_set_num_threads == nullptr) return;
-    previous_ = openblas_get_num_threads != nullptr ? openblas_get_num_threads() : 0;
-    openblas_set_num_threads(threads);
-  }
-  ~BlasThreads() {
-    if (openblas_set_num_threads != nullptr && previous_ > 0) openblas_set_num_threads(previous_);
-  }
-  BlasThreads(const BlasThreads&) = delete;
-  BlasThreads& operator=(const BlasThreads&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 }  // namespace
+
+std::string blas_core_name() {
+  if (openblas_get_corename == nullptr) return "";
+  const char* name = openblas_get_corename();
+  return name == nullptr ? "" : name;
+}
 
 #if !QKV_HAVE_HWY
 // The portable build's softmax_rows.
@@ -133,7 +122,7 @@ void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
   const float scale = static_cast<float>(p.scale);
   const bool masked = p.masking.has_structure() || p.masking.mask != nullptr;
 
-  BlasThreads single_threaded(1);
+  single_threaded_blas();
   core::parallel_for(tasks, p.threads, [&](std::int64_t begin, std::int64_t end) {
     const std::int64_t rows_max = std::min(kUnfusedRowBlock, sh.nq);
     std::vector<float> scores(static_cast<std::size_t>(rows_max * sh.nk));

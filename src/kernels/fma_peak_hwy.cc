@@ -20,6 +20,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
 #include "hwy/highway.h"
+#include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -101,6 +102,7 @@ namespace {
 // The best of 3 rounds of `probe` on every thread at once, summed over threads, in GFLOP/s.
 template <class Probe>
 double best_rate_gflops(int threads, std::int64_t iterations, Probe probe) {
+  single_threaded_blas();  // OpenBLAS's spinning pool would take a core from the probe
   double best = 0.0;
   for (int round = 0; round < 3; ++round) {
     std::vector<double> rate(static_cast<std::size_t>(threads), 0.0);

@@ -2,14 +2,13 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
+#include "core/parallel_for.h"
+#include "kernels/blas_threads.h"
 #include "qkv/error.h"
-
-// OpenBLAS's thread control, when the CBLAS in use is OpenBLAS; any other CBLAS leaves the
-// symbol null and runs as it is configured.
-extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
 
 namespace qkv::layer {
 namespace {
@@ -20,6 +19,10 @@ blasint blas_int(std::int64_t n, const std::string& name) {
   }
   return static_cast<blasint>(n);
 }
+
+// Rows per GEMM task: fixed, so the split (and the bits) do not depend on the thread count,
+// and large enough that each single-threaded GEMM runs at full speed.
+constexpr std::int64_t kRowsPerTask = 256;
 
 }  // namespace
 
@@ -41,18 +44,28 @@ Tensor project(const Tensor& in, const Tensor& w, const Tensor& bias, int thread
     }
   }
   if (n_in == 0) return out;
-  if (openblas_set_num_threads != nullptr) openblas_set_num_threads(threads);
-
-  const blasint m = blas_int(rows, name);
+  // Row blocks on qkv's own threads, each a single-threaded GEMM (kernels/blas_threads.h:
+  // OpenBLAS's pool would add threads beyond `threads`).
+  kernels::single_threaded_blas();
   const blasint k = blas_int(n_in, name);
   const blasint n = blas_int(n_out, name);
-  if (in.dtype() == DType::kF64) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, in.data_as<double>(), k,
-                w.data_as<double>(), n, has_bias ? 1.0 : 0.0, out.data_as<double>(), n);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, in.data_as<float>(), k,
-                w.data_as<float>(), n, has_bias ? 1.0f : 0.0f, out.data_as<float>(), n);
-  }
+  blas_int(rows, name);
+  const std::int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+  core::parallel_for(tasks, threads, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t task = begin; task < end; ++task) {
+      const std::int64_t r0 = task * kRowsPerTask;
+      const auto m = static_cast<blasint>(std::min(kRowsPerTask, rows - r0));
+      if (in.dtype() == DType::kF64) {
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0,
+                    in.data_as<double>() + r0 * n_in, k, w.data_as<double>(), n,
+                    has_bias ? 1.0 : 0.0, out.data_as<double>() + r0 * n_out, n);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f,
+                    in.data_as<float>() + r0 * n_in, k, w.data_as<float>(), n,
+                    has_bias ? 1.0f : 0.0f, out.data_as<float>() + r0 * n_out, n);
+      }
+    }
+  });
   return out;
 }
 

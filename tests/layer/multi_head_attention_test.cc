@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <optional>
 
 #include "qkv/error.h"
@@ -129,6 +130,38 @@ TEST(MultiHeadAttention, Float32PathMatchesFloat64WithinFloat32Accuracy) {
   o.attention.out_dtype = DType::kF64;
   const LayerResult dbl = multi_head_attention(x.view(), w, o);
   EXPECT_LT(testing::max_abs_diff(single.out.view(), dbl.out.view()), 2e-6);
+}
+
+// Threads of this process now (Linux: /proc/self/task).
+int process_threads() {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)entry;
+    ++count;
+  }
+  return count;
+}
+
+TEST(MultiHeadAttention, LeavesNoThreadBehindNotEvenOpenBlasPool) {
+  // The layer's projections (CBLAS) and both BLAS-free and BLAS kernels on 2 threads: when the
+  // call returns, only this thread is left. OpenBLAS's pthread build keeps a pool of one
+  // thread per core that spins after each threaded call (kernels/blas_threads.h), which would
+  // show here as a second thread on any machine with more than one core.
+  const Tensor x = rnd({600, 32}, 30, "x", DType::kF32);
+  const Tensor wq = rnd({32, 32}, 31, "wq", DType::kF32);
+  const Tensor wk = rnd({32, 32}, 32, "wk", DType::kF32);
+  const Tensor wv = rnd({32, 32}, 33, "wv", DType::kF32);
+  const LayerWeights w{wq.view(), wk.view(), wv.view()};
+  for (const char* kernel : {"", "unfused_blas"}) {
+    LayerOptions o;
+    o.heads = 4;
+    o.attention.threads = 2;
+    o.attention.kernel = kernel;
+    const LayerResult r = multi_head_attention(x.view(), w, o);
+    EXPECT_EQ(process_threads(), 1) << "after the layer with kernel '" << kernel << "'";
+    const Tensor y = linear(x.view(), wq.view(), std::nullopt);
+    EXPECT_EQ(process_threads(), 1) << "after linear()";
+  }
 }
 
 void expect_layer_error(const TensorView& x, const LayerWeights& w, const LayerOptions& o,

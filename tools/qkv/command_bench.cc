@@ -124,6 +124,10 @@ void print_json_timing(const char* key, const Timing& t, double peak) {
       peak > 0 ? t.gflops / peak : 0.0, t.peak_rss_mib);
 }
 
+// OpenBLAS 0.3.21 runs its SSE3 "Prescott" kernels on x86 CPUs newer than it knows (seen here
+// on a Xeon of family 6, model 207): a baseline several times slower than OpenBLAS can be.
+bool blas_core_is_fallback(const std::string& core) { return core == "Prescott"; }
+
 void run_bench(BenchCommand c) {
   const int threads = core::resolve_thread_count(c.threads);
   c.threads = threads;
@@ -134,8 +138,9 @@ void run_bench(BenchCommand c) {
     if (c.json) {
       std::printf(
           "{\"threads\": %d, \"simd_target\": \"%s\", \"peak_gflops\": %.2f, "
-          "\"l1_fed_gflops\": %.2f}\n",
-          threads, kernels::simd_target_name().c_str(), peak, l1_fed);
+          "\"l1_fed_gflops\": %.2f, \"openblas_core\": \"%s\"}\n",
+          threads, kernels::simd_target_name().c_str(), peak, l1_fed,
+          kernels::blas_core_name().c_str());
     } else {
       std::printf("fp32 FMA peak: %.1f GFLOP/s on %d thread(s) (%s)\n", peak, threads,
                   kernels::simd_target_name().c_str());
@@ -184,18 +189,19 @@ void run_bench(BenchCommand c) {
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   const char* l2 = std::getenv("OPENBLAS_L2_SIZE");
   const bool blas_env = coretype != nullptr || l2 != nullptr;
+  const std::string blas_core = kernels::blas_core_name();
 
   if (c.json) {
     std::printf(
         "{\n  \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, \"heads\": %lld, "
         "\"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d,\n"
         "  \"simd_target\": \"%s\", \"peak_gflops\": %.2f, \"useful_gflop\": %.4f, "
-        "\"inputs_outputs_mib\": %.1f, \"openblas_env_set\": %s,\n",
+        "\"inputs_outputs_mib\": %.1f, \"openblas_env_set\": %s, \"openblas_core\": \"%s\",\n",
         static_cast<long long>(c.n), static_cast<long long>(c.nk), static_cast<long long>(c.d),
         static_cast<long long>(c.dv), static_cast<long long>(c.heads),
         static_cast<long long>(c.kv_heads), static_cast<long long>(c.batch),
         c.causal ? "true" : "false", threads, kernels::simd_target_name().c_str(), peak,
-        flops * 1e-9, input_output_mib, blas_env ? "true" : "false");
+        flops * 1e-9, input_output_mib, blas_env ? "true" : "false", blas_core.c_str());
     print_json_timing("chosen", main, peak);
     if (base) {
       std::printf(",\n");
@@ -228,6 +234,14 @@ void run_bench(BenchCommand c) {
     std::printf("speedup vs baseline: %.2fx\n", base->ms / main.ms);
   } else if (!base_note.empty()) {
     std::printf("baseline: not run (%s)\n", base_note.c_str());
+  }
+  if (base && !blas_core.empty())
+    std::printf("baseline's OpenBLAS kernels: %s\n", blas_core.c_str());
+  if (base && blas_core_is_fallback(blas_core)) {
+    std::printf(
+        "note: that is OpenBLAS's SSE3 fallback for a CPU it does not know; "
+        "OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2) picks its fast kernels "
+        "(bench/run_grid.sh does so)\n");
   }
   if (blas_env) {
     std::printf(

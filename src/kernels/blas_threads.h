@@ -1,0 +1,18 @@
+// OpenBLAS's own threads, kept out of qkv's way. Debian's default OpenBLAS (the pthread build)
+// starts a pool of one thread per core when it is loaded, and its pool threads spin for about
+// 2^28 cycles (~0.1 s) after start-up and after every threaded call or change of thread count
+// before they sleep. Measured with `qkv bench --n 256 --d 64 --heads 2 --threads 1
+// --no-baseline`: the process CPU time was twice the wall time over the first 50 calls, a
+// second core taken by a thread nobody asked for (and from a second qkv thread at
+// --threads 2). qkv runs every BLAS call on its own threads (core::parallel_for), so OpenBLAS
+// is set to one thread and its pool joined, once per process; it then starts no thread.
+#pragma once
+
+namespace qkv::kernels {
+
+// The first call in a process sets OpenBLAS to one thread and joins its pool (its fork-safety
+// shutdown, blas_thread_shutdown_); later calls do nothing. A no-op for any other CBLAS.
+// Called by the attention entry points and the layer's projections before any BLAS call.
+void single_threaded_blas() noexcept;
+
+}  // namespace qkv::kernels
