@@ -46,17 +46,17 @@ inline std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept {
   return (n + m - 1) / m * m;
 }
 
-// A 64-byte aligned, zeroed float buffer.
+// A 64-byte aligned float buffer, zeroed unless the caller writes every element it reads.
 struct FreeDeleter {
   void operator()(float* p) const noexcept { std::free(p); }
 };
 using Buffer = std::unique_ptr<float[], FreeDeleter>;
 
-inline Buffer make_buffer(std::int64_t count) noexcept {
+inline Buffer make_buffer(std::int64_t count, bool zeroed = true) noexcept {
   const std::size_t bytes =
       static_cast<std::size_t>(round_up(std::max<std::int64_t>(count, 1) * 4, 64));
   auto* p = static_cast<float*>(std::aligned_alloc(64, bytes));
-  if (p != nullptr) std::memset(p, 0, bytes);
+  if (p != nullptr && zeroed) std::memset(p, 0, bytes);
   return Buffer(p);
 }
 
@@ -149,12 +149,28 @@ inline void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t
 }
 
 // dst[c * dst_stride + r] = operand[b, h, row0 + r, c]: K transposed, so that the q·K^T
-// micro-kernel reads a contiguous vector of keys for each head-dimension index c.
+// micro-kernel reads a contiguous vector of keys for each head-dimension index c. Float32 rows
+// with unit column stride go 16 rows at a time, column by column: each column's 16 values are
+// one cache line of dst (row by row, every value landed on another line of dst).
 inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::int64_t h,
                             std::int64_t row0, std::int64_t rows, std::int64_t cols, float* dst,
                             std::int64_t dst_stride) noexcept {
   const core::Strides4& st = op.strides;
-  for (std::int64_t r = 0; r < rows; ++r) {
+  std::int64_t r = 0;
+  if (op.dtype == DType::kF32 && st.col == 1) {
+    constexpr std::int64_t kBlock = 16;
+    const float* in[kBlock];
+    for (; r + kBlock <= rows; r += kBlock) {
+      for (std::int64_t x = 0; x < kBlock; ++x) {
+        in[x] = static_cast<const float*>(op.data) + st.at(b, h, row0 + r + x, 0);
+      }
+      for (std::int64_t c = 0; c < cols; ++c) {
+        float* out = dst + c * dst_stride + r;
+        for (std::int64_t x = 0; x < kBlock; ++x) out[x] = in[x][c];
+      }
+    }
+  }
+  for (; r < rows; ++r) {
     const std::int64_t base = st.at(b, h, row0 + r, 0);
     if (op.dtype == DType::kF32) {
       const float* in = static_cast<const float*>(op.data) + base;

@@ -26,8 +26,9 @@
 //              per row: S += mask, -inf where forbidden: only on tiles that the causal/window
 //                       boundary crosses for this group, with an explicit mask, or the short
 //                       last tile
-//                       m' = max(m, max_j S_j);  alpha = exp(m - m') (rescale_factor(),
-//                       with the Micro's exp; a whole group at once on unmasked tiles)
+//                       m' = max(m, max_j S_j);  alpha = exp(m - m') (the group's alphas in
+//                       one vector exp; rescale_factor() with the Micro's exp per row only
+//                       while a row's max is not finite)
 //                       P_j = exp(S_j - m');  l = alpha · l + the tile's sum (lane-wise)
 //              o := alpha · o + P · V           micro-kernel, 24 x dvp, the rescale fused in
 //            (the group's scores stay in L1; the K^T and V tiles, 16 KiB each at d = dv = 64,
@@ -47,7 +48,8 @@
 // Each tile's sum is formed over its 64 keys (4 per lane) before it enters l (a long row summed
 // one element at a time loses accuracy at nk = 65536).
 //
-// Memory: per worker the Q, S and o tiles, 256 (d + 64 + dv) floats; shared, the packed K^T
+// Memory: per worker the Q (unless read in place), S and o tiles, 256 (d + 64 + dv) floats;
+// shared, the packed K^T
 // (and V when it cannot be read in place) of all kv heads if that fits 32 MiB, else of two.
 // No n x n buffer anywhere. Traffic: K and V are converted/transposed once per kv head, then
 // each K/V tile is read (from L2/L3) once per query task, nq / bq times per kv head; each Q and
@@ -89,7 +91,9 @@ class FusedWorker {
       : p_(p),
         plan_(plan),
         dvp_(fused::round_up(p.shape.dv, Micro::kLanes)),
-        q_(fused::make_buffer(plan.max_rows * p.shape.d)),
+        q_in_place_(plan.g == 1 && p.q.dtype == DType::kF32 && p.q.strides.col == 1 &&
+                    p.q.strides.row == p.shape.d),
+        q_(fused::make_buffer(q_in_place_ ? 0 : plan.max_rows * p.shape.d)),
         s_(fused::make_buffer(plan.max_rows * fused::kKeyTile)),
         o_(fused::make_buffer(plan.max_rows * dvp_)),
         // One vector of slack: softmax_rows reads these a vector of rows at a time, and
@@ -106,9 +110,16 @@ class FusedWorker {
     const core::AttentionShape& sh = p_.shape;
     const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t rows = plan_.g * per_head;
-    for (std::int64_t gh = 0; gh < plan_.g; ++gh) {
-      fused::pack_rows(p_.q, t.b, t.hk * plan_.g + gh, t.i0, per_head, sh.d,
-                       q_.get() + gh * per_head * sh.d, sh.d);
+    // Q's rows are read in place when they already are the tile (float32, dense rows, one
+    // query head per kv head), else packed: the copy was 2 % of a causal n = 512, d = 128 call.
+    q_rows_ = q_.get();
+    if (q_in_place_) {
+      q_rows_ = static_cast<const float*>(p_.q.data) + p_.q.strides.at(t.b, t.hk, t.i0, 0);
+    } else {
+      for (std::int64_t gh = 0; gh < plan_.g; ++gh) {
+        fused::pack_rows(p_.q, t.b, t.hk * plan_.g + gh, t.i0, per_head, sh.d,
+                         q_.get() + gh * per_head * sh.d, sh.d);
+      }
     }
     std::fill(o_.get(), o_.get() + rows * dvp_, 0.0f);
     std::fill(m_.get(), m_.get() + rows, -fused::kInfF);
@@ -141,13 +152,16 @@ class FusedWorker {
         // allowed key: mask_row sets every later score to -inf, so those keys would add
         // exactly 0 to o and l.
         const std::int64_t used = std::min(bk, keys.last - j0);
-        Micro::scores(q_.get() + r0 * sh.d, nr, sh.d, k_tile, used, scale(),
+        Micro::scores(q_rows_ + r0 * sh.d, nr, sh.d, k_tile, used, scale(),
                       s_.get() + r0 * fused::kKeyTile, max_.get() + r0);
-        if (full) {
-          update_group(t, r0, nr, j0, bk);
-        } else {
-          for (std::int64_t r = r0; r < r0 + nr; ++r) update_row(t, r, j0, bk, false);
+        // A tile that needs masking is masked row by row and its rows' maxes retaken; the
+        // softmax step is then the group's, as on an unmasked tile.
+        if (!full) {
+          for (std::int64_t r = r0; r < r0 + nr; ++r) {
+            max_.get()[r] = masked_max(t, r, j0, bk, s_.get() + r * fused::kKeyTile);
+          }
         }
+        update_group(r0, nr);
         Micro::accumulate_pv(s_.get() + r0 * fused::kKeyTile, nr, used, v_tile, kv.ldv, dvp_,
                              alpha_.get() + r0, o_.get() + r0 * dvp_);
       }
@@ -175,14 +189,13 @@ class FusedWorker {
 
   float scale() const noexcept { return static_cast<float>(p_.scale); }
 
-  // The online-softmax step for row r of the current key tile: mask if needed, merge the
-  // tile's max into the running max m, P = exp(S - m), the running sum, and the factor alpha
-  // for o (with the Micro's exp, which update_group uses too: a row takes the same bits through
-  // either path).
-  void update_row(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk,
-                  bool full) noexcept {
+  // The online-softmax step for row r of the current key tile, already masked (max_ holds its
+  // max over the allowed keys): merge the tile's max into the running max m, P = exp(S - m), the
+  // running sum, and the factor alpha for o (with the Micro's exp, which update_group uses too: a
+  // row takes the same bits through either path).
+  void update_row(std::int64_t r) noexcept {
     float* s = s_.get() + r * fused::kKeyTile;
-    const float tile_max = full ? max_.get()[r] : masked_max(t, r, j0, bk, s);
+    const float tile_max = max_.get()[r];
     float& m = m_.get()[r];
     const float now = std::max(m, tile_max);
     const float alpha = rescale_factor(m, now, [](float x) { return Micro::exp1(x); });
@@ -205,17 +218,17 @@ class FusedWorker {
     alpha_.get()[r] = alpha;
   }
 
-  // update_row for the rows [r0, r0 + nr) of a tile that needs no masking, in one
-  // Micro::softmax_rows call: the alphas of 16 rows in one vector exp, the exp's constants
-  // loaded once per group, no branches per row. A row whose new max is not finite (a score
-  // that overflowed) sends the group through update_row, which has those cases.
-  void update_group(const fused::Task& t, std::int64_t r0, std::int64_t nr, std::int64_t j0,
-                    std::int64_t bk) noexcept {
+  // update_row for the rows [r0, r0 + nr) of a tile already masked (max_ holds each row's max
+  // over its allowed keys), in one Micro::softmax_rows call: the alphas of 16 rows in one
+  // vector exp, the exp's constants loaded once per group, no branches per row. A row whose new
+  // max is not finite (a score that overflowed, or no allowed key yet) sends the group through
+  // update_row, which has those cases.
+  void update_group(std::int64_t r0, std::int64_t nr) noexcept {
     const float* m = m_.get();
     const float* tile_max = max_.get();
     for (std::int64_t r = r0; r < r0 + nr; ++r) {
       if (!std::isfinite(std::max(m[r], tile_max[r]))) {
-        for (std::int64_t x = r0; x < r0 + nr; ++x) update_row(t, x, j0, bk, true);
+        for (std::int64_t x = r0; x < r0 + nr; ++x) update_row(x);
         return;
       }
     }
@@ -254,8 +267,8 @@ class FusedWorker {
     for (std::int64_t kt = tile_begin; kt < tile_end; ++kt) {
       const std::int64_t j0 = kt * fused::kKeyTile;
       const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
-      Micro::scores(q_.get(), rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, bk, scale(),
-                    s_.get(), max_.get());
+      Micro::scores(q_rows_, rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, bk, scale(), s_.get(),
+                    max_.get());
       const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
                         fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
       for (std::int64_t r = 0; r < rows; ++r) {
@@ -282,6 +295,8 @@ class FusedWorker {
   const core::AttentionParams& p_;
   const fused::Plan& plan_;
   std::int64_t dvp_;
+  bool q_in_place_;
+  const float* q_rows_ = nullptr;  // the task's Q rows, d floats apart: in place or q_
   // Per row: the tile's max (max_), the running max (m_), the factor for o (alpha_), the
   // running sum in kLanes lanes (lsum_) and its final total (sum_).
   fused::Buffer q_, s_, o_, alpha_, max_, m_, sum_, lsum_;
@@ -317,7 +332,10 @@ void run_fused(const core::AttentionParams& p) noexcept {
   const std::int64_t chunks = heads / chunk;
   fused::Buffer slots[2];
   for (std::int64_t slot = 0; slot < std::min<std::int64_t>(2, chunks); ++slot) {
-    slots[slot] = fused::make_buffer(chunk * head_floats);
+    // Packing writes every element of the K^T tiles (the short last one zero-filled first);
+    // a packed V leaves its padding columns and rows unwritten, which must read as zeros.
+    // Zeroing the K^T alone was 2 % of a causal n = 512, d = 128, H = 8 call (perf).
+    slots[slot] = fused::make_buffer(chunk * head_floats, !v_in_place);
     if (!slots[slot]) std::abort();  // out of memory for O(n) buffers: nothing sane to do
   }
   // Task order. Without causal/window every task costs the same: head by head, so that a kv
