@@ -5,14 +5,16 @@
 // --no-baseline`: the process CPU time was twice the wall time over the first 50 calls, a
 // second core taken by a thread nobody asked for (and from a second qkv thread at
 // --threads 2). qkv runs every BLAS call on its own threads (core::parallel_for), so OpenBLAS
-// is set to one thread and its pool joined, once per process; it then starts no thread.
+// is set to one thread and its pool joined; it then starts no thread.
 #pragma once
 
 namespace qkv::kernels {
 
-// The first call in a process sets OpenBLAS to one thread and joins its pool (its fork-safety
-// shutdown, blas_thread_shutdown_); later calls do nothing. A no-op for any other CBLAS.
-// Called by the attention entry points and the layer's projections before any BLAS call.
+// Sets OpenBLAS to one thread and joins its pool (its fork-safety shutdown,
+// blas_thread_shutdown_): at the first call in a process, and again at any later call that
+// finds OpenBLAS set to more threads (the program asked for them in between). A no-op for any
+// other CBLAS. Called by the attention entry points and the layer's projections before any
+// BLAS call.
 void single_threaded_blas() noexcept;
 
 }  // namespace qkv::kernels

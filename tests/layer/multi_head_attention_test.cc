@@ -11,6 +11,9 @@
 #include "qkv/error.h"
 #include "support/test_support.h"
 
+// OpenBLAS's, when the CBLAS is OpenBLAS.
+extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
+
 namespace qkv {
 namespace {
 
@@ -161,6 +164,13 @@ TEST(MultiHeadAttention, LeavesNoThreadBehindNotEvenOpenBlasPool) {
     EXPECT_EQ(process_threads(), 1) << "after the layer with kernel '" << kernel << "'";
     const Tensor y = linear(x.view(), wq.view(), std::nullopt);
     EXPECT_EQ(process_threads(), 1) << "after linear()";
+  }
+  // A program that asks OpenBLAS for threads of its own in between gets its pool back; qkv's
+  // next call stops it again.
+  if (openblas_set_num_threads != nullptr) {
+    openblas_set_num_threads(2);
+    const Tensor y = linear(x.view(), wq.view(), std::nullopt);
+    EXPECT_EQ(process_threads(), 1) << "after linear(), OpenBLAS set to 2 threads before it";
   }
 }
 
