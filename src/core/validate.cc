@@ -194,8 +194,8 @@ void require_finite(std::initializer_list<const TensorView*> views, int threads)
   const std::int64_t rows = first_row.back();
   const int workers = static_cast<int>(
       std::clamp<std::int64_t>(elements / kScanElementsPerThread, 1, std::max(1, threads)));
-  std::vector<std::vector<char>> flagged(static_cast<std::size_t>(workers),
-                                         std::vector<char>(fast.size(), 0));
+  // flagged[w * fast.size() + f]: worker w saw a bad value in fast[f].
+  std::vector<char> flagged(static_cast<std::size_t>(workers) * fast.size(), 0);
   parallel_for(workers, workers, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t w = begin; w < end; ++w) {
       const std::int64_t r0 = rows * w / workers;
@@ -204,16 +204,20 @@ void require_finite(std::initializer_list<const TensorView*> views, int threads)
         const std::int64_t lo = std::max(r0, first_row[f]) - first_row[f];
         const std::int64_t hi = std::min(r1, first_row[f + 1]) - first_row[f];
         if (lo < hi && any_non_finite_rows(*fast[f], lo, hi)) {
-          flagged[static_cast<std::size_t>(w)][f] = 1;
+          flagged[static_cast<std::size_t>(w) * fast.size() + f] = 1;
         }
       }
     }
   });
+  std::size_t f = 0;  // fast[f] is the next fast-scan view in the order given
   for (const TensorView* view : views) {
-    bool bad = !has_fast_scan(*view);
-    for (std::size_t f = 0; f < fast.size(); ++f) {
-      if (fast[f] != view) continue;
-      for (const std::vector<char>& seen : flagged) bad |= seen[f] != 0;
+    bool bad = true;  // a view without the fast scan is always walked
+    if (has_fast_scan(*view)) {
+      bad = false;
+      for (int w = 0; w < workers; ++w) {
+        bad |= flagged[static_cast<std::size_t>(w) * fast.size() + f] != 0;
+      }
+      ++f;
     }
     if (bad) throw_if_non_finite(*view);
   }

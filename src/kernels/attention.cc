@@ -44,7 +44,9 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
   if (outputs.weights) core::bind_output(params.weights, *outputs.weights, call.weights_shape);
   if (outputs.lse) core::bind_output(params.lse, *outputs.lse, call.lse_shape, false);
   const kernels::AttentionKernel& kernel = choose_kernel(params, options.kernel);
-  kernels::single_threaded_blas();  // whichever kernel runs: OpenBLAS's idle pool spins
+  // Whichever kernel runs: unfused_blas needs one-thread BLAS calls on its threads, and an
+  // idle OpenBLAS pool spins beside any kernel.
+  kernels::single_threaded_blas();
   kernel.run(params);
   return std::string(kernel.name);
 }

@@ -14,9 +14,9 @@
 // sharing of K/V between the heads of a group.
 //
 // Threads: exactly params.threads of ours, each running single-threaded sgemm calls on its own
-// tasks; OpenBLAS runs on one thread with its pool joined (blas_threads.h: weak symbols, so
-// any CBLAS links). No hidden threads beyond --threads, no data handed
-// between threads (ThreadSanitizer cannot see inside OpenBLAS's own pool), and since the row
+// tasks; the attention entry point has set OpenBLAS to one thread with its pool joined
+// (blas_threads.h: weak symbols, so any CBLAS links). No hidden threads beyond --threads, no
+// data handed between threads (ThreadSanitizer cannot see inside OpenBLAS's own pool), and since the row
 // blocks do not depend on the thread count, neither do the bits. With one (b, h) and fewer
 // than 256·threads rows, fewer tasks than threads: this kernel is for the many-heads case.
 #include <cblas.h>
@@ -30,12 +30,9 @@
 
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
-#include "kernels/blas_threads.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 #include "kernels/softmax_rows.h"
-
-extern "C" char* openblas_get_corename(void) __attribute__((weak));
 
 namespace qkv::kernels {
 namespace {
@@ -64,12 +61,6 @@ void view_or_pack(const core::InputOperand& op, std::int64_t b, std::int64_t h, 
 }
 
 }  // namespace
-
-std::string blas_core_name() {
-  if (openblas_get_corename == nullptr) return "";
-  const char* name = openblas_get_corename();
-  return name == nullptr ? "" : name;
-}
 
 #if !QKV_HAVE_HWY
 // The portable build's softmax_rows.
@@ -122,7 +113,6 @@ void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
   const float scale = static_cast<float>(p.scale);
   const bool masked = p.masking.has_structure() || p.masking.mask != nullptr;
 
-  single_threaded_blas();
   core::parallel_for(tasks, p.threads, [&](std::int64_t begin, std::int64_t end) {
     const std::int64_t rows_max = std::min(kUnfusedRowBlock, sh.nq);
     std::vector<float> scores(static_cast<std::size_t>(rows_max * sh.nk));

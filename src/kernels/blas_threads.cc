@@ -7,6 +7,7 @@
 extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
 extern "C" int openblas_get_num_threads(void) __attribute__((weak));
 extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+extern "C" char* openblas_get_corename(void) __attribute__((weak));
 
 namespace qkv::kernels {
 
@@ -27,6 +28,12 @@ void single_threaded_blas() noexcept {
     const std::lock_guard<std::mutex> lock(changing);
     if (openblas_get_num_threads() != 1) stop();
   }
+}
+
+std::string blas_core_name() {
+  if (openblas_get_corename == nullptr) return "";
+  const char* name = openblas_get_corename();
+  return name == nullptr ? "" : name;
 }
 
 }  // namespace qkv::kernels

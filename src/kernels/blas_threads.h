@@ -1,4 +1,5 @@
-// OpenBLAS's own threads, kept out of qkv's way. Debian's default OpenBLAS (the pthread build)
+// qkv's only contact with OpenBLAS as a library (beyond CBLAS): its threads, kept out of qkv's
+// way, and which kernels it picked. Debian's default OpenBLAS (the pthread build)
 // starts a pool of one thread per core when it is loaded, and its pool threads spin for about
 // 2^28 cycles (~0.1 s) after start-up and after every threaded call or change of thread count
 // before they sleep. Measured with `qkv bench --n 256 --d 64 --heads 2 --threads 1
@@ -8,13 +9,20 @@
 // is set to one thread and its pool joined; it then starts no thread.
 #pragma once
 
+#include <string>
+
 namespace qkv::kernels {
 
 // Sets OpenBLAS to one thread and joins its pool (its fork-safety shutdown,
 // blas_thread_shutdown_): at the first call in a process, and again at any later call that
 // finds OpenBLAS set to more threads (the program asked for them in between). A no-op for any
-// other CBLAS. Called by the attention entry points and the layer's projections before any
-// BLAS call.
+// other CBLAS. Called by the attention entry point before any kernel runs, by the layer's
+// projections and by the FMA peak probe.
 void single_threaded_blas() noexcept;
+
+// The kernel family OpenBLAS chose for this CPU ("SkylakeX", "Haswell", ...; empty when the
+// CBLAS is not OpenBLAS). OpenBLAS 0.3.21 falls back to "Prescott" (SSE3) on CPUs newer than
+// it knows, which makes the baseline several times slower than OpenBLAS can be there.
+std::string blas_core_name();
 
 }  // namespace qkv::kernels

@@ -49,8 +49,8 @@
 // one element at a time loses accuracy at nk = 65536).
 //
 // Memory: per worker the Q (unless read in place), S and o tiles, 256 (d + 64 + dv) floats;
-// shared, the packed K^T
-// (and V when it cannot be read in place) of all kv heads if that fits 32 MiB, else of two.
+// shared, the packed K^T (and V when it cannot be read in place) of all kv heads if that fits
+// 32 MiB, else of two.
 // No n x n buffer anywhere. Traffic: K and V are converted/transposed once per kv head, then
 // each K/V tile is read (from L2/L3) once per query task, nq / bq times per kv head; each Q and
 // O element is read or written once.

@@ -44,11 +44,6 @@ void attention_fwd_unfused_blas(const core::AttentionParams& params) noexcept;
 inline constexpr std::int64_t kUnfusedRowBlock = 256;
 inline constexpr double kUnfusedWorkspaceCapBytes = 2.0 * 1024 * 1024 * 1024;
 
-// The kernel family OpenBLAS chose for this CPU ("SkylakeX", "Haswell", ...; empty when the
-// CBLAS is not OpenBLAS). OpenBLAS 0.3.21 falls back to "Prescott" (SSE3) on CPUs newer than
-// it knows, which makes the baseline several times slower than OpenBLAS can be there.
-std::string blas_core_name();
-
 // An upper bound on the scratch memory any kernel the call may run allocates for an attention
 // call of this shape on `threads` threads; `kernel` is options.kernel (empty: any). Kept beside
 // the kernels (workspace.cc) so that a kernel that grows its workspace grows this too. Used by

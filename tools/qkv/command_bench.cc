@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
+#include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
