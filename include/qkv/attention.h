@@ -67,6 +67,11 @@ std::string attention_into(const TensorView& q, const TensorView& k, const Tenso
                            const AttentionOptions& options, const AttentionOutputs& outputs);
 
 // The kernel list, fastest first, the reference last; any name may go in options.kernel.
+// How many threads qkv asked the system for and could not create (a thread limit, an address-
+// space limit), since the process started. Such calls run on the threads that could be created,
+// with the same results; QKV_VERBOSE=1 makes the CLI say so.
+std::int64_t threads_not_started() noexcept;
+
 std::vector<std::string> attention_kernel_names();
 
 // Which kernel attention() would choose for this call and why: one line per kernel in list

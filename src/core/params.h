@@ -21,8 +21,9 @@ struct AttentionShape {
   std::int64_t d = 0;    // q and k head dimension
   std::int64_t dv = 0;   // v head dimension
 
-  // Query heads per kv head: query head h reads kv head h / group().
-  std::int64_t group() const noexcept { return h / hkv; }
+  // Query heads per kv head: query head h reads kv head h / group(). 0 when there are no heads
+  // (validation allows hkv == 0 only with h == 0).
+  std::int64_t group() const noexcept { return hkv == 0 ? 0 : h / hkv; }
   // Query row i lines up with key row i + diagonal_offset() (bottom-right alignment).
   std::int64_t diagonal_offset() const noexcept { return nk - nq; }
 };
@@ -62,10 +63,22 @@ struct Masking {
   }
 };
 
+// The largest magnitude of each input's elements (all finite: validation has checked), taken
+// in the finiteness scan. The float32 kernels bound their scores and accumulators with them.
+struct Magnitudes {
+  double q = 0, k = 0, v = 0;
+  double mask = 0;  // of a float mask's finite values; 0 for a bool mask or none
+};
+
+// What a kernel reports. Kernels never throw; the one thing they cannot rule out in advance
+// is that their workspace cannot be allocated, which the entry point turns into a qkv::Error.
+enum class KernelStatus { kOk, kOutOfMemory };
+
 struct AttentionParams {
   AttentionShape shape;
   InputOperand q, k, v;
   double scale = 1.0;
+  Magnitudes magnitudes;
   Masking masking;
   OutputOperand out;      // [b, h, nq, dv]
   OutputOperand weights;  // [b, h, nq, nk]

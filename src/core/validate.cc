@@ -62,22 +62,22 @@ void require_real(const TensorView& view) {
   }
 }
 
-void require_positive(const TensorView& view, std::int64_t extent, const char* what) {
-  if (extent < 1) throw Error(view.name, std::string("has no ") + what + " (size 0)");
-}
-
-// A mask is bool or float; a float mask may hold -inf (forbidden) but not NaN or +inf.
-void validate_mask(const TensorView& mask) {
+// A mask is bool or float; a float mask may hold -inf (forbidden) but not NaN or +inf. Returns
+// the largest magnitude of a float mask's finite values (0 for a bool mask).
+double validate_mask(const TensorView& mask) {
   require_view_consistent(mask);
-  if (mask.dtype == DType::kBool) return;
+  if (mask.dtype == DType::kBool) return 0.0;
   require_real(mask);
+  double max_abs = 0.0;
   for_each_real(mask, [&](double value, std::int64_t flat) {
     if (std::isnan(value) || value == std::numeric_limits<double>::infinity()) {
-      throw Error(mask.name, std::string("float mask holds ") + (std::isnan(value) ? "NaN" : "+inf") +
-                                 " at flat index " + str(flat) +
-                                 " (only finite values and -inf are allowed)");
+      throw Error(mask.name, std::string("float mask holds ") +
+                                 (std::isnan(value) ? "NaN" : "+inf") + " at flat index " +
+                                 str(flat) + " (only finite values and -inf are allowed)");
     }
+    if (std::isfinite(value)) max_abs = std::max(max_abs, std::abs(value));
   });
+  return max_abs;
 }
 
 }  // namespace
@@ -129,15 +129,21 @@ void for_each_row_offset(const TensorView& view, std::int64_t r0, std::int64_t r
   }
 }
 
-// True when some element of x[0, count) is an infinity or NaN: an exponent-bits test that the
-// compiler vectorises (no early exit).
+// One pass over x[0, count): whether some element is an infinity or NaN (an exponent-bits
+// test), and the largest magnitude's bits (positive IEEE values order as their bits do), both
+// without branches so that the compiler vectorises the loop.
 template <class Float, class Bits, Bits kExponent>
-bool any_non_finite(const Float* x, std::int64_t count) noexcept {
+void scan_bits(const Float* x, std::int64_t count, bool& non_finite, Bits& max_bits) noexcept {
+  constexpr Bits kMagnitude = static_cast<Bits>(~Bits{0}) >> 1;
   Bits bad = 0;
+  Bits top = max_bits;
   for (std::int64_t i = 0; i < count; ++i) {
-    bad |= static_cast<Bits>((std::bit_cast<Bits>(x[i]) & kExponent) == kExponent);
+    const Bits bits = std::bit_cast<Bits>(x[i]);
+    bad |= static_cast<Bits>((bits & kExponent) == kExponent);
+    top = std::max(top, static_cast<Bits>(bits & kMagnitude));
   }
-  return bad != 0;
+  non_finite = non_finite || bad != 0;
+  max_bits = top;
 }
 
 // The fast scan: float views whose last dim has unit stride (contiguous tensors and column
@@ -147,29 +153,41 @@ bool has_fast_scan(const TensorView& view) {
   return real && (view.rank() == 0 || view.strides.back() == 1);
 }
 
-bool any_non_finite_rows(const TensorView& view, std::int64_t r0, std::int64_t r1) {
+// Scans rows [r0, r1) of a fast-scan view: returns true if one holds a NaN or infinity, and
+// raises `max_abs` to the largest magnitude seen.
+bool any_non_finite_rows(const TensorView& view, std::int64_t r0, std::int64_t r1,
+                         double& max_abs) {
   bool bad = false;
   const std::int64_t width = view.rank() == 0 ? 1 : view.shape.back();
-  for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
-    if (view.dtype == DType::kF32) {
-      bad |= any_non_finite<float, std::uint32_t, 0x7f800000u>(
-          static_cast<const float*>(view.data) + offset, width);
-    } else {
-      bad |= any_non_finite<double, std::uint64_t, 0x7ff0000000000000u>(
-          static_cast<const double*>(view.data) + offset, width);
-    }
-  });
+  if (view.dtype == DType::kF32) {
+    std::uint32_t top = 0;
+    for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
+      scan_bits<float, std::uint32_t, 0x7f800000u>(static_cast<const float*>(view.data) + offset,
+                                                   width, bad, top);
+    });
+    max_abs = std::max(max_abs, static_cast<double>(std::bit_cast<float>(top)));
+  } else {
+    std::uint64_t top = 0;
+    for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
+      scan_bits<double, std::uint64_t, 0x7ff0000000000000u>(
+          static_cast<const double*>(view.data) + offset, width, bad, top);
+    });
+    max_abs = std::max(max_abs, std::bit_cast<double>(top));
+  }
   return bad;
 }
 
-// The element-wise walk: slow, but names the first bad element.
-void throw_if_non_finite(const TensorView& view) {
+// The element-wise walk: slow, but names the first bad element. Returns the largest magnitude.
+double throw_if_non_finite(const TensorView& view) {
+  double max_abs = 0.0;
   for_each_real(view, [&](double value, std::int64_t flat) {
     if (!std::isfinite(value)) {
       throw Error(view.name, std::string("holds ") + (std::isnan(value) ? "NaN" : "an infinity") +
                                  " at flat index " + str(flat) + " (inputs must be finite)");
     }
+    max_abs = std::max(max_abs, std::abs(value));
   });
+  return max_abs;
 }
 
 // Elements per extra thread below which a second thread costs more to start (~35 us) than it
@@ -178,7 +196,7 @@ constexpr std::int64_t kScanElementsPerThread = std::int64_t{1} << 18;
 
 }  // namespace
 
-void require_finite(std::initializer_list<const TensorView*> views, int threads) {
+std::vector<double> require_finite(std::initializer_list<const TensorView*> views, int threads) {
   // The rows of every fast-scan view, end to end, split between the threads; each thread
   // flags the views it saw a bad value in, and the first flagged view (in the order given) is
   // walked element by element for the message, so the error is the same for any thread count.
@@ -194,8 +212,10 @@ void require_finite(std::initializer_list<const TensorView*> views, int threads)
   const std::int64_t rows = first_row.back();
   const int workers = static_cast<int>(
       std::clamp<std::int64_t>(elements / kScanElementsPerThread, 1, std::max(1, threads)));
-  // flagged[w * fast.size() + f]: worker w saw a bad value in fast[f].
+  // flagged[w * fast.size() + f]: worker w saw a bad value in fast[f]; top[...] the largest
+  // magnitude it saw there.
   std::vector<char> flagged(static_cast<std::size_t>(workers) * fast.size(), 0);
+  std::vector<double> top(flagged.size(), 0.0);
   parallel_for(workers, workers, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t w = begin; w < end; ++w) {
       const std::int64_t r0 = rows * w / workers;
@@ -203,24 +223,29 @@ void require_finite(std::initializer_list<const TensorView*> views, int threads)
       for (std::size_t f = 0; f < fast.size(); ++f) {
         const std::int64_t lo = std::max(r0, first_row[f]) - first_row[f];
         const std::int64_t hi = std::min(r1, first_row[f + 1]) - first_row[f];
-        if (lo < hi && any_non_finite_rows(*fast[f], lo, hi)) {
-          flagged[static_cast<std::size_t>(w) * fast.size() + f] = 1;
-        }
+        const std::size_t slot = static_cast<std::size_t>(w) * fast.size() + f;
+        if (lo < hi && any_non_finite_rows(*fast[f], lo, hi, top[slot])) flagged[slot] = 1;
       }
     }
   });
+  std::vector<double> max_abs;
   std::size_t f = 0;  // fast[f] is the next fast-scan view in the order given
   for (const TensorView* view : views) {
     bool bad = true;  // a view without the fast scan is always walked
+    double magnitude = 0.0;
     if (has_fast_scan(*view)) {
       bad = false;
       for (int w = 0; w < workers; ++w) {
-        bad |= flagged[static_cast<std::size_t>(w) * fast.size() + f] != 0;
+        const std::size_t slot = static_cast<std::size_t>(w) * fast.size() + f;
+        bad |= flagged[slot] != 0;
+        magnitude = std::max(magnitude, top[slot]);
       }
       ++f;
     }
-    if (bad) throw_if_non_finite(*view);
+    if (bad) magnitude = throw_if_non_finite(*view);
+    max_abs.push_back(magnitude);
   }
+  return max_abs;
 }
 
 void require_finite(const TensorView& view) { require_finite({&view}, 1); }
@@ -260,29 +285,32 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
     }
   }
   if (rank >= 3) {
-    require_positive(q, shape.h, "heads");
-    require_positive(k, shape.hkv, "heads");
-    if (v.dim(-3) != shape.hkv) {
-      throw Error(v.name, "has " + str(v.dim(-3)) + " heads but " + k.name + " has " +
-                              str(shape.hkv));
+    // No query heads is an empty call; kv heads must exist to serve query heads that do.
+    if (shape.hkv == 0 && shape.h > 0) {
+      throw Error(k.name, "has no heads (size 0), but " + q.name + "'s " + str(shape.h) +
+                              " query heads each need one");
     }
-    if (shape.h % shape.hkv != 0) {
+    if (v.dim(-3) != shape.hkv) {
+      throw Error(v.name,
+                  "has " + str(v.dim(-3)) + " heads but " + k.name + " has " + str(shape.hkv));
+    }
+    if (shape.hkv > 0 && shape.h % shape.hkv != 0) {
       throw Error(k.name, str(shape.hkv) + " kv heads do not divide " + q.name + "'s " +
                               str(shape.h) + " query heads (H % Hkv must be 0)");
     }
   }
-  require_positive(q, shape.d, "head dimension");
   if (k.dim(-1) != shape.d) {
     throw Error(k.name, "head dimension " + str(k.dim(-1)) + " differs from " + q.name + "'s " +
                             str(shape.d));
   }
   if (v.dim(-2) != shape.nk) {
-    throw Error(v.name, "has " + str(v.dim(-2)) + " rows but " + k.name + " has " +
-                            str(shape.nk) + " (one value per key)");
+    throw Error(v.name, "has " + str(v.dim(-2)) + " rows but " + k.name + " has " + str(shape.nk) +
+                            " (one value per key)");
   }
   // The scan of the inputs is the one pass over all of them before the kernel: on the call's
   // threads (at n = 2048, d = 64, H = 8 it is ~2 ms of a 62-ms single-thread call).
-  require_finite({&q, &k, &v}, options.threads < 0 ? 1 : resolve_thread_count(options.threads));
+  const std::vector<double> magnitudes =
+      require_finite({&q, &k, &v}, options.threads < 0 ? 1 : resolve_thread_count(options.threads));
 
   AttentionCall call;
   AttentionParams& p = call.params;
@@ -290,8 +318,12 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
   p.q = {q.data, q.dtype, canonical_strides(q.strides)};
   p.k = {k.data, k.dtype, canonical_strides(k.strides)};
   p.v = {v.data, v.dtype, canonical_strides(v.strides)};
+  p.magnitudes = {magnitudes[0], magnitudes[1], magnitudes[2], 0.0};
 
-  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(shape.d)));
+  // With D = 0 every q·k is an empty sum, 0 whatever the scale: the default is then 1 rather
+  // than 1/sqrt(0), and the weights are uniform over the allowed keys.
+  const double default_scale = shape.d > 0 ? 1.0 / std::sqrt(static_cast<double>(shape.d)) : 1.0;
+  const double scale = options.scale.value_or(default_scale);
   if (!std::isfinite(scale)) throw Error("scale", "must be a finite number");
   p.scale = scale;
 
@@ -316,11 +348,10 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
 
   if (options.mask) {
     const TensorView& mask = *options.mask;
-    validate_mask(mask);
-    const Shape strides =
-        broadcast_strides(mask, call.weights_shape,
-                          "the score shape " + shape_string(call.weights_shape) + " of " + q.name +
-                              " and " + k.name);
+    p.magnitudes.mask = validate_mask(mask);
+    const Shape strides = broadcast_strides(
+        mask, call.weights_shape,
+        "the score shape " + shape_string(call.weights_shape) + " of " + q.name + " and " + k.name);
     p.masking.mask = mask.data;
     p.masking.mask_dtype = mask.dtype;
     p.masking.mask_strides = canonical_strides(strides);

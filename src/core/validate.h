@@ -3,6 +3,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "core/params.h"
 #include "qkv/attention.h"
@@ -34,7 +35,8 @@ Strides4 canonical_strides(const Shape& strides);
 // Throws qkv::Error naming `view` if any element is NaN or infinite.
 void require_finite(const TensorView& view);
 // The same for several views, the first bad one (in the order given) named; large views are
-// scanned on up to `threads` threads, with the same result for any count.
-void require_finite(std::initializer_list<const TensorView*> views, int threads);
+// scanned on up to `threads` threads, with the same result for any count. Returns the largest
+// magnitude of each view's elements, in the order given (0 for an empty view).
+std::vector<double> require_finite(std::initializer_list<const TensorView*> views, int threads);
 
 }  // namespace qkv::core

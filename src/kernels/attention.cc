@@ -4,7 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "core/format_bytes.h"
 #include "core/memory_budget.h"
+#include "core/parallel_for.h"
 #include "core/validate.h"
 #include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
@@ -47,7 +49,13 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
   // Whichever kernel runs: unfused_blas needs one-thread BLAS calls on its threads, and an
   // idle OpenBLAS pool spins beside any kernel.
   kernels::single_threaded_blas();
-  kernel.run(params);
+  if (kernel.run(params) == core::KernelStatus::kOutOfMemory) {
+    throw Error("attention", "out of memory: kernel " + std::string(kernel.name) +
+                                 " could not allocate its workspace (about " +
+                                 core::format_bytes(kernels::attention_workspace_bytes(
+                                     params.shape, params.threads, std::string(kernel.name))) +
+                                 ")");
+  }
   return std::string(kernel.name);
 }
 
@@ -109,6 +117,8 @@ std::string explain_kernel_choice(const TensorView& q, const TensorView& k, cons
   }
   return text;
 }
+
+std::int64_t threads_not_started() noexcept { return core::threads_not_started(); }
 
 std::vector<std::string> attention_kernel_names() {
   std::vector<std::string> names;

@@ -277,7 +277,7 @@ struct HwyMicro {
 
 #include "kernels/fused_driver-inl.h"
 
-void FusedForward(const core::AttentionParams& p) { run_fused<HwyMicro>(p); }
+core::KernelStatus FusedForward(const core::AttentionParams& p) { return run_fused<HwyMicro>(p); }
 
 }  // namespace qkv::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -311,9 +311,9 @@ void apply_simd_cap() noexcept {
 
 }  // namespace
 
-void attention_fwd_fused_hwy(const core::AttentionParams& p) noexcept {
+core::KernelStatus attention_fwd_fused_hwy(const core::AttentionParams& p) noexcept {
   apply_simd_cap();
-  HWY_DYNAMIC_DISPATCH(FusedForward)(p);
+  return HWY_DYNAMIC_DISPATCH(FusedForward)(p);
 }
 
 std::vector<std::int64_t> simd_targets() { return hwy::SupportedAndGeneratedTargets(); }

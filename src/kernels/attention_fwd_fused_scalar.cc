@@ -12,6 +12,7 @@
 // Every loop order keeps the innermost index contiguous, so the compiler may vectorise it for
 // the baseline ISA; the sums run in a fixed order, so results never depend on threads.
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "kernels/fused_common.h"
@@ -93,49 +94,48 @@ struct ScalarMicro {
 
 }  // namespace scalar
 
-namespace {
-
-// Largest |x| over the distinct elements of a 4-D strided f64 operand (broadcast dims once).
-double max_abs_finite(const double* data, const core::Strides4& st, std::int64_t nb,
-                      std::int64_t nh, std::int64_t nr, std::int64_t nc) noexcept {
-  double m = 0.0;
-  for (std::int64_t b = 0; b < (st.b == 0 ? 1 : nb); ++b) {
-    for (std::int64_t h = 0; h < (st.h == 0 ? 1 : nh); ++h) {
-      for (std::int64_t r = 0; r < (st.row == 0 ? 1 : nr); ++r) {
-        for (std::int64_t c = 0; c < (st.col == 0 ? 1 : nc); ++c) {
-          const double x = data[st.at(b, h, r, c)];
-          if (std::isfinite(x)) m = std::max(m, std::abs(x));
-        }
-      }
-    }
-  }
-  return m;
-}
-
-}  // namespace
-
+// The float32 kernels compute S = scale·q·k (+ a float mask's bias), and the fused ones
+// accumulate o = sum_j exp(S_j - m)·v_j before dividing by l, which can reach (allowed keys) ·
+// max|v|. Each bound below is taken from the inputs' magnitudes (validation's scan); a call
+// whose bound is beyond float32's range could overflow to inf (or make inf - inf = NaN) where
+// the true answer is finite, so these kernels decline it and the float64 reference runs.
+// kFloatLimit leaves a factor of 2 so that a score plus a mask's bias cannot overflow either.
 std::string float32_declines(const core::AttentionParams& p) {
   constexpr double kFloatMax = std::numeric_limits<float>::max();
+  constexpr double kFloatLimit = kFloatMax / 2;
   const core::AttentionShape& s = p.shape;
-  struct Operand {
-    const core::InputOperand* op;
-    std::int64_t heads, rows, cols;
-    const char* name;
+  const core::Magnitudes& mag = p.magnitudes;
+  const auto sci = [](double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3g", x);
+    return std::string(text);
   };
-  const Operand operands[] = {
-      {&p.q, s.h, s.nq, s.d, "Q"}, {&p.k, s.hkv, s.nk, s.d, "K"}, {&p.v, s.hkv, s.nk, s.dv, "V"}};
-  for (const Operand& o : operands) {
-    if (o.op->dtype != DType::kF64) continue;
-    if (max_abs_finite(static_cast<const double*>(o.op->data), o.op->strides, s.b, o.heads, o.rows,
-                       o.cols) > kFloatMax) {
+  const struct {
+    const core::InputOperand* op;
+    double magnitude;
+    const char* name;
+  } operands[] = {{&p.q, mag.q, "Q"}, {&p.k, mag.k, "K"}, {&p.v, mag.v, "V"}};
+  for (const auto& o : operands) {
+    if (o.op->dtype == DType::kF64 && o.magnitude > kFloatMax) {
       return std::string("float64 ") + o.name + " holds values beyond the float32 range";
     }
   }
-  const core::Masking& m = p.masking;
-  if (m.mask != nullptr && m.mask_dtype == DType::kF64 &&
-      max_abs_finite(static_cast<const double*>(m.mask), m.mask_strides, s.b, s.h, s.nq, s.nk) >
-          kFloatMax) {
+  if (p.masking.mask != nullptr && p.masking.mask_dtype == DType::kF64 && mag.mask > kFloatMax) {
     return "the float64 mask holds finite values beyond the float32 range";
+  }
+  if (std::abs(p.scale) > kFloatMax) return "the scale " + sci(p.scale) + " is beyond float32";
+  // q·k may be summed before it is scaled: bound both.
+  const double dot = static_cast<double>(s.d) * mag.q * mag.k;
+  const double score = std::max(1.0, std::abs(p.scale)) * dot;
+  if (score > kFloatLimit || mag.mask > kFloatLimit) {
+    return "scores may reach " + sci(score) + " (|scale|·D·max|Q|·max|K|)" +
+           (mag.mask > 0 ? " with mask values up to " + sci(mag.mask) : std::string()) +
+           ", beyond float32's range";
+  }
+  const double accumulator = static_cast<double>(s.nk) * mag.v;
+  if (accumulator > kFloatLimit) {
+    return "the P·V accumulator may reach " + sci(accumulator) +
+           " (Nk·max|V|), beyond float32's range";
   }
   return {};
 }
@@ -144,8 +144,8 @@ std::string attention_fwd_fused_scalar_declines(const core::AttentionParams& p) 
   return float32_declines(p);
 }
 
-void attention_fwd_fused_scalar(const core::AttentionParams& p) noexcept {
-  scalar::run_fused<scalar::ScalarMicro>(p);
+core::KernelStatus attention_fwd_fused_scalar(const core::AttentionParams& p) noexcept {
+  return scalar::run_fused<scalar::ScalarMicro>(p);
 }
 
 }  // namespace qkv::kernels

@@ -12,8 +12,10 @@
 // Every later kernel is tested against this one, so it stays simple: no tiling, no SIMD,
 // float64 accumulation, one pass per row over an Nk-long scratch of scores. Rows are
 // independent, so threads split them without changing a bit of the result.
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "core/mask_rule.h"
@@ -97,19 +99,29 @@ void reference_row(const AttentionParams& p, std::int64_t b, std::int64_t h, std
 
 std::string attention_fwd_reference_declines(const AttentionParams&) { return {}; }
 
-void attention_fwd_reference(const AttentionParams& p) noexcept {
+core::KernelStatus attention_fwd_reference(const AttentionParams& p) noexcept {
   const core::AttentionShape& s = p.shape;
   const std::int64_t rows = s.b * s.h * s.nq;
-  core::parallel_for(rows, p.threads, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<double> scores(static_cast<std::size_t>(s.nk));
-    std::vector<double> acc(static_cast<std::size_t>(s.dv));
-    for (std::int64_t row = begin; row < end; ++row) {
-      const std::int64_t i = row % s.nq;
-      const std::int64_t h = (row / s.nq) % s.h;
-      const std::int64_t b = row / (s.nq * s.h);
-      reference_row(p, b, h, i, scores, acc);
-    }
-  });
+  std::atomic<bool> out_of_memory{false};
+  try {
+    core::parallel_for(rows, p.threads, [&](std::int64_t begin, std::int64_t end) {
+      try {
+        std::vector<double> scores(static_cast<std::size_t>(s.nk));
+        std::vector<double> acc(static_cast<std::size_t>(s.dv));
+        for (std::int64_t row = begin; row < end; ++row) {
+          const std::int64_t i = row % s.nq;
+          const std::int64_t h = (row / s.nq) % s.h;
+          const std::int64_t b = row / (s.nq * s.h);
+          reference_row(p, b, h, i, scores, acc);
+        }
+      } catch (const std::bad_alloc&) {
+        out_of_memory.store(true, std::memory_order_relaxed);
+      }
+    });
+  } catch (const std::bad_alloc&) {
+    return core::KernelStatus::kOutOfMemory;
+  }
+  return out_of_memory ? core::KernelStatus::kOutOfMemory : core::KernelStatus::kOk;
 }
 
 }  // namespace qkv::kernels

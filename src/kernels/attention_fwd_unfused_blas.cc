@@ -16,15 +16,17 @@
 // Threads: exactly params.threads of ours, each running single-threaded sgemm calls on its own
 // tasks; the attention entry point has set OpenBLAS to one thread with its pool joined
 // (blas_threads.h: weak symbols, so any CBLAS links). No hidden threads beyond --threads, no
-// data handed between threads (ThreadSanitizer cannot see inside OpenBLAS's own pool), and since the row
-// blocks do not depend on the thread count, neither do the bits. With one (b, h) and fewer
+// data handed between threads (ThreadSanitizer cannot see inside OpenBLAS's own pool), and since
+// the row blocks do not depend on the thread count, neither do the bits. With one (b, h) and fewer
 // than 256·threads rows, fewer tasks than threads: this kernel is for the many-heads case.
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -86,16 +88,25 @@ void softmax_rows(float* s, std::int64_t n, std::int64_t ld, std::int64_t rows, 
 }
 #endif
 
+std::int64_t unfused_workers(const core::AttentionShape& shape, int threads) noexcept {
+  const std::int64_t tasks =
+      shape.b * shape.h * ((shape.nq + kUnfusedRowBlock - 1) / kUnfusedRowBlock);
+  return std::clamp<std::int64_t>(tasks, 1, std::max(threads, 1));
+}
+
 std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) {
   const core::AttentionShape& s = p.shape;
   const double bytes = 4.0 * static_cast<double>(std::min(s.nq, kUnfusedRowBlock)) *
-                       static_cast<double>(s.nk) * std::max(1, p.threads);
+                       static_cast<double>(s.nk) *
+                       static_cast<double>(unfused_workers(s, p.threads));
   if (bytes > kUnfusedWorkspaceCapBytes) {
     return "its score blocks (" + std::to_string(std::min(s.nq, kUnfusedRowBlock)) +
            " x nk per thread) " + "would need " + std::to_string(bytes / (1 << 30)) +
            " GiB (budget 2 GiB)";
   }
-  if (s.nk == 0 || s.dv == 0) return "no keys or no value columns (CBLAS wants ld >= 1)";
+  if (s.nk == 0 || s.d == 0 || s.dv == 0) {
+    return "no keys, no head dimension or no value columns (CBLAS wants ld >= 1)";
+  }
   const std::int64_t int_max = std::numeric_limits<int>::max();
   if (s.nq > int_max || s.nk > int_max || s.d > int_max || s.dv > int_max) {
     return "a dimension exceeds CBLAS's int range";
@@ -103,65 +114,86 @@ std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) 
   return float32_declines(p);
 }
 
-void attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
+namespace {
+
+// Tasks [begin, end) of the unfused kernel on one thread, with its own score and output blocks.
+void run_tasks(const core::AttentionParams& p, std::int64_t begin, std::int64_t end) {
   const core::AttentionShape& sh = p.shape;
   const std::int64_t blocks = (sh.nq + kUnfusedRowBlock - 1) / kUnfusedRowBlock;
-  const std::int64_t tasks = sh.b * sh.h * blocks;
   const int nk = static_cast<int>(sh.nk);
   const int d = static_cast<int>(sh.d);
   const int dv = static_cast<int>(sh.dv);
   const float scale = static_cast<float>(p.scale);
   const bool masked = p.masking.has_structure() || p.masking.mask != nullptr;
-
-  core::parallel_for(tasks, p.threads, [&](std::int64_t begin, std::int64_t end) {
-    const std::int64_t rows_max = std::min(kUnfusedRowBlock, sh.nq);
-    std::vector<float> scores(static_cast<std::size_t>(rows_max * sh.nk));
-    std::vector<float> out(static_cast<std::size_t>(rows_max * sh.dv));
-    std::vector<float> row_max(static_cast<std::size_t>(rows_max));
-    std::vector<float> row_sum(static_cast<std::size_t>(rows_max));
-    Matrix q, k, v;
-    for (std::int64_t task = begin; task < end; ++task) {
-      const std::int64_t blk = task % blocks;
-      const std::int64_t h = (task / blocks) % sh.h;
-      const std::int64_t b = task / (blocks * sh.h);
-      const std::int64_t hk = h / sh.group();
-      const std::int64_t i0 = blk * kUnfusedRowBlock;
-      const std::int64_t rows = std::min(kUnfusedRowBlock, sh.nq - i0);
-      view_or_pack(p.q, b, h, i0, rows, sh.d, q);
-      view_or_pack(p.k, b, hk, 0, sh.nk, sh.d, k);
-      view_or_pack(p.v, b, hk, 0, sh.nk, sh.dv, v);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), nk, d, scale,
-                  q.data, q.ld, k.data, k.ld, 0.0f, scores.data(), nk);
-      for (std::int64_t r = 0; masked && r < rows; ++r) {
-        // -inf outside the row's causal/window interval, the mask's bias inside it.
-        const std::int64_t i = i0 + r;
-        float* row = scores.data() + r * sh.nk;
-        const core::KeyRange range =
-            core::allowed_key_range(p.masking, sh.nk, i + sh.diagonal_offset());
-        std::fill(row, row + range.first, -fused::kInfF);
-        std::fill(row + range.last, row + sh.nk, -fused::kInfF);
-        for (std::int64_t j = range.first; p.masking.mask != nullptr && j < range.last; ++j) {
-          const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
-          row[j] = bias == -fused::kInfF ? -fused::kInfF : row[j] + bias;
-        }
-      }
-      softmax_rows(scores.data(), sh.nk, sh.nk, rows, row_max.data(), row_sum.data());
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), dv, nk, 1.0f,
-                  scores.data(), nk, v.data, v.ld, 0.0f, out.data(), dv);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t i = i0 + r;
-        fused::store_row(p.out, b, h, i, 0, out.data() + r * sh.dv, sh.dv, 1.0f);
-        if (p.weights.data != nullptr) {
-          fused::store_row(p.weights, b, h, i, 0, scores.data() + r * sh.nk, sh.nk, 1.0f);
-        }
-        if (p.lse.data != nullptr) {
-          const SoftmaxState st{row_max[static_cast<std::size_t>(r)],
-                                row_sum[static_cast<std::size_t>(r)]};
-          core::store_real(p.lse.data, p.lse.dtype, p.lse.strides.at(b, h, i, 0), log_sum_exp(st));
-        }
+  const std::int64_t rows_max = std::min(kUnfusedRowBlock, sh.nq);
+  std::vector<float> scores(static_cast<std::size_t>(rows_max * sh.nk));
+  std::vector<float> out(static_cast<std::size_t>(rows_max * sh.dv));
+  std::vector<float> row_max(static_cast<std::size_t>(rows_max));
+  std::vector<float> row_sum(static_cast<std::size_t>(rows_max));
+  Matrix q, k, v;
+  for (std::int64_t task = begin; task < end; ++task) {
+    const std::int64_t blk = task % blocks;
+    const std::int64_t h = (task / blocks) % sh.h;
+    const std::int64_t b = task / (blocks * sh.h);
+    const std::int64_t hk = h / sh.group();
+    const std::int64_t i0 = blk * kUnfusedRowBlock;
+    const std::int64_t rows = std::min(kUnfusedRowBlock, sh.nq - i0);
+    view_or_pack(p.q, b, h, i0, rows, sh.d, q);
+    view_or_pack(p.k, b, hk, 0, sh.nk, sh.d, k);
+    view_or_pack(p.v, b, hk, 0, sh.nk, sh.dv, v);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), nk, d, scale,
+                q.data, q.ld, k.data, k.ld, 0.0f, scores.data(), nk);
+    for (std::int64_t r = 0; masked && r < rows; ++r) {
+      // -inf outside the row's causal/window interval, the mask's bias inside it.
+      const std::int64_t i = i0 + r;
+      float* row = scores.data() + r * sh.nk;
+      const core::KeyRange range =
+          core::allowed_key_range(p.masking, sh.nk, i + sh.diagonal_offset());
+      std::fill(row, row + range.first, -fused::kInfF);
+      std::fill(row + range.last, row + sh.nk, -fused::kInfF);
+      for (std::int64_t j = range.first; p.masking.mask != nullptr && j < range.last; ++j) {
+        const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
+        row[j] = bias == -fused::kInfF ? -fused::kInfF : row[j] + bias;
       }
     }
-  });
+    softmax_rows(scores.data(), sh.nk, sh.nk, rows, row_max.data(), row_sum.data());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), dv, nk, 1.0f,
+                scores.data(), nk, v.data, v.ld, 0.0f, out.data(), dv);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t i = i0 + r;
+      fused::store_row(p.out, b, h, i, 0, out.data() + r * sh.dv, sh.dv, 1.0f);
+      if (p.weights.data != nullptr) {
+        fused::store_row(p.weights, b, h, i, 0, scores.data() + r * sh.nk, sh.nk, 1.0f);
+      }
+      if (p.lse.data != nullptr) {
+        const SoftmaxState st{row_max[static_cast<std::size_t>(r)],
+                              row_sum[static_cast<std::size_t>(r)]};
+        core::store_real(p.lse.data, p.lse.dtype, p.lse.strides.at(b, h, i, 0), log_sum_exp(st));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+core::KernelStatus attention_fwd_unfused_blas(const core::AttentionParams& p) noexcept {
+  const core::AttentionShape& sh = p.shape;
+  const std::int64_t blocks = (sh.nq + kUnfusedRowBlock - 1) / kUnfusedRowBlock;
+  const std::int64_t tasks = sh.b * sh.h * blocks;
+  // The blocks are std::vectors: a failed allocation is reported, never thrown through here.
+  std::atomic<bool> out_of_memory{false};
+  try {
+    core::parallel_for(tasks, p.threads, [&](std::int64_t begin, std::int64_t end) {
+      try {
+        run_tasks(p, begin, end);
+      } catch (const std::bad_alloc&) {
+        out_of_memory.store(true, std::memory_order_relaxed);
+      }
+    });
+  } catch (const std::bad_alloc&) {
+    return core::KernelStatus::kOutOfMemory;
+  }
+  return out_of_memory ? core::KernelStatus::kOutOfMemory : core::KernelStatus::kOk;
 }
 
 }  // namespace qkv::kernels

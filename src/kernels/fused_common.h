@@ -73,6 +73,11 @@ struct Plan {
 inline Plan make_plan(const core::AttentionShape& s, int threads) noexcept {
   Plan plan;
   plan.g = s.group();
+  // No query rows (nq, b, h or hkv of 0): no tasks, and no tile size to divide by.
+  if (s.b <= 0 || s.hkv <= 0 || plan.g <= 0 || s.nq <= 0) {
+    plan.q_tiles = 0;
+    return plan;
+  }
   std::int64_t rows = kTaskRows;
   const auto tasks_for = [&](std::int64_t r) {
     const std::int64_t bq = std::max<std::int64_t>(1, r / plan.g);

@@ -302,7 +302,8 @@ class FusedWorker {
   fused::Buffer q_, s_, o_, alpha_, max_, m_, sum_, lsum_;
 };
 
-// Runs the fused forward pass on exactly min(p.threads, tasks) threads. The (b, kv head) pairs
+// Runs the fused forward pass on min(p.threads, tasks) threads (fewer only when the system
+// refuses to create them; the bits are the same). The (b, kv head) pairs
 // are packed in chunks: all of them at once when their K^T (and V, when it cannot be read in
 // place) fit in kPackBudgetFloats, else one per chunk in two alternating slots. For each chunk,
 // every worker packs its share of the tiles, all meet at a barrier, then they take the chunk's
@@ -312,10 +313,10 @@ class FusedWorker {
 // tasks were finished before the previous barrier opened. Memory: at most kPackBudgetFloats of
 // packed operands (32 MiB), plus a few tiles per worker; nothing n x n.
 template <class Micro>
-void run_fused(const core::AttentionParams& p) noexcept {
+core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
   const core::AttentionShape& sh = p.shape;
   const fused::Plan plan = fused::make_plan(sh, p.threads);
-  if (plan.tasks == 0) return;
+  if (plan.tasks == 0) return core::KernelStatus::kOk;
   const std::int64_t heads = sh.b * sh.hkv;
   const std::int64_t key_tiles = (sh.nk + fused::kKeyTile - 1) / fused::kKeyTile;
   const std::int64_t dvp = fused::round_up(sh.dv, Micro::kLanes);
@@ -336,7 +337,7 @@ void run_fused(const core::AttentionParams& p) noexcept {
     // a packed V leaves its padding columns and rows unwritten, which must read as zeros.
     // Zeroing the K^T alone was 2 % of a causal n = 512, d = 128, H = 8 call (perf).
     slots[slot] = fused::make_buffer(chunk * head_floats, !v_in_place);
-    if (!slots[slot]) std::abort();  // out of memory for O(n) buffers: nothing sane to do
+    if (!slots[slot]) return core::KernelStatus::kOutOfMemory;
   }
   // Task order. Without causal/window every task costs the same: head by head, so that a kv
   // head's K^T and V stay in L2 from one query tile to the next (measured in isolation: 12 %
@@ -344,13 +345,20 @@ void run_fused(const core::AttentionParams& p) noexcept {
   // keys: the heaviest query tiles of every head first, so that the dynamic schedule ends on
   // light tasks (n = 512, causal, 2 threads: 5 % faster than head by head).
   const bool by_query_tile = p.masking.has_structure();
-  const std::int64_t workers = std::min<std::int64_t>(p.threads, plan.tasks);
-  std::vector<std::atomic<std::int64_t>> next(static_cast<std::size_t>(chunks));
-  std::barrier<> packed(workers);
-  core::parallel_for(workers, static_cast<int>(workers), [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t w = begin; w < end; ++w) {
+  // The team may be smaller than asked for (threads the system would not create): packing is
+  // shared out by the team's real size and the barrier counts its real members.
+  const std::int64_t wanted = std::min<std::int64_t>(p.threads, plan.tasks);
+  std::atomic<bool> out_of_memory{false};
+  try {
+    std::vector<std::atomic<std::int64_t>> next(static_cast<std::size_t>(chunks));
+    core::run_team(static_cast<int>(wanted), [&](int member, core::Team& team) {
+      const std::int64_t w = member;
+      const std::int64_t workers = team.size();
       FusedWorker<Micro> worker(p, plan);
-      if (!worker.ok()) std::abort();
+      // Every member learns of a failed allocation at the same barrier, so all leave together.
+      if (!worker.ok()) out_of_memory.store(true, std::memory_order_relaxed);
+      team.sync();
+      if (out_of_memory.load(std::memory_order_relaxed)) return;
       for (std::int64_t c = 0; c < chunks; ++c) {
         float* base = slots[c % 2].get();
         for (std::int64_t item = w; item < chunk * key_tiles; item += workers) {
@@ -367,7 +375,7 @@ void run_fused(const core::AttentionParams& p) noexcept {
                              head + kt_floats + j0 * dvp, dvp);
           }
         }
-        packed.arrive_and_wait();
+        team.sync();
         std::atomic<std::int64_t>& counter = next[static_cast<std::size_t>(c)];
         const std::int64_t tasks = chunk * plan.q_tiles;
         for (std::int64_t t = counter.fetch_add(1); t < tasks; t = counter.fetch_add(1)) {
@@ -384,8 +392,11 @@ void run_fused(const core::AttentionParams& p) noexcept {
           worker.run(fused::task_at(plan, sh, g, q_tile), kv);
         }
       }
-    }
-  });
+    });
+  } catch (const std::bad_alloc&) {
+    return core::KernelStatus::kOutOfMemory;
+  }
+  return out_of_memory ? core::KernelStatus::kOutOfMemory : core::KernelStatus::kOk;
 }
 
 #endif  // QKV_KERNELS_FUSED_DRIVER_INL_H_

@@ -18,31 +18,33 @@ struct AttentionKernel {
   std::string_view description;
   // Empty when the kernel supports these params, else the reason it declines.
   std::string (*declines)(const core::AttentionParams& params);
-  void (*run)(const core::AttentionParams& params) noexcept;
+  core::KernelStatus (*run)(const core::AttentionParams& params) noexcept;
 };
 
 std::span<const AttentionKernel> attention_kernels();
 
 // The kernels, each declared beside its twin; all share AttentionKernel's signature.
 std::string attention_fwd_reference_declines(const core::AttentionParams& params);
-void attention_fwd_reference(const core::AttentionParams& params) noexcept;
+core::KernelStatus attention_fwd_reference(const core::AttentionParams& params) noexcept;
 
 // The fused kernel (online softmax over key tiles, O(n) memory): the SIMD version (absent from
 // the list in a portable build) and its portable scalar twin, sharing one loop nest.
 std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& params);
-void attention_fwd_fused_hwy(const core::AttentionParams& params) noexcept;
+core::KernelStatus attention_fwd_fused_hwy(const core::AttentionParams& params) noexcept;
 std::string attention_fwd_fused_scalar_declines(const core::AttentionParams& params);
-void attention_fwd_fused_scalar(const core::AttentionParams& params) noexcept;
+core::KernelStatus attention_fwd_fused_scalar(const core::AttentionParams& params) noexcept;
 
 // Two CBLAS sgemm calls per head with a softmax between them: n x n workspace.
 std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& params);
-void attention_fwd_unfused_blas(const core::AttentionParams& params) noexcept;
+core::KernelStatus attention_fwd_unfused_blas(const core::AttentionParams& params) noexcept;
 
 // The unfused kernel's query rows per task: fixed, so that the sgemm calls and hence the bits
 // do not depend on the thread count; and the size of its per-thread score blocks above which it
 // declines.
 inline constexpr std::int64_t kUnfusedRowBlock = 256;
 inline constexpr double kUnfusedWorkspaceCapBytes = 2.0 * 1024 * 1024 * 1024;
+// The threads the unfused kernel starts for this shape: one per task at most.
+std::int64_t unfused_workers(const core::AttentionShape& shape, int threads) noexcept;
 
 // An upper bound on the scratch memory any kernel the call may run allocates for an attention
 // call of this shape on `threads` threads; `kernel` is options.kernel (empty: any). Kept beside

@@ -18,7 +18,14 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
   using core::saturating_add;
   using core::saturating_mul;
   const std::uint64_t d = u(shape.d), dv = u(shape.dv), nq = u(shape.nq), nk = u(shape.nk);
-  const std::uint64_t workers = u(std::max(threads, 1));
+  // Per-worker buffers count the threads each kernel really starts: never more than its tasks
+  // (--threads 100000 on a small call runs a few threads, and must not be refused as needing
+  // 100000 workspaces).
+  const std::int64_t asked = std::max(threads, 1);
+  const std::uint64_t fused_workers =
+      u(std::clamp<std::int64_t>(fused::make_plan(shape, threads).tasks, 1, asked));
+  const std::uint64_t reference_workers =
+      u(std::clamp<std::int64_t>(shape.b * shape.h * shape.nq, 1, asked));
   const std::uint64_t lanes = u(fused::kMaxLanes), key_tile = u(fused::kKeyTile);
   const std::uint64_t group = shape.hkv > 0 ? u(shape.h / shape.hkv) : 1;
 
@@ -38,8 +45,9 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
       all_heads <= u(fused::kPackBudgetFloats) ? all_heads : saturating_mul(head_floats, 2), 4);
   // Reference, per worker: one row of scores and one accumulator in float64.
   const std::uint64_t reference = saturating_mul(nk + dv, 8);
-  std::uint64_t bytes =
-      saturating_add(saturating_mul(std::max(fused_tiles, reference), workers), packed);
+  std::uint64_t bytes = saturating_add(std::max(saturating_mul(fused_tiles, fused_workers),
+                                                saturating_mul(reference, reference_workers)),
+                                       packed);
 
   if (kernel.empty() || kernel == "unfused_blas") {
     // Unfused, per worker: a block of scores and outputs, row state, and packed Q, K and V.
@@ -48,7 +56,7 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
         saturating_mul(saturating_add(saturating_mul(block, nk + dv + 2),
                                       saturating_mul(block + 2 * nk, std::max(d, dv))),
                        4);
-    unfused = saturating_mul(unfused, workers);
+    unfused = saturating_mul(unfused, u(unfused_workers(shape, threads)));
     bytes = std::max(bytes, unfused);
   }
   return bytes;

@@ -138,8 +138,10 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   const std::int64_t d = x.dim(-1);
   const std::int64_t d_m = source.dim(-1);
 
-  if (d < 1) throw Error(x.name, "samples have width 0");
-  if (d_m < 1) throw Error(source.name, "samples have width 0");
+  // Zero rows are an empty call; zero-width samples have nothing to project (the projections'
+  // CBLAS calls need a leading dimension of at least 1), so they are refused.
+  if (d < 1) throw Error(x.name, "samples have width 0: there is nothing to project");
+  if (d_m < 1) throw Error(source.name, "samples have width 0: there is nothing to project");
 
   const std::int64_t heads = options.heads;
   const std::int64_t kv_heads = options.kv_heads == 0 ? heads : options.kv_heads;
@@ -151,7 +153,11 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   }
 
   const std::int64_t q_width = check_matrix(weights.wq, d, x.name);
-  if (q_width % heads != 0 || q_width == 0) {
+  if (q_width == 0) {
+    throw Error(weights.wq.name, "has 0 columns: each of the " + str(heads) +
+                                     " heads needs a query width of at least 1");
+  }
+  if (q_width % heads != 0) {
     throw Error(weights.wq.name, str(q_width) + " columns do not split into " + str(heads) +
                                      " heads of equal width");
   }

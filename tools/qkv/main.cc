@@ -1,11 +1,14 @@
 // qkv: the command line. Thin by design: it parses flags into the library's option structs,
 // calls the library, and maps errors to exit codes with exactly one line on stderr.
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
 #include "commands.h"
+#include "qkv/attention.h"
 #include "qkv/error.h"
 
 namespace {
@@ -22,6 +25,24 @@ std::string one_line(std::string text) {
   while (!text.empty() && text.back() == ' ') text.pop_back();
   return text;
 }
+
+// OpenBLAS starts its thread pool as it is loaded, before main, and when the system refuses a
+// thread (a process limit, a small address space) it prints two lines and raises SIGINT. qkv
+// never needs that pool: it runs every BLAS call single-threaded on its own threads
+// (kernels/blas_threads.h). A .preinit_array entry of the executable runs after relocation but
+// before any shared library's initialiser, so it can tell OpenBLAS it has one thread before
+// OpenBLAS counts the cores (setenv there is undone when libc initialises, so the variables are
+// set directly; they are weak, and absent from a BLAS that is not OpenBLAS).
+extern "C" int blas_cpu_number __attribute__((weak));
+extern "C" int blas_num_threads __attribute__((weak));
+void no_openblas_pool(int, char**, char**) {
+  if (&blas_cpu_number != nullptr && &blas_num_threads != nullptr) {
+    blas_cpu_number = 1;
+    blas_num_threads = 1;
+  }
+}
+[[gnu::section(".preinit_array"),
+  gnu::used]] void (*const kNoOpenblasPool)(int, char**, char**) = no_openblas_pool;
 
 }  // namespace
 
@@ -63,6 +84,14 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qkv: internal error: %s\n", one_line(e.what()).c_str());
     return kExitInternal;
+  }
+  if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
+    if (const std::int64_t missing = qkv::threads_not_started(); missing > 0) {
+      std::fprintf(stderr,
+                   "qkv: the system refused %lld of the threads asked for; the work ran on the "
+                   "threads it allowed, with the same results\n",
+                   static_cast<long long>(missing));
+    }
   }
   return 0;
 }
