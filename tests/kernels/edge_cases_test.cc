@@ -262,5 +262,30 @@ TEST(BeyondFloat32, OrdinaryLargeInputsStayOnTheFastKernels) {
   EXPECT_EQ(r.kernel, attention_kernel_names().front());
 }
 
+// The workspace estimate counts the threads a call really starts, never more than its tasks:
+// --threads 100000 on a small call was refused as needing 86 GiB.
+TEST(WorkspaceEstimate, CountsTheThreadsThatRunNotTheThreadsAskedFor) {
+  core::AttentionShape shape;
+  shape.b = 1;
+  shape.h = shape.hkv = 2;
+  shape.nq = shape.nk = 64;
+  shape.d = shape.dv = 32;
+  const std::uint64_t few = kernels::attention_workspace_bytes(shape, 8, "");
+  EXPECT_EQ(kernels::attention_workspace_bytes(shape, 100000, ""), few);
+  EXPECT_LT(few, std::uint64_t{64} << 20);
+
+  const Tensor q = random_tensor(DType::kF32, {2, 64, 32}, 1);
+  const Tensor k = random_tensor(DType::kF32, {2, 64, 32}, 2);
+  const Tensor v = random_tensor(DType::kF32, {2, 64, 32}, 3);
+  AttentionOptions options;
+  options.threads = 100000;
+  options.max_memory = std::uint64_t{256} << 20;
+  for (const std::string& kernel : attention_kernel_names()) {
+    SCOPED_TRACE(kernel);
+    options.kernel = kernel;
+    EXPECT_NO_THROW(attention(q.view(), k.view(), v.view(), options));
+  }
+}
+
 }  // namespace
 }  // namespace qkv::testing
