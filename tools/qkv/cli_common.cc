@@ -150,7 +150,15 @@ std::optional<Tensor> load_mask(const AttentionFlags& flags) {
 
 AttentionOptions attention_options(const AttentionFlags& flags, const std::optional<Tensor>& mask) {
   AttentionOptions options;
-  if (flags.scale_option != nullptr && flags.scale_option->count() > 0) options.scale = flags.scale;
+  if (flags.scale_option != nullptr && flags.scale_option->count() > 0) {
+    // Any finite scale is taken (beyond float32's range the float64 reference computes the
+    // call); NaN, infinities and numbers past float64's range (1e400 reads as inf) are not.
+    if (!std::isfinite(flags.scale)) {
+      throw Error("--scale", "must be a finite number, got '" + flags.scale_option->as<std::string>() +
+                                 "'");
+    }
+    options.scale = flags.scale;
+  }
   options.causal = flags.causal;
   if (!flags.window.empty()) options.window = parse_window(flags.window);
   if (mask) options.mask = mask->view();
