@@ -97,6 +97,20 @@ def main():
     rng = random.Random(7)
     for i in range(12):
         write("attention_diff", "case_%02d" % i, bytes(rng.randrange(256) for _ in range(24)))
+    # Named edges (bytes in the target's order: rank, [b], [hkv, heads per kv head], nq, nk, d,
+    # dv, f64, causal, window, scale choice, mask kind, broadcast, weights, lse, f64 out,
+    # threads, magnitude choice, seed): zero sizes, and scores or sums beyond float32.
+    tail = [1, 1, 0, 1, 7, 8, 9]  # weights, lse, f32 out, 2 threads, magnitude 1, seed
+    write("attention_diff", "edge_nq0", bytes([0, 0, 10, 4, 3, 0, 1, 0, 0, 0, 0] + tail))
+    write("attention_diff", "edge_nk0", bytes([0, 5, 0, 4, 3, 0, 1, 0, 0, 0, 0] + tail))
+    write("attention_diff", "edge_d0", bytes([0, 5, 10, 0, 3, 0, 1, 0, 0, 0, 0] + tail))
+    write("attention_diff", "edge_dv0", bytes([0, 5, 10, 4, 0, 0, 0, 0, 0, 2, 0] + tail))
+    write("attention_diff", "edge_heads0", bytes([1, 0, 0, 5, 10, 4, 3, 0, 0, 0, 0, 0, 0] + tail))
+    write("attention_diff", "edge_batch0", bytes([2, 0, 1, 1, 5, 10, 4, 3, 0, 0, 0, 0, 0, 0] + tail))
+    write("attention_diff", "edge_kv_heads0", bytes([1, 0, 1, 5, 10, 4, 3, 0, 0, 0, 0, 0, 0] + tail))
+    write("attention_diff", "edge_scale_1e39", bytes([0, 9, 30, 8, 5, 0, 1, 0, 4, 0, 0] + tail))
+    write("attention_diff", "edge_qk_1e19", bytes([0, 9, 30, 2, 5, 0, 0, 0, 1, 2, 0, 1, 1, 0, 1, 2, 1, 2, 3]))
+    write("attention_diff", "edge_v_3e38", bytes([0, 9, 70, 8, 5, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 3, 4, 5, 6]))
 
 
 if __name__ == "__main__":
