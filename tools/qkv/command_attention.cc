@@ -74,7 +74,8 @@ void register_attention_command(CLI::App& app) {
       "Query head h uses kv head h / (H/Hkv). A row with no allowed key gives zeros and "
       "lse = -inf.\n"
       "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL).\n"
-      "QKV_VERBOSE=1 prints which kernel ran and why the others declined (stderr).");
+      "QKV_VERBOSE=1 prints which kernel ran and why the others declined, and whether the "
+      "system refused threads (stderr). Every dimension may be 0.");
   sub->callback([command] { run_attention(*command); });
 }
 
