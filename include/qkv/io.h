@@ -66,6 +66,13 @@ std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path
 // BOOL as bool; other dtypes are refused. The tensor's name is "PATH:NAME".
 Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
 
+// The whole of a small file (labels, say), opened as inputs are: anything but a regular file (a
+// FIFO, a device, a socket) is refused without blocking, and so is a file above `max_bytes`
+// ("is larger than the 64 MiB a labels file may hold", `what` being "a labels file"). Throws
+// qkv::Error naming the file.
+std::string read_text_file(const std::filesystem::path& path, std::uint64_t max_bytes,
+                           const std::string& what);
+
 // A tensor named the way the command line names one: "FILE.npy" (or any path: read as .npy), or
 // "FILE.safetensors:NAME" for the tensor NAME inside a safetensors file.
 Tensor read_tensor(const std::string& spec);

@@ -1,0 +1,87 @@
+// End-to-end tests of what the qkv executable does with the paths it is given: inputs that are
+// not regular files are refused without blocking.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "qkv/io.h"
+#include "support/command_runner.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+using testing::CommandRun;
+using testing::files_in;
+using testing::slurp;
+
+// Long enough for a loaded machine; a run that blocks is killed then and fails the test.
+constexpr int kTimeoutSeconds = 30;
+
+class CliFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Tensor t = testing::random_tensor(DType::kF32, {4, 8}, 1);
+    for (const char* name : {"q.npy", "k.npy", "v.npy"}) {
+      write_npy(dir_ / name, t.view(), DType::kF32);
+    }
+  }
+
+  CommandRun run(const std::vector<std::string>& args) {
+    return testing::run_program(QKV_CLI_PATH, dir_.path(), args, kTimeoutSeconds);
+  }
+
+  // Status 1, one stderr line holding `mentions`, nothing on stdout, the folder's names as
+  // before.
+  void expect_refused(const std::vector<std::string>& args, const std::string& mentions) {
+    const std::vector<std::string> before = files_in(dir_.path());
+    const CommandRun r = run(args);
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(mentions), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_EQ(files_in(dir_.path()), before) << r.err;
+  }
+
+  std::vector<std::string> attention(const std::string& q, const std::string& out) {
+    return {"attention", "--q", q, "--k", "k.npy", "--v", "v.npy", "--out", out};
+  }
+
+  testing::ScratchDir dir_;
+};
+
+TEST_F(CliFiles, FifoInputIsRefusedWithoutBlocking) {
+  ASSERT_EQ(mkfifo((dir_ / "fifo.npy").c_str(), 0600), 0);
+  expect_refused(attention("fifo.npy", "o.npy"),
+                 "fifo.npy: cannot read: not a regular file (a FIFO)");
+  ASSERT_EQ(mkfifo((dir_ / "w.safetensors").c_str(), 0600), 0);
+  expect_refused(attention("w.safetensors:q", "o.npy"),
+                 "w.safetensors: cannot read: not a regular file (a FIFO)");
+  std::vector<std::string> masked = attention("q.npy", "o.npy");
+  masked.insert(masked.end(), {"--mask", "fifo.npy"});
+  expect_refused(masked, "fifo.npy: cannot read: not a regular file (a FIFO)");
+}
+
+TEST_F(CliFiles, DeviceAndPipeInputsAreRefused) {
+  expect_refused(attention("/dev/null", "o.npy"),
+                 "/dev/null: cannot read: not a regular file (a character device)");
+  expect_refused(attention("/dev/zero", "o.npy"),
+                 "/dev/zero: cannot read: not a regular file (a character device)");
+  // A pipe the command inherits, named through /proc.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const std::string proc = "/proc/self/fd/" + std::to_string(fds[0]);
+  expect_refused(attention(proc, "o.npy"), proc + ": cannot read: not a regular file (a FIFO)");
+  close(fds[0]);
+  close(fds[1]);
+}
+
+}  // namespace
+}  // namespace qkv
