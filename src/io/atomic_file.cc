@@ -9,19 +9,21 @@
 // fail (the directory exists and is writable, the destination is not a directory) are made
 // when staging, so a rename that fails at commit time means the file system changed under us.
 //
-// Interruption. A run stopped by SIGINT, SIGTERM or SIGHUP must not leave its temporary files
+// Interruption. A run stopped by a signal in kCleanupSignals must not leave its temporary files
 // behind. Every temporary path is entered in a fixed table before the file is created and
 // leaves it once renamed or removed. The first entry installs a handler for those signals
 // (only where the signal still has its default action: an application's own handler, or an
 // inherited "ignore", is left alone) that unlinks every path in the table, then lets the
 // signal take its default action, so the process still dies of it (exit status 128 + signal in
-// a shell). The handler uses only async-signal-safe calls: atomic loads, unlink, raise. The
-// table is static storage (no allocation, no lock), so a signal on any thread at any moment
-// finds it consistent: a slot is published with a release store after its path is written.
-// Temporary names carry the process id, so a path entered just before its file is created can
-// name nothing but ours (or a stale leftover of a dead process with our pid). Renames at
-// commit run with those signals blocked, so a signal arriving during a commit takes effect
-// after every output is in place.
+// a shell). SIGPIPE and SIGXFSZ keep their meaning: the process still dies of them as before
+// (where they are ignored, a write fails with EPIPE or EFBIG and is reported in one line). The
+// handler uses only async-signal-safe calls: atomic loads, unlink, raise. The table is static
+// storage (no allocation, no lock), so a signal on any thread at any moment finds it
+// consistent: a slot is published with a release store after its path is written. Temporary
+// names carry the process id and a random suffix and are created with O_EXCL, so a path entered
+// just before its file is created can name nothing but ours, and a leftover of a killed run
+// (SIGKILL cannot be handled) is never reused. Renames at commit run with those signals
+// blocked, so a signal arriving during a commit takes effect after every output is in place.
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -60,7 +62,12 @@ namespace {
 
 constexpr std::size_t kTempSlots = 64;
 constexpr std::size_t kTempPathBytes = 4096;
-constexpr std::array<int, 3> kCleanupSignals = {SIGINT, SIGTERM, SIGHUP};
+// Every signal whose default action ends the process and that a run may meet: the terminal's
+// (INT, QUIT, HUP), a supervisor's (TERM, USR1, USR2, ALRM), the shell's limits (XFSZ, XCPU) and
+// a closed pipe (PIPE). Not SIGKILL and SIGSTOP, which cannot be caught, nor the signals of a
+// fault (SEGV, BUS, ...), whose handler must not touch a state that may be corrupt.
+constexpr std::array<int, 10> kCleanupSignals = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGXFSZ,
+                                                 SIGXCPU, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM};
 
 enum SlotState : int { kSlotFree = 0, kSlotWriting = 1, kSlotReady = 2 };
 

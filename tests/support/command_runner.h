@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,9 +51,14 @@ inline pid_t start_program(const std::string& program, const std::filesystem::pa
     const int err = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(out, 1);
     dup2(err, 2);
-    // The child starts with default signal actions, whatever the test runner set.
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
+    // The child starts with default signal actions, whatever the test runner set, and dumps
+    // no core into the folder a test compares.
+    for (const int signal_number :
+         {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ, SIGXCPU, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM}) {
+      signal(signal_number, SIG_DFL);
+    }
+    const rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
     std::vector<char*> argv;
     std::string copy_program = program;
     argv.push_back(copy_program.data());
