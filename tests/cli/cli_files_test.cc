@@ -1,8 +1,11 @@
 // End-to-end tests of what the qkv executable does with the paths it is given: inputs that are
-// not regular files are refused without blocking.
+// not regular files are refused without blocking, outputs that are not regular files are never
+// replaced, symbolic links to outputs stay links, one file given as two outputs is refused
+// however it is spelled, and a command that fails leaves every existing output as it was.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,6 +84,68 @@ TEST_F(CliFiles, DeviceAndPipeInputsAreRefused) {
   expect_refused(attention(proc, "o.npy"), proc + ": cannot read: not a regular file (a FIFO)");
   close(fds[0]);
   close(fds[1]);
+}
+
+// A second output whose name is too long for its folder (its temporary name, shortened, is
+// not): the command fails before the first output, which exists, is replaced.
+TEST_F(CliFiles, AnUnwritableLaterOutputLeavesTheEarlierOneAlone) {
+  write_npy(dir_ / "o.npy", testing::random_tensor(DType::kF32, {2}, 9).view(), DType::kF32);
+  const std::string before = slurp(dir_ / "o.npy");
+  const std::string long_name(300, 'l');
+  std::vector<std::string> args = attention("q.npy", "o.npy");
+  args.insert(args.end(), {"--lse", long_name});
+  expect_refused(args, long_name + ": cannot write: File name too long");
+  EXPECT_EQ(slurp(dir_ / "o.npy"), before);
+}
+
+TEST_F(CliFiles, NonRegularOutputsAreNeverReplaced) {
+  ASSERT_EQ(mkfifo((dir_ / "fifo.npy").c_str(), 0600), 0);
+  expect_refused(attention("q.npy", "fifo.npy"),
+                 "fifo.npy: is not a regular file (a FIFO); refusing to replace it");
+  EXPECT_TRUE(fs::is_fifo(dir_ / "fifo.npy"));
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const std::string proc = "/proc/self/fd/" + std::to_string(fds[1]);
+  expect_refused(attention("q.npy", proc), proc + ": is not a regular file (a FIFO)");
+  close(fds[0]);
+  close(fds[1]);
+  // A device node of our own (root only), standing in for /dev/null.
+  if (mknod((dir_ / "null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {
+    expect_refused(attention("q.npy", "null"),
+                   "null: is not a regular file (a character device); refusing to replace it");
+    EXPECT_TRUE(fs::is_character_file(dir_ / "null"));
+  }
+}
+
+// As root, a replaced /dev/null breaks the machine: run last, and only after the test above.
+TEST_F(CliFiles, DevNullIsNeverReplaced) {
+  expect_refused(attention("q.npy", "/dev/null"),
+                 "/dev/null: is not a regular file (a character device); refusing to replace it");
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+}
+
+TEST_F(CliFiles, ASymlinkedOutputStaysASymlink) {
+  fs::create_directory(dir_ / "real");
+  write_npy(dir_ / "real" / "o.npy", testing::random_tensor(DType::kF32, {2}, 9).view(),
+            DType::kF32);
+  fs::create_symlink("real/o.npy", dir_ / "o.npy");
+  const CommandRun r = run(attention("q.npy", "o.npy"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::is_symlink(dir_ / "o.npy"));
+  EXPECT_EQ(read_npy(dir_ / "real" / "o.npy").shape(), (Shape{4, 8}));
+  fs::create_symlink("real/missing.npy", dir_ / "dangling.npy");
+  expect_refused(attention("q.npy", "dangling.npy"),
+                 "dangling.npy: is a symbolic link to a missing file");
+}
+
+TEST_F(CliFiles, OneFileGivenAsTwoOutputsIsRefusedHoweverItIsSpelled) {
+  fs::create_directory_symlink(".", dir_ / "here");
+  const std::string absolute = (dir_ / "o.npy").string();
+  for (const std::string& other : {absolute, std::string("here/o.npy")}) {
+    std::vector<std::string> args = attention("q.npy", "o.npy");
+    args.insert(args.end(), {"--lse", other});
+    expect_refused(args, other + ": is given as more than one output");
+  }
 }
 
 }  // namespace
