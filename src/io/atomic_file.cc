@@ -15,6 +15,13 @@
 // backups are removed once every rename succeeded. What remains is a power cut or SIGKILL
 // between two renames (docs/hardening.md).
 //
+// Concurrent runs. A commit holds an exclusive flock(2) on each destination folder, taken in
+// (device, inode) order so that two runs cannot deadlock, from before its first rename until
+// after its last (and its rollback): two runs writing the same outputs commit one after the
+// other, never interleaved. The lock is on the folder itself, so no lock file is created or
+// left behind; where flock is not available (some network file systems) the commit goes ahead
+// unlocked.
+//
 // Interruption. A run stopped by a signal in kCleanupSignals must not leave its temporary files
 // behind. Every temporary path is entered in a fixed table before the file is created and
 // leaves it once renamed or removed. The first entry installs a handler for those signals
@@ -33,6 +40,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -251,6 +259,42 @@ std::filesystem::path keep_backup(const std::filesystem::path& file) {
   return {};
 }
 
+// Exclusive flock(2)s on every destination folder of a commit, released on every path out.
+class FolderLocks {
+ public:
+  explicit FolderLocks(const std::vector<io::OutputTarget*>& targets) {
+    // In (device, inode) order, one per folder however spelled, so that two commits over
+    // overlapping folders take them in the same order and cannot deadlock.
+    std::vector<const io::OutputTarget*> folders(targets.begin(), targets.end());
+    const auto key = [](const io::OutputTarget* t) {
+      return std::pair(t->directory_device, t->directory_inode);
+    };
+    std::sort(folders.begin(), folders.end(), [&](auto* a, auto* b) { return key(a) < key(b); });
+    folders.erase(std::unique(folders.begin(), folders.end(),
+                              [&](auto* a, auto* b) { return key(a) == key(b); }),
+                  folders.end());
+    fds_.reserve(folders.size());
+    for (const io::OutputTarget* folder : folders) {
+      const int fd = ::open(folder->directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      // A folder that cannot be opened now makes its rename fail, which the commit handles.
+      if (fd < 0) continue;
+      fds_.push_back(fd);
+      // Waits for another run's commit. Signals are not blocked yet, so an interrupted wait
+      // ends the run cleanly. Other errors (ENOLCK on some network file systems): unlocked.
+      while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+      }
+    }
+  }
+  ~FolderLocks() {
+    for (const int fd : fds_) ::close(fd);  // closing the descriptor releases its lock
+  }
+  FolderLocks(const FolderLocks&) = delete;
+  FolderLocks& operator=(const FolderLocks&) = delete;
+
+ private:
+  std::vector<int> fds_;
+};
+
 }  // namespace
 
 OutputFiles::OutputFiles() = default;
@@ -301,6 +345,7 @@ void OutputFiles::commit() {
     targets.push_back(&staged.target);
   }
   {
+    const FolderLocks locks(targets);
     const SignalsBlocked blocked;
     // With one output there is nothing to roll back: a failed rename leaves it as it was.
     std::vector<std::filesystem::path> backups(pending.size());
