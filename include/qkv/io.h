@@ -23,9 +23,13 @@ Tensor read_npy(const std::filesystem::path& path);
 // converted to `dtype`.
 std::vector<char> encode_npy(const TensorView& view, DType dtype);
 
-// A set of output files that appear together or not at all. stage() writes each to a temporary
-// file beside its destination; commit() renames them all into place. Destroying an uncommitted
-// set removes its temporary files, so a failure leaves every existing output untouched.
+// A set of output files that appear together or not at all. stage() checks a destination (a
+// name that fits its folder, a writable folder, not a directory, FIFO or device, not another
+// output of the set under another spelling; a symbolic link is written through to its file)
+// and writes it to a temporary file beside it; commit() renames them all into place, holding a
+// flock on each destination folder, and puts back the outputs already renamed if a later rename
+// fails. Destroying an uncommitted set removes its temporary files, so a failure leaves every
+// existing output untouched.
 class OutputFiles {
  public:
   OutputFiles();

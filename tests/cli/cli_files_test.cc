@@ -117,7 +117,8 @@ TEST_F(CliFiles, NonRegularOutputsAreNeverReplaced) {
   }
 }
 
-// As root, a replaced /dev/null breaks the machine: run last, and only after the test above.
+// The report's case itself. Before the fix this replaced /dev/null when run as root (the test
+// above checks the same refusal on a device node of its own, which is safe to lose).
 TEST_F(CliFiles, DevNullIsNeverReplaced) {
   expect_refused(attention("q.npy", "/dev/null"),
                  "/dev/null: is not a regular file (a character device); refusing to replace it");
