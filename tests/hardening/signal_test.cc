@@ -147,6 +147,37 @@ TEST(Interrupted, AnIgnoredSignalStaysIgnored) {
   EXPECT_EQ(testing::files_in(dir.path()), std::vector<std::string>{"o.npy"});
 }
 
+// Standard output a pipe whose reader is gone: with SIGPIPE's default the run dies of it; with
+// SIGPIPE ignored, the failed write (EPIPE) is reported in one line and the status is not 0.
+TEST(Interrupted, ClosedStandardOutput) {
+  for (const bool ignored : {false, true}) {
+    SCOPED_TRACE(ignored ? "SIGPIPE ignored" : "SIGPIPE default");
+    testing::ScratchDir dir;
+    const fs::path err_file = dir / "err.txt";
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    close(fds[0]);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      signal(SIGPIPE, ignored ? SIG_IGN : SIG_DFL);
+      dup2(fds[1], 1);
+      const int err = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(err, 2);
+      execl(QKV_CLI_PATH, QKV_CLI_PATH, "explain", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(fds[1]);
+    const int status = testing::wait_status_within(pid, 60);
+    const std::string err = testing::slurp(err_file);
+    if (ignored) {
+      EXPECT_EQ(status, 1) << err;
+      EXPECT_EQ(err, "standard output: cannot write: Broken pipe\n");
+    } else {
+      EXPECT_EQ(status, 128 + SIGPIPE) << err;
+    }
+  }
+}
+
 // The executable, stopped by a signal while it writes a large output: the signal arrives when
 // the poll below first sees a temporary file, i.e. mid-write.
 TEST(Interrupted, CliRunStoppedWhileWritingLeavesOutputsAlone) {

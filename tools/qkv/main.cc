@@ -1,7 +1,9 @@
 // qkv: the command line. Thin by design: it parses flags into the library's option structs,
 // calls the library, and maps errors to exit codes with exactly one line on stderr.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -63,6 +65,12 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qkv: internal error: %s\n", one_line(e.what()).c_str());
     return kExitInternal;
+  }
+  // A report that did not reach its reader is a failure too: with SIGPIPE ignored, a closed pipe
+  // (EPIPE) or a full disk behind a redirection would otherwise end with status 0 in silence.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    std::fprintf(stderr, "standard output: cannot write: %s\n", std::strerror(errno));
+    return kExitBadInput;
   }
   return 0;
 }
