@@ -53,8 +53,6 @@ OutputTarget resolve_output(const std::filesystem::path& destination, const std:
     if (S_ISDIR(info.st_mode)) fail_write(subject, EISDIR);
     if (!S_ISREG(info.st_mode)) refuse_kind(subject, info.st_mode);
     target.exists = true;
-    target.device = info.st_dev;
-    target.inode = info.st_ino;
   } else if (errno != ENOENT) {
     // ENAMETOOLONG, ENOTDIR, EACCES, ELOOP: the rename would fail the same way.
     fail_write(subject, errno);
@@ -93,11 +91,8 @@ OutputTarget resolve_output(const std::filesystem::path& destination, const std:
 }
 
 bool same_output(const OutputTarget& a, const OutputTarget& b) {
-  if (a.directory_device == b.directory_device && a.directory_inode == b.directory_inode &&
-      a.path.filename() == b.path.filename()) {
-    return true;
-  }
-  return a.exists && b.exists && a.device == b.device && a.inode == b.inode;
+  return a.directory_device == b.directory_device && a.directory_inode == b.directory_inode &&
+         a.path.filename() == b.path.filename();
 }
 
 }  // namespace qkv::io

@@ -17,8 +17,6 @@ struct OutputTarget {
   dev_t directory_device = 0;       // the folder's identity, for comparing outputs and locking
   ino_t directory_inode = 0;
   bool exists = false;  // a regular file is there now, to be replaced
-  dev_t device = 0;     // its identity, when it exists
-  ino_t inode = 0;
 };
 
 // Resolves `destination` and checks everything that would make its final rename fail or do
@@ -30,10 +28,11 @@ struct OutputTarget {
 OutputTarget resolve_output(const std::filesystem::path& destination, const std::string& subject);
 
 // Whether two resolved outputs are one file, however they were spelled: the same name in the
-// same folder (compared by the folder's device and inode, so "o.npy", "./o.npy", "$PWD/o.npy",
-// "a/../o.npy", a symlinked folder or a bind mount all match), or, when both exist, the same
-// file (a symbolic link to the other output, a name differing only in case on a file system
-// that ignores case).
+// same folder, the folder compared by device and inode, so "o.npy", "./o.npy", "$PWD/o.npy",
+// "a/../o.npy", a symlinked folder, a bind mount and (resolved when staged) a symbolic link to
+// the other output all match. Not the file's own device and inode: while another run replaces
+// the files, a freed inode number is soon given to a new file, so two different outputs staged
+// a moment apart can show the same number (a test with concurrent writers saw it happen).
 bool same_output(const OutputTarget& a, const OutputTarget& b);
 
 }  // namespace qkv::io
