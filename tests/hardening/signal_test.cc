@@ -91,6 +91,41 @@ INSTANTIATE_TEST_SUITE_P(Signals, InterruptedBy, ::testing::ValuesIn(kCleanupSig
                            return std::string(sigabbrev_np(param_info.param));
                          });
 
+// SIGKILL cannot be caught: the killed run's temporary file stays, under a name no later run
+// uses (pid, random suffix, O_EXCL), and a later run writes the same output around it.
+TEST(Interrupted, SigkillLeftoverIsNeverReused) {
+  testing::ScratchDir dir;
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(ready[0]);
+    OutputFiles files;
+    files.stage(dir / "o.bin", std::vector<char>{'k', 'i', 'l', 'l', 'e', 'd'});
+    const char byte = 'r';
+    if (write(ready[1], &byte, 1) != 1) _exit(2);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  close(ready[0]);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  EXPECT_EQ(testing::wait_status(pid), 128 + SIGKILL);
+  const std::vector<std::string> leftovers = temps_in(dir.path());
+  ASSERT_EQ(leftovers.size(), 1u);
+  EXPECT_TRUE(leftovers[0].starts_with(".o.bin.qkv-tmp-" + std::to_string(pid) + "-"))
+      << leftovers[0];
+  for (int run = 0; run < 20; ++run) {
+    OutputFiles files;
+    files.stage(dir / "o.bin", std::vector<char>{'n', 'e', 'w'});
+    files.commit();
+  }
+  EXPECT_EQ(testing::slurp(dir / "o.bin"), "new");
+  EXPECT_EQ(temps_in(dir.path()), leftovers);
+  EXPECT_EQ(testing::slurp(dir / leftovers[0]), "killed");
+}
+
 // A file size limit (ulimit -f) reached while writing: SIGXFSZ, by default, ends the run and
 // the temporary file goes with it; ignored, the write fails with EFBIG, reported in one line.
 TEST(Interrupted, FileSizeLimitWhileWriting) {
