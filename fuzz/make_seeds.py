@@ -73,7 +73,8 @@ def main():
          "m": ("BOOL", [3], bytes([1, 0, 1]))}, {"format": "pt"}))
     write("safetensors", "scalar_and_empty", safetensors({"s": ("F32", [], f32(1)), "e": ("F32", [0, 5], b"")}))
     write("safetensors", "int_types", safetensors({"i": ("I64", [2], b"\x00" * 16), "u": ("U8", [3], b"\x01\x02\x03")}))
-    for name in ("overlapping_tensors", "gap_before_tensor", "duplicate_name", "numel_overflow", "metadata_nested"):
+    for name in ("overlapping_tensors", "gap_before_tensor", "duplicate_name", "numel_overflow", "metadata_nested",
+                 "nul_then_garbage"):
         shutil.copy(os.path.join(HOSTILE, "safetensors", name + ".safetensors"),
                     os.path.join(HERE, "corpus", "safetensors", "hostile_" + name))
 

@@ -23,9 +23,13 @@ Tensor read_npy(const std::filesystem::path& path);
 // converted to `dtype`.
 std::vector<char> encode_npy(const TensorView& view, DType dtype);
 
-// A set of output files that appear together or not at all. stage() writes each to a temporary
-// file beside its destination; commit() renames them all into place. Destroying an uncommitted
-// set removes its temporary files, so a failure leaves every existing output untouched.
+// A set of output files that appear together or not at all. stage() checks a destination (a
+// name that fits its folder, a writable folder, not a directory, FIFO or device, not another
+// output of the set under another spelling; a symbolic link is written through to its file)
+// and writes it to a temporary file beside it; commit() renames them all into place, holding a
+// flock on each destination folder, and puts back the outputs already renamed if a later rename
+// fails. Destroying an uncommitted set removes its temporary files, so a failure leaves every
+// existing output untouched.
 class OutputFiles {
  public:
   OutputFiles();
@@ -65,6 +69,13 @@ std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path
 // Reads tensor `name` of a .safetensors file: F32, F16 and BF16 as float32, F64 as float64,
 // BOOL as bool; other dtypes are refused. The tensor's name is "PATH:NAME".
 Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
+
+// The whole of a small file (labels, say), opened as inputs are: anything but a regular file (a
+// FIFO, a device, a socket) is refused without blocking, and so is a file above `max_bytes`
+// ("is larger than the 64 MiB a labels file may hold", `what` being "a labels file"). Throws
+// qkv::Error naming the file.
+std::string read_text_file(const std::filesystem::path& path, std::uint64_t max_bytes,
+                           const std::string& what);
 
 // A tensor named the way the command line names one: "FILE.npy" (or any path: read as .npy), or
 // "FILE.safetensors:NAME" for the tensor NAME inside a safetensors file.

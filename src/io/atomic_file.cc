@@ -5,41 +5,58 @@
 // the destination only when every output of the command has been written. Until then the
 // destination keeps whatever it held; a reader never sees a partial file.
 //
-// Committing several files is a sequence of renames, not one atomic step: the checks that can
-// fail (the directory exists and is writable, the destination is not a directory) are made
-// when staging, so a rename that fails at commit time means the file system changed under us.
+// Committing several files is a sequence of renames, not one atomic step. Everything that can
+// be known to make a rename fail is checked when staging (output_paths.cc: name and path
+// length, the folder, non-regular and dangling destinations), so a rename that fails at commit
+// means the file system changed under us. Even then the set stays all or nothing: before the
+// first rename, each destination that exists gets a hard link (a backup under a temporary
+// name); if a later rename fails, the outputs already renamed are put back (the backup renamed
+// over it, or the new file unlinked where there was none) before the error is reported, and the
+// backups are removed once every rename succeeded. What remains is a power cut or SIGKILL
+// between two renames (docs/hardening.md).
 //
-// Interruption. A run stopped by SIGINT, SIGTERM or SIGHUP must not leave its temporary files
+// Concurrent runs. A commit holds an exclusive flock(2) on each destination folder, taken in
+// (device, inode) order so that two runs cannot deadlock, from before its first rename until
+// after its last (and its rollback): two runs writing the same outputs commit one after the
+// other, never interleaved. The lock is on the folder itself, so no lock file is created or
+// left behind; where flock is not available (some network file systems) the commit goes ahead
+// unlocked.
+//
+// Interruption. A run stopped by a signal in kCleanupSignals must not leave its temporary files
 // behind. Every temporary path is entered in a fixed table before the file is created and
 // leaves it once renamed or removed. The first entry installs a handler for those signals
 // (only where the signal still has its default action: an application's own handler, or an
 // inherited "ignore", is left alone) that unlinks every path in the table, then lets the
 // signal take its default action, so the process still dies of it (exit status 128 + signal in
-// a shell). The handler uses only async-signal-safe calls: atomic loads, unlink, raise. The
-// table is static storage (no allocation, no lock), so a signal on any thread at any moment
-// finds it consistent: a slot is published with a release store after its path is written.
-// Temporary names carry the process id, so a path entered just before its file is created can
-// name nothing but ours (or a stale leftover of a dead process with our pid). Renames at
-// commit run with those signals blocked, so a signal arriving during a commit takes effect
-// after every output is in place.
+// a shell). SIGPIPE and SIGXFSZ keep their meaning: the process still dies of them as before
+// (where they are ignored, a write fails with EPIPE or EFBIG and is reported in one line). The
+// handler uses only async-signal-safe calls: atomic loads, unlink, raise. The table is static
+// storage (no allocation, no lock), so a signal on any thread at any moment finds it
+// consistent: a slot is published with a release store after its path is written. Temporary
+// names carry the process id and a random suffix and are created with O_EXCL, so a path entered
+// just before its file is created can name nothing but ours, and a leftover of a killed run
+// (SIGKILL cannot be handled) is never reused. Commits run with those signals blocked, so a
+// signal arriving during a commit takes effect after every output is in place (or rolled back).
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <random>
-#include <set>
 #include <string>
 #include <system_error>
 #include <utility>
 
 #include "io/input_file.h"
+#include "io/output_paths.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
@@ -49,7 +66,8 @@ using io::errno_message;
 
 // One staged output. `temp` is empty once it has been renamed into place (or removed).
 struct OutputFiles::Staged {
-  std::filesystem::path destination;
+  std::filesystem::path destination;  // as given, for messages
+  io::OutputTarget target;            // the file to replace, resolved
   std::filesystem::path temp;
   int slot = -1;  // its entry in the table of temporary files, or -1
 };
@@ -60,7 +78,12 @@ namespace {
 
 constexpr std::size_t kTempSlots = 64;
 constexpr std::size_t kTempPathBytes = 4096;
-constexpr std::array<int, 3> kCleanupSignals = {SIGINT, SIGTERM, SIGHUP};
+// Every signal whose default action ends the process and that a run may meet: the terminal's
+// (INT, QUIT, HUP), a supervisor's (TERM, USR1, USR2, ALRM), the shell's limits (XFSZ, XCPU) and
+// a closed pipe (PIPE). Not SIGKILL and SIGSTOP, which cannot be caught, nor the signals of a
+// fault (SEGV, BUS, ...), whose handler must not touch a state that may be corrupt.
+constexpr std::array<int, 10> kCleanupSignals = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGXFSZ,
+                                                 SIGXCPU, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM};
 
 enum SlotState : int { kSlotFree = 0, kSlotWriting = 1, kSlotReady = 2 };
 
@@ -157,6 +180,12 @@ std::string random_suffix() {
   return suffix;
 }
 
+std::string temp_name(const std::filesystem::path& destination) {
+  std::string name = destination.filename().string();
+  if (name.size() > kMaxNameInTemp) name.resize(kMaxNameInTemp);
+  return "." + name + ".qkv-tmp-" + std::to_string(::getpid()) + "-" + random_suffix();
+}
+
 // Creates ".<name>.qkv-tmp-<pid>-XXXXXX" beside `destination`, entered in the table of
 // temporary files, and returns its descriptor, path and slot. Unlike mkstemp, which makes the
 // file 0600, this creates it 0666 less the umask, so that the renamed output has the
@@ -168,13 +197,9 @@ struct Temp {
 };
 
 Temp create_temp(const std::filesystem::path& destination, const std::string& subject) {
-  std::string name = destination.filename().string();
-  if (name.size() > kMaxNameInTemp) name.resize(kMaxNameInTemp);
   const std::filesystem::path directory = destination.parent_path();
-  const std::string pid = std::to_string(::getpid());
   for (int attempt = 0; attempt < kTempAttempts; ++attempt) {
-    std::filesystem::path temp =
-        directory / ("." + name + ".qkv-tmp-" + pid + "-" + random_suffix());
+    std::filesystem::path temp = directory / temp_name(destination);
     // Entered before the file exists, so that no moment has it on disk and off the table.
     const int slot = register_temp(temp);
     int fd;
@@ -222,6 +247,54 @@ void sync_directory(const std::filesystem::path& directory) {
   ::close(fd);
 }
 
+// A hard link to `file` under a temporary name beside it, so that the file can be put back if
+// the commit fails after replacing it; empty if none could be made (EPERM or ENOTSUP: a file
+// system without hard links; ENOENT: the file went away since staging).
+std::filesystem::path keep_backup(const std::filesystem::path& file) {
+  for (int attempt = 0; attempt < kTempAttempts; ++attempt) {
+    std::filesystem::path backup = file.parent_path() / temp_name(file);
+    if (::link(file.c_str(), backup.c_str()) == 0) return backup;
+    if (errno != EEXIST) break;
+  }
+  return {};
+}
+
+// Exclusive flock(2)s on every destination folder of a commit, released on every path out.
+class FolderLocks {
+ public:
+  explicit FolderLocks(const std::vector<io::OutputTarget*>& targets) {
+    // In (device, inode) order, one per folder however spelled, so that two commits over
+    // overlapping folders take them in the same order and cannot deadlock.
+    std::vector<const io::OutputTarget*> folders(targets.begin(), targets.end());
+    const auto key = [](const io::OutputTarget* t) {
+      return std::pair(t->directory_device, t->directory_inode);
+    };
+    std::sort(folders.begin(), folders.end(), [&](auto* a, auto* b) { return key(a) < key(b); });
+    folders.erase(std::unique(folders.begin(), folders.end(),
+                              [&](auto* a, auto* b) { return key(a) == key(b); }),
+                  folders.end());
+    fds_.reserve(folders.size());
+    for (const io::OutputTarget* folder : folders) {
+      const int fd = ::open(folder->directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      // A folder that cannot be opened now makes its rename fail, which the commit handles.
+      if (fd < 0) continue;
+      fds_.push_back(fd);
+      // Waits for another run's commit. Signals are not blocked yet, so an interrupted wait
+      // ends the run cleanly. Other errors (ENOLCK on some network file systems): unlocked.
+      while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+      }
+    }
+  }
+  ~FolderLocks() {
+    for (const int fd : fds_) ::close(fd);  // closing the descriptor releases its lock
+  }
+  FolderLocks(const FolderLocks&) = delete;
+  FolderLocks& operator=(const FolderLocks&) = delete;
+
+ private:
+  std::vector<int> fds_;
+};
+
 }  // namespace
 
 OutputFiles::OutputFiles() = default;
@@ -236,22 +309,19 @@ OutputFiles::~OutputFiles() {
 void OutputFiles::stage(const std::filesystem::path& path, const std::vector<char>& bytes) {
   const std::string subject = path.string();
   if (!path.has_filename()) throw Error(subject, "is not a file name");
+  // Caught now rather than at commit, when other outputs may already have been renamed.
+  io::OutputTarget target = io::resolve_output(path, subject);
   for (const Staged& staged : staged_) {
-    if (!staged.temp.empty() && staged.destination.lexically_normal() == path.lexically_normal()) {
+    if (!staged.temp.empty() && io::same_output(staged.target, target)) {
       throw Error(subject, "is given as more than one output");
     }
-  }
-  // Caught now rather than at commit, when other outputs may already have been renamed.
-  struct stat info {};
-  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    throw Error(subject, "cannot write: " + errno_message(EISDIR));
   }
 
   // Reserved first: once the temporary file exists, recording it must not fail.
   staged_.reserve(staged_.size() + 1);
-  Temp temp = create_temp(path, subject);
+  Temp temp = create_temp(target.path, subject);
   // Recorded before writing, so the temporary file is on the one list from its creation.
-  staged_.push_back(Staged{path, temp.path, temp.slot});
+  staged_.push_back(Staged{path, std::move(target), temp.path, temp.slot});
   const int err = write_sync_close(temp.fd, bytes);
   if (err != 0) {
     ::unlink(temp.path.c_str());
@@ -267,24 +337,76 @@ void OutputFiles::stage_npy(const std::filesystem::path& path, const TensorView&
 }
 
 void OutputFiles::commit() {
-  std::set<std::filesystem::path> directories;
+  std::vector<Staged*> pending;
+  std::vector<io::OutputTarget*> targets;
+  for (Staged& staged : staged_) {
+    if (staged.temp.empty()) continue;
+    pending.push_back(&staged);
+    targets.push_back(&staged.target);
+  }
   {
+    const FolderLocks locks(targets);
     const SignalsBlocked blocked;
-    for (Staged& staged : staged_) {
-      if (staged.temp.empty()) continue;
-      if (::rename(staged.temp.c_str(), staged.destination.c_str()) != 0) {
-        throw Error(staged.destination.string(),
-                    "cannot move the finished file into place: " + errno_message(errno));
+    // With one output there is nothing to roll back: a failed rename leaves it as it was.
+    std::vector<std::filesystem::path> backups(pending.size());
+    if (pending.size() > 1) {
+      for (std::size_t i = 0; i < pending.size(); ++i) {
+        if (pending[i]->target.exists) backups[i] = keep_backup(pending[i]->target.path);
+      }
+    }
+    // Undoes the renames of pending[0, failed): each replaced file comes back from its backup,
+    // and one that did not exist before is removed; removes every backup. Returns the outputs
+    // that could not be restored (no backup: a file system without hard links).
+    const auto roll_back = [&](std::size_t failed) {
+      std::string not_restored;
+      for (std::size_t i = failed; i-- > 0;) {
+        const io::OutputTarget& target = pending[i]->target;
+        bool restored = false;
+        if (!backups[i].empty()) {
+          restored = ::rename(backups[i].c_str(), target.path.c_str()) == 0;
+        } else if (!target.exists) {
+          restored = ::unlink(target.path.c_str()) == 0;
+        }
+        if (!restored) {
+          not_restored += (not_restored.empty() ? "" : ", ") + pending[i]->destination.string();
+        }
+      }
+      for (std::size_t i = failed; i < backups.size(); ++i) {
+        if (!backups[i].empty()) ::unlink(backups[i].c_str());
+      }
+      return not_restored;
+    };
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      Staged& staged = *pending[i];
+      if (::rename(staged.temp.c_str(), staged.target.path.c_str()) != 0) {
+        const int err = errno;
+        const std::string not_restored = roll_back(i);
+        throw Error(
+            staged.destination.string(),
+            "cannot move the finished file into place: " + errno_message(err) +
+                (not_restored.empty() ? "; the other outputs were left as they were"
+                                      : "; already replaced and not restorable: " + not_restored));
       }
       staged.temp.clear();
       unregister_temp(staged.slot);
       staged.slot = -1;
-      const std::filesystem::path directory = staged.destination.parent_path();
-      directories.insert(directory.empty() ? std::filesystem::path(".") : directory);
+    }
+    for (const auto& backup : backups) {
+      if (!backup.empty()) ::unlink(backup.c_str());
+    }
+  }
+  std::vector<const io::OutputTarget*> synced;
+  for (const io::OutputTarget* target : targets) {
+    const bool seen = std::any_of(synced.begin(), synced.end(), [&](const io::OutputTarget* t) {
+      return t->directory_device == target->directory_device &&
+             t->directory_inode == target->directory_inode;
+    });
+    if (!seen) {
+      sync_directory(target->directory);
+      synced.push_back(target);
     }
   }
   staged_.clear();
-  for (const auto& directory : directories) sync_directory(directory);
 }
 
 void write_npy(const std::filesystem::path& path, const TensorView& view, DType dtype) {

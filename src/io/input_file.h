@@ -18,10 +18,16 @@ std::string errno_message(int err);
 // characters shown before "...". A hostile file cannot break or colour the line.
 std::string quote_from_file(std::string_view text, char delimiter, std::size_t limit);
 
-// A file opened for reading, closed on every path out.
+// What a file that is not regular is, for messages: "a FIFO", "a character device", "a
+// socket", ...
+std::string file_kind(unsigned mode);
+
+// A regular file opened for reading, closed on every path out.
 class InputFile {
  public:
-  // Opens `path`; errors are qkv::Error with `subject` (which must outlive this object).
+  // Opens `path`; errors are qkv::Error with `subject` (which must outlive this object). Anything
+  // but a regular file (a FIFO, a socket, a device such as /dev/zero, a /proc/self/fd link to a
+  // pipe) is refused, without blocking: "cannot read: not a regular file (a FIFO)".
   InputFile(const std::filesystem::path& path, const std::string& subject);
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;

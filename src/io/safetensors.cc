@@ -342,11 +342,29 @@ Index read_index(const InputFile& file, const std::string& subject) {
     throw Error(subject, "header does not start with '{' (found " + quote(header.substr(0, 1)) +
                              "): not a safetensors file");
   }
+  // The JSON object must span the header, as in the reference: only spaces (the format's
+  // padding) may follow it. nlohmann's lexer takes a NUL byte for the end of its input, so
+  // "{...}\0anything" would parse as "{...}"; JSON allows no NUL anywhere, so any is refused.
+  const std::size_t nul = header.find('\0');
+  if (nul != std::string::npos) {
+    throw Error(subject, "header holds a NUL byte at byte " + str(nul) +
+                             " of the header: the JSON object must fill it, padded only with "
+                             "trailing spaces");
+  }
+  const std::size_t last = header.find_last_not_of(' ');
   HeaderHandler handler;
-  const bool parsed =
-      nlohmann::json::sax_parse(header, &handler, nlohmann::json::input_format_t::json, true);
+  const bool parsed = nlohmann::json::sax_parse(header.substr(0, last + 1), &handler,
+                                                nlohmann::json::input_format_t::json, true);
   if (!handler.error().empty()) throw Error(subject, handler.error());
   if (!parsed) throw Error(subject, "malformed JSON header");
+  // A strict parse allows JSON's other whitespace (tab, CR, LF) after the object; the format
+  // does not.
+  if (header[last] != '}') {
+    const std::size_t after = header.find_last_of('}', last) + 1;
+    throw Error(subject, "header has byte " + quote(header.substr(after, 1)) + " at byte " +
+                             str(after) +
+                             " of the header, after its JSON object: only spaces may pad it");
+  }
 
   Index index;
   index.entries = std::move(handler.entries());

@@ -4,6 +4,8 @@
 // The golden file is tests/explain/builtin_walk_through.golden; after an intended change of
 // the text, regenerate it with QKV_UPDATE_GOLDEN=1 ./test_explain and review the diff.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -124,6 +126,29 @@ TEST_F(ExplainFiles, BadInputFailsCleanly) {
                        {"explain", "--q", "q.npy", "--k", "k.npy", "--html", "new.html"}, "--v");
   expect_clean_failure(dir_.path(), {"explain", "--causal", "--html", "new.html"}, "--causal");
   EXPECT_EQ(testing::slurp(page), "an older page");
+}
+
+// Labels files are read like inputs: a FIFO or a device is refused at once (it would block, or
+// never end), and a file above 64 MiB is refused before it is read.
+TEST_F(ExplainFiles, LabelsMustBeRegularFilesOfBoundedSize) {
+  ASSERT_EQ(mkfifo((dir_ / "fifo.txt").c_str(), 0600), 0);
+  const std::vector<std::string> inputs = {"explain", "--q", "q.npy", "--k",
+                                           "k.npy",   "--v", "v.npy"};
+  const auto refused = [&](const char* flag, const std::string& file, const std::string& names) {
+    std::vector<std::string> args = inputs;
+    args.insert(args.end(), {flag, file, "--html", "new.html"});
+    const std::vector<std::string> before = testing::files_in(dir_.path());
+    const CommandRun run = testing::run_program(QKV_CLI_PATH, dir_.path(), args, 30);
+    EXPECT_EQ(run.status, 1) << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+    EXPECT_NE(run.err.find(names), std::string::npos) << run.err;
+    EXPECT_EQ(testing::files_in(dir_.path()), before);
+  };
+  refused("--labels-k", "fifo.txt", "fifo.txt: cannot read: not a regular file (a FIFO)");
+  refused("--labels-q", "/dev/zero", "/dev/zero: cannot read: not a regular file (a character");
+  // Sparse: 64 MiB and one byte of zeros, without writing them.
+  ASSERT_EQ(truncate((dir_ / "keys.txt").c_str(), (off_t{64} << 20) + 1), 0);
+  refused("--labels-k", "keys.txt", "keys.txt: is larger than the 64 MiB a labels file may hold");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -219,6 +220,143 @@ TEST(OutputFiles, FailedRenameNamesTheDestination) {
     EXPECT_EQ(e.subject(), (dir / "out.bin").string());
     EXPECT_NE(e.problem().find("No such file or directory"), std::string::npos) << e.problem();
   }
+}
+
+// ---- Every foreseeable failure is found while staging; a commit is all or nothing. ----
+
+// A final name above NAME_MAX, whose temporary name (shortened) can be created: refused by
+// stage(), before an earlier output of the set is replaced.
+TEST(OutputFiles, NameTooLongForItsFolderIsRefusedWhileStaging) {
+  ScratchDir dir;
+  write_file(dir / "a.bin", "old a");
+  const std::string long_name(300, 'l');
+  std::string problem;
+  bool staged = false;
+  try {
+    OutputFiles files;
+    files.stage(dir / "a.bin", bytes_of("new a"));
+    files.stage(dir / long_name, bytes_of("new l"));
+    staged = true;
+    files.commit();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), (dir / long_name).string());
+    problem = e.problem();
+  }
+  EXPECT_FALSE(staged);
+  EXPECT_NE(problem.find("File name too long"), std::string::npos) << problem;
+  EXPECT_EQ(read_file(dir / "a.bin"), "old a");
+  EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"a.bin"});
+}
+
+// A rename that fails at commit all the same (here the temporary file of the third output is
+// removed behind qkv's back): the outputs already renamed are put back as they were.
+TEST(OutputFiles, AFailedRenameRollsBackTheOutputsAlreadyReplaced) {
+  ScratchDir dir;
+  write_file(dir / "a.bin", "old a");
+  OutputFiles files;
+  files.stage(dir / "a.bin", bytes_of("new a"));
+  files.stage(dir / "b.bin", bytes_of("new b"));
+  files.stage(dir / "c.bin", bytes_of("new c"));
+  for (const auto& name : names_in(dir.path())) {
+    if (name.starts_with(".c.bin.qkv-tmp-")) std::filesystem::remove(dir / name);
+  }
+  try {
+    files.commit();
+    ADD_FAILURE() << "commit succeeded without a temporary file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), (dir / "c.bin").string());
+    EXPECT_NE(e.problem().find("No such file or directory"), std::string::npos) << e.problem();
+    EXPECT_NE(e.problem().find("left as they were"), std::string::npos) << e.problem();
+  }
+  EXPECT_EQ(read_file(dir / "a.bin"), "old a");
+  EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"a.bin"});
+}
+
+// ---- Destinations that are not regular files, and symbolic links. ----
+
+void expect_stage_refused(const std::filesystem::path& path, const std::string& phrase) {
+  OutputFiles files;
+  try {
+    files.stage(path, bytes_of("x"));
+    ADD_FAILURE() << path << " was staged";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), path.string());
+    EXPECT_NE(e.problem().find(phrase), std::string::npos) << e.problem();
+  }
+}
+
+TEST(OutputFiles, NonRegularDestinationsAreRefused) {
+  ScratchDir dir;
+  ASSERT_EQ(mkfifo((dir / "fifo.npy").c_str(), 0600), 0);
+  expect_stage_refused(dir / "fifo.npy", "is not a regular file (a FIFO); refusing to replace it");
+  EXPECT_TRUE(std::filesystem::is_fifo(dir / "fifo.npy"));
+  // Staging only (a commit before the fix would have replaced /dev/null when run as root).
+  expect_stage_refused("/dev/null", "is not a regular file (a character device); refusing");
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  expect_stage_refused("/proc/self/fd/" + std::to_string(fds[1]), "is not a regular file (a FIFO)");
+  close(fds[0]);
+  close(fds[1]);
+  EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"fifo.npy"});
+}
+
+TEST(OutputFiles, ASymlinkIsWrittenThroughToItsTarget) {
+  ScratchDir dir;
+  std::filesystem::create_directory(dir / "real");
+  write_file(dir / "real" / "target.bin", "old");
+  std::filesystem::create_symlink("real/target.bin", dir / "link.bin");
+  OutputFiles files;
+  files.stage(dir / "link.bin", bytes_of("new"));
+  files.commit();
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.bin"));
+  EXPECT_EQ(read_file(dir / "real" / "target.bin"), "new");
+  EXPECT_EQ(names_in(dir.path()), (std::vector<std::string>{"link.bin", "real"}));
+  EXPECT_EQ(names_in(dir / "real"), std::vector<std::string>{"target.bin"});
+}
+
+TEST(OutputFiles, ADanglingSymlinkIsRefused) {
+  ScratchDir dir;
+  std::filesystem::create_symlink("missing.bin", dir / "link.bin");
+  expect_stage_refused(dir / "link.bin", "is a symbolic link to a missing file");
+  EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"link.bin"});
+}
+
+// ---- One file given as two outputs, however it is spelled. ----
+
+TEST(OutputFiles, SameDestinationUnderAnySpellingThrows) {
+  ScratchDir dir;
+  std::filesystem::create_directory(dir / "sub");
+  std::filesystem::create_directory_symlink(".", dir / "alias");
+  std::filesystem::create_symlink("o.bin", dir / "link.bin");
+  const auto previous = std::filesystem::current_path();
+  std::filesystem::current_path(dir / "sub");
+  for (const bool exists : {false, true}) {
+    if (exists) write_file(dir / "o.bin", "old");
+    const std::vector<std::filesystem::path> spellings = {
+        "../o.bin", dir / "sub" / ".." / "o.bin", dir / "alias" / "o.bin",
+        dir / "alias" / "alias" / "sub" / ".." / "o.bin"};
+    for (const auto& other : spellings) {
+      SCOPED_TRACE(other.string() + (exists ? " (exists)" : ""));
+      OutputFiles files;
+      files.stage(dir / "o.bin", bytes_of("first"));
+      try {
+        files.stage(other, bytes_of("second"));
+        ADD_FAILURE() << "the same destination was staged twice";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.subject(), other.string());
+        EXPECT_NE(e.problem().find("more than one output"), std::string::npos) << e.problem();
+      }
+    }
+    if (exists) {
+      // Through a symbolic link to the other output (which must exist to be written through).
+      OutputFiles files;
+      files.stage(dir / "o.bin", bytes_of("first"));
+      EXPECT_THROW(files.stage(dir / "link.bin", bytes_of("second")), Error);
+      files.commit();
+      EXPECT_EQ(read_file(dir / "o.bin"), "first");
+    }
+  }
+  std::filesystem::current_path(previous);
 }
 
 TEST(WriteNpy, WritesAndReplaces) {

@@ -4,14 +4,17 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace qkv::testing {
@@ -48,9 +51,14 @@ inline pid_t start_program(const std::string& program, const std::filesystem::pa
     const int err = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(out, 1);
     dup2(err, 2);
-    // The child starts with default signal actions, whatever the test runner set.
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
+    // The child starts with default signal actions, whatever the test runner set, and dumps
+    // no core into the folder a test compares.
+    for (const int signal_number :
+         {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ, SIGXCPU, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM}) {
+      signal(signal_number, SIG_DFL);
+    }
+    const rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
     std::vector<char*> argv;
     std::string copy_program = program;
     argv.push_back(copy_program.data());
@@ -69,15 +77,31 @@ inline int wait_status(pid_t pid) {
   return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
 }
 
+// As wait_status, but a process still running after `seconds` is killed with SIGKILL (status
+// 128 + 9): a test of something that must not block fails instead of hanging.
+inline int wait_status_within(pid_t pid, int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int wstatus = 0;
+    if (waitpid(pid, &wstatus, WNOHANG) == pid) {
+      return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(pid, SIGKILL);
+  return wait_status(pid);
+}
+
 // Runs `program args...` in `dir`; the capture files live outside `dir`, so that a test can
-// compare the folder's files before and after.
+// compare the folder's files before and after. With `timeout_seconds` > 0, a run that takes
+// longer is killed (status 137).
 inline CommandRun run_program(const std::string& program, const std::filesystem::path& dir,
-                              const std::vector<std::string>& args) {
+                              const std::vector<std::string>& args, int timeout_seconds = 0) {
   const std::filesystem::path out_file = dir.parent_path() / (dir.filename().string() + ".stdout");
   const std::filesystem::path err_file = dir.parent_path() / (dir.filename().string() + ".stderr");
   const pid_t pid = start_program(program, dir, args, out_file, err_file);
   CommandRun run;
-  run.status = wait_status(pid);
+  run.status = timeout_seconds > 0 ? wait_status_within(pid, timeout_seconds) : wait_status(pid);
   run.out = slurp(out_file);
   run.err = slurp(err_file);
   std::filesystem::remove(out_file);

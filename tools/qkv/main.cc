@@ -1,9 +1,11 @@
 // qkv: the command line. Thin by design: it parses flags into the library's option structs,
 // calls the library, and maps errors to exit codes with exactly one line on stderr.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -92,6 +94,12 @@ int main(int argc, char** argv) {
                    "threads it allowed, with the same results\n",
                    static_cast<long long>(missing));
     }
+  }
+  // A report that did not reach its reader is a failure too: with SIGPIPE ignored, a closed pipe
+  // (EPIPE) or a full disk behind a redirection would otherwise end with status 0 in silence.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    std::fprintf(stderr, "standard output: cannot write: %s\n", std::strerror(errno));
+    return kExitBadInput;
   }
   return 0;
 }
