@@ -19,6 +19,18 @@ namespace qkv {
 // qkv::Error naming the file, before any large allocation.
 Tensor read_npy(const std::filesystem::path& path);
 
+// What reading a tensor will produce, known from the file's header alone: nothing but the
+// header is read, and nothing larger than it allocated.
+struct TensorInfo {
+  std::string name;           // as the reader names the tensor: "PATH" or "PATH:NAME"
+  DType dtype = DType::kF32;  // in memory once read: float32 for F16 and BF16
+  Shape shape;
+  std::uint64_t bytes = 0;  // the tensor will take in memory once read
+};
+
+// The header of an .npy file, validated exactly as read_npy validates it (same errors).
+TensorInfo inspect_npy(const std::filesystem::path& path);
+
 // The bytes of an .npy file (version 1.0, or 2.0 when the header needs it) holding `view`
 // converted to `dtype`.
 std::vector<char> encode_npy(const TensorView& view, DType dtype);
@@ -70,6 +82,10 @@ std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path
 // BOOL as bool; other dtypes are refused. The tensor's name is "PATH:NAME".
 Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
 
+// Tensor `name` of a .safetensors file as read_safetensors_tensor would read it, from the
+// header alone (same errors).
+TensorInfo inspect_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
+
 // The whole of a small file (labels, say), opened as inputs are: anything but a regular file (a
 // FIFO, a device, a socket) is refused without blocking, and so is a file above `max_bytes`
 // ("is larger than the 64 MiB a labels file may hold", `what` being "a labels file"). Throws
@@ -80,5 +96,9 @@ std::string read_text_file(const std::filesystem::path& path, std::uint64_t max_
 // A tensor named the way the command line names one: "FILE.npy" (or any path: read as .npy), or
 // "FILE.safetensors:NAME" for the tensor NAME inside a safetensors file.
 Tensor read_tensor(const std::string& spec);
+
+// The tensor `spec` names, as read_tensor would read it, from the file's header alone: what a
+// memory budget needs to refuse an input before reading it.
+TensorInfo inspect_tensor(const std::string& spec);
 
 }  // namespace qkv

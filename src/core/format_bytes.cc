@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdio>
+#include <limits>
 
 namespace qkv::core {
 
@@ -17,6 +18,13 @@ std::string format_bytes(std::uint64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, value < 10.0 ? "%.3g %s" : "%.0f %s", value, kUnits[unit]);
   return text;
+}
+
+std::string format_bytes_exact(std::uint64_t bytes) {
+  if (bytes == std::numeric_limits<std::uint64_t>::max()) return "more than 2^64 bytes";
+  // Under 1 KiB the exact count already says it all: "512 bytes (512 B)", not "(512 bytes)".
+  const std::string human = bytes < 1024 ? std::to_string(bytes) + " B" : format_bytes(bytes);
+  return std::to_string(bytes) + " bytes (" + human + ")";
 }
 
 }  // namespace qkv::core

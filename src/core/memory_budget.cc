@@ -95,11 +95,6 @@ MemoryEstimate layer_memory(const LayerShape& s, const AttentionOptions& options
   return e;
 }
 
-std::string format_bytes_exact(std::uint64_t bytes) {
-  if (bytes == kMax) return "more than 2^64 bytes";
-  return std::to_string(bytes) + " bytes (" + human(bytes) + ")";
-}
-
 void check_memory_budget(const MemoryEstimate& estimate, std::uint64_t budget,
                          const std::string& what) {
   if (budget == 0 || estimate.total() <= budget) return;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/format_bytes.h"  // format_bytes_exact, for the refusal
 #include "core/params.h"
 #include "core/validate.h"
 #include "qkv/attention.h"
@@ -53,8 +54,5 @@ MemoryEstimate layer_memory(const LayerShape& shape, const AttentionOptions& opt
 // estimate.total() > budget; budget 0 means no limit. `what` names the call ("attention").
 void check_memory_budget(const MemoryEstimate& estimate, std::uint64_t budget,
                          const std::string& what);
-
-// "17179869184 bytes (16 GiB)".
-std::string format_bytes_exact(std::uint64_t bytes);
 
 }  // namespace qkv::core

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <utility>
 
+#include "core/format_bytes.h"
+#include "core/out_of_memory.h"
 #include "qkv/error.h"
 
 namespace qkv {
@@ -116,8 +118,10 @@ Tensor::Tensor(DType dtype, Shape shape, std::string name)
   try {
     memory = new (std::align_val_t(kAlignment)) std::byte[bytes];
   } catch (const std::bad_alloc&) {
-    throw Error(name_, "cannot allocate " + std::to_string(bytes) + " bytes for shape " +
-                           shape_string(shape_));
+    throw core::OutOfMemory(name_,
+                            core::format_bytes_exact(bytes) + " for a " + dtype_name(dtype_) +
+                                " tensor " + shape_string(shape_),
+                            bytes);
   }
   std::memset(memory, 0, bytes);
   storage_.reset(memory);

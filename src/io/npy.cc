@@ -46,12 +46,14 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <utility>
 
 #include "core/format_bytes.h"
+#include "core/out_of_memory.h"
 #include "io/input_file.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -394,11 +396,16 @@ const char* descr_of(DType dtype) {
   return "?";
 }
 
-}  // namespace
+// What the header of an .npy file says, once checked against the file: the peek
+// (inspect_npy) and the reader (read_npy) share this one parse.
+struct Layout {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::uint64_t data_offset = 0;
+  std::uint64_t data_bytes = 0;  // exactly what the file holds after the header
+};
 
-Tensor read_npy(const std::filesystem::path& path) {
-  const std::string subject = path.string();
-  const InputFile file(path, subject);
+Layout read_layout(const InputFile& file, const std::string& subject) {
   const std::uint64_t file_size = file.size();
   if (file_size == 0) throw Error(subject, "is empty (0 bytes), not an .npy file");
 
@@ -492,10 +499,31 @@ Tensor read_npy(const std::filesystem::path& path) {
                              " after the data that its header describes (" + std::to_string(numel) +
                              " " + dtype_name(dtype) + " values)");
   }
+  return Layout{dtype, header.shape, data_offset, data_bytes};
+}
 
-  Tensor tensor(dtype, header.shape, subject);
-  if (data_bytes > 0) file.read_at(data_offset, tensor.data(), data_bytes);
-  if (dtype == DType::kBool) {
+}  // namespace
+
+TensorInfo inspect_npy(const std::filesystem::path& path) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  Layout layout = read_layout(file, subject);
+  return TensorInfo{subject, layout.dtype, std::move(layout.shape), layout.data_bytes};
+}
+
+Tensor read_npy(const std::filesystem::path& path) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  const Layout layout = read_layout(file, subject);
+  const std::uint64_t data_bytes = layout.data_bytes;
+  Tensor tensor;
+  try {
+    tensor = Tensor(layout.dtype, layout.shape, subject);
+  } catch (const core::OutOfMemory& e) {
+    throw Error(subject, "out of memory reading " + e.allocation());
+  }
+  if (data_bytes > 0) file.read_at(layout.data_offset, tensor.data(), data_bytes);
+  if (layout.dtype == DType::kBool) {
     const auto* bytes = static_cast<const unsigned char*>(tensor.data());
     for (std::uint64_t i = 0; i < data_bytes; ++i) {
       if (bytes[i] > 1) {
@@ -508,9 +536,17 @@ Tensor read_npy(const std::filesystem::path& path) {
 }
 
 std::vector<char> encode_npy(const TensorView& view, DType dtype) {
-  const Tensor data = contiguous_copy(view, dtype);
+  // A view already contiguous and of `dtype` (every output qkv writes) is copied straight into
+  // the bytes; only a conversion or a strided view needs a contiguous copy first.
+  Tensor converted;
+  const void* data = view.data;
+  if (view.dtype != dtype || !view.is_contiguous()) {
+    converted = contiguous_copy(view, dtype);
+    data = converted.data();
+  }
+  const std::size_t data_bytes = static_cast<std::size_t>(view.numel()) * dtype_size(dtype);
   std::string header = std::string("{'descr': '") + descr_of(dtype) +
-                       "', 'fortran_order': False, 'shape': " + shape_tuple(data.shape()) + ", }";
+                       "', 'fortran_order': False, 'shape': " + shape_tuple(view.shape) + ", }";
 
   // Pad with spaces and a final '\n' so that the data starts on an aligned offset.
   auto padded_length = [&](std::size_t preamble) {
@@ -529,18 +565,26 @@ std::vector<char> encode_npy(const TensorView& view, DType dtype) {
   header.push_back('\n');
 
   std::vector<char> out;
-  out.reserve(preamble + header_length + data.nbytes());
-  out.insert(out.end(), kMagic.begin(), kMagic.end());
-  out.push_back(static_cast<char>(major));
-  out.push_back(0);
+  const std::size_t total = preamble + header_length + data_bytes;
+  try {
+    out.resize(total);
+  } catch (const std::bad_alloc&) {
+    throw core::OutOfMemory(view.name,
+                            core::format_bytes_exact(total) + " for the .npy encoding of a " +
+                                dtype_name(dtype) + " tensor " + shape_string(view.shape),
+                            total);
+  }
+  char* at = out.data();
+  std::memcpy(at, kMagic.data(), kMagic.size());
+  at += kMagic.size();
+  *at++ = static_cast<char>(major);
+  *at++ = 0;
   for (std::size_t i = 0; i < preamble - 8; ++i) {
-    out.push_back(static_cast<char>((header_length >> (8 * i)) & 0xff));
+    *at++ = static_cast<char>((header_length >> (8 * i)) & 0xff);
   }
-  out.insert(out.end(), header.begin(), header.end());
-  if (data.nbytes() > 0) {
-    const auto* bytes = static_cast<const char*>(data.data());
-    out.insert(out.end(), bytes, bytes + data.nbytes());
-  }
+  std::memcpy(at, header.data(), header.size());
+  at += header.size();
+  if (data_bytes > 0) std::memcpy(at, data, data_bytes);
   return out;
 }
 

@@ -49,6 +49,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/out_of_memory.h"
 #include "io/input_file.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -68,6 +69,9 @@ constexpr std::size_t kMaxRank = 64;
 constexpr std::size_t kQuoteLimit = 60;
 constexpr const char* kSuffix = ".safetensors";
 constexpr const char* kSupported = "qkv reads F32, F64, F16, BF16 and BOOL";
+// F16 and BF16 values converted per chunk on the way into the float32 tensor: 64 KiB, a
+// buffer on the stack that keeps each read large enough to cost little more than one read.
+constexpr std::size_t kConvertChunk = 32768;
 
 // Text from the file in single quotes, made safe for a one-line message.
 std::string quote(std::string_view text) { return io::quote_from_file(text, '\'', kQuoteLimit); }
@@ -468,17 +472,17 @@ std::string available_names(const std::vector<SafetensorsEntry>& entries,
   return text;
 }
 
-}  // namespace
+// Where tensor `name` lies in the file and what reading it produces: the one parse that the
+// peek (inspect_safetensors_tensor) and the reader share.
+struct Located {
+  TensorInfo info;
+  std::uint64_t offset = 0;      // of its data in the file
+  std::uint64_t file_bytes = 0;  // of its data in the file
+  bool half = false;             // F16, converted to float32
+  bool bfloat16 = false;         // BF16, converted to float32
+};
 
-std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path) {
-  const std::string subject = path.string();
-  const InputFile file(path, subject);
-  return read_index(file, subject).entries;
-}
-
-Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name) {
-  const std::string subject = path.string();
-  const InputFile file(path, subject);
+Located locate_tensor(const InputFile& file, const std::string& subject, const std::string& name) {
   const Index index = read_index(file, subject);
   const auto found = std::find_if(index.entries.begin(), index.entries.end(),
                                   [&](const SafetensorsEntry& e) { return e.name == name; });
@@ -499,39 +503,102 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
       shown_name += c;
     }
   }
-  const std::string tensor_name = subject + ":" + shown_name;
-  DType dtype;
-  if (entry.dtype == "F32" || entry.dtype == "F16" || entry.dtype == "BF16") {
-    dtype = DType::kF32;
+  Located located;
+  located.info.name = subject + ":" + shown_name;
+  located.half = entry.dtype == "F16";
+  located.bfloat16 = entry.dtype == "BF16";
+  if (entry.dtype == "F32" || located.half || located.bfloat16) {
+    located.info.dtype = DType::kF32;
   } else if (entry.dtype == "F64") {
-    dtype = DType::kF64;
+    located.info.dtype = DType::kF64;
   } else if (entry.dtype == "BOOL") {
-    dtype = DType::kBool;
+    located.info.dtype = DType::kBool;
   } else {
-    throw Error(tensor_name,
+    throw Error(located.info.name,
                 "has dtype " + entry.dtype + ", which is not supported; " + kSupported);
   }
-  const std::uint64_t offset = index.data_offset + entry.begin;
-  const std::uint64_t bytes = entry.end - entry.begin;
+  located.info.shape = entry.shape;
+  located.offset = index.data_offset + entry.begin;
+  located.file_bytes = entry.end - entry.begin;
+  // read_index has checked that the data span matches dtype and shape, so this cannot overflow:
+  // float32 from a 16-bit dtype is twice the span, any other dtype the span itself.
+  located.info.bytes =
+      located.half || located.bfloat16 ? located.file_bytes * 2 : located.file_bytes;
+  return located;
+}
 
-  Tensor tensor(dtype, entry.shape, tensor_name);
-  if (entry.dtype == "F16" || entry.dtype == "BF16") {
-    std::vector<std::uint16_t> raw(bytes / 2);
-    if (bytes > 0) file.read_at(offset, raw.data(), bytes);
+// A tensor argument split into its file and, for a safetensors file, the tensor's name
+// (empty for an .npy file): read_tensor and inspect_tensor take it apart the same way.
+struct Spec {
+  std::string path;
+  std::string name;
+};
+
+Spec parse_spec(const std::string& spec) {
+  const std::string marker = std::string(kSuffix) + ":";
+  const std::size_t at = spec.find(marker);
+  if (at != std::string::npos) {
+    Spec parts{spec.substr(0, at + marker.size() - 1), spec.substr(at + marker.size())};
+    if (parts.name.empty()) throw Error(spec, "names no tensor; write FILE.safetensors:NAME");
+    return parts;
+  }
+  if (spec.ends_with(kSuffix)) {
+    throw Error(spec, "is a safetensors file: name the tensor as " + spec + ":NAME");
+  }
+  return Spec{spec, ""};
+}
+
+}  // namespace
+
+std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  return read_index(file, subject).entries;
+}
+
+TensorInfo inspect_safetensors_tensor(const std::filesystem::path& path, const std::string& name) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  Located located = locate_tensor(file, subject, name);
+  return std::move(located.info);
+}
+
+Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  const Located located = locate_tensor(file, subject, name);
+  const TensorInfo& info = located.info;
+  Tensor tensor;
+  try {
+    tensor = Tensor(info.dtype, info.shape, info.name);
+  } catch (const core::OutOfMemory& e) {
+    throw Error(info.name, "out of memory reading " + e.allocation());
+  }
+  const std::uint64_t bytes = located.file_bytes;
+  if (located.half || located.bfloat16) {
+    // A chunk at a time from the file straight into the float32 tensor: the peak is the tensor
+    // plus this buffer on the stack, not the tensor plus a raw copy of the data beside it.
+    std::array<std::uint16_t, kConvertChunk> raw;
     float* out = tensor.data_as<float>();
-    const bool half = entry.dtype == "F16";
-    for (std::size_t i = 0; i < raw.size(); ++i) {
-      out[i] = half ? half_to_float(raw[i]) : bfloat16_to_float(raw[i]);
+    const std::uint64_t count = bytes / 2;
+    for (std::uint64_t done = 0; done < count;) {
+      const std::size_t n =
+          static_cast<std::size_t>(std::min<std::uint64_t>(kConvertChunk, count - done));
+      file.read_at(located.offset + done * 2, raw.data(), n * 2);
+      for (std::size_t i = 0; i < n; ++i) {
+        out[done + i] = located.half ? half_to_float(raw[i]) : bfloat16_to_float(raw[i]);
+      }
+      done += n;
     }
   } else if (bytes > 0) {
-    file.read_at(offset, tensor.data(), bytes);
+    file.read_at(located.offset, tensor.data(), bytes);
   }
-  if (dtype == DType::kBool) {
+  if (info.dtype == DType::kBool) {
     const auto* values = static_cast<const unsigned char*>(tensor.data());
     for (std::uint64_t i = 0; i < bytes; ++i) {
       if (values[i] > 1) {
-        throw Error(tensor_name, "bool element " + str(i) + " holds the byte " + str(values[i]) +
-                                     "; bool data must be 0 or 1");
+        throw Error(info.name, "bool element " + str(i) + " holds the byte " + str(values[i]) +
+                                   "; bool data must be 0 or 1");
       }
     }
   }
@@ -539,20 +606,15 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
 }
 
 Tensor read_tensor(const std::string& spec) {
-  const std::string marker = std::string(kSuffix) + ":";
-  const std::size_t at = spec.find(marker);
-  if (at != std::string::npos) {
-    const std::string path = spec.substr(0, at + marker.size() - 1);
-    const std::string name = spec.substr(at + marker.size());
-    if (name.empty()) {
-      throw Error(spec, "names no tensor; write FILE.safetensors:NAME");
-    }
-    return read_safetensors_tensor(path, name);
-  }
-  if (spec.ends_with(kSuffix)) {
-    throw Error(spec, "is a safetensors file: name the tensor as " + spec + ":NAME");
-  }
-  return read_npy(spec);
+  const Spec parts = parse_spec(spec);
+  return parts.name.empty() ? read_npy(parts.path)
+                            : read_safetensors_tensor(parts.path, parts.name);
+}
+
+TensorInfo inspect_tensor(const std::string& spec) {
+  const Spec parts = parse_spec(spec);
+  return parts.name.empty() ? inspect_npy(parts.path)
+                            : inspect_safetensors_tensor(parts.path, parts.name);
 }
 
 }  // namespace qkv

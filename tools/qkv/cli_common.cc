@@ -77,9 +77,43 @@ std::uint64_t parse_memory(const std::string& text) {
   return result == 0 ? fail() : result;
 }
 
+[[noreturn]] void throw_inputs_too_large(std::uint64_t input_bytes, std::uint64_t budget) {
+  throw Error("--max-memory", "the inputs alone take " + core::format_bytes_exact(input_bytes) +
+                                  "; the memory budget is " + core::format_bytes_exact(budget));
+}
+
+// The readers name the tensor they could not allocate; any other allocation while reading (a
+// large safetensors header, say) is reported against the file the same way.
+template <typename Read>
+auto reading(const std::string& spec, Read&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const std::bad_alloc&) {
+    throw Error(spec, "out of memory reading it");
+  }
+}
+
 }  // namespace
 
-Tensor read_input(const std::string& spec) { return read_tensor(spec); }
+Tensor read_input(const std::string& spec) {
+  return reading(spec, [&] { return read_tensor(spec); });
+}
+
+std::uint64_t check_input_sizes(const AttentionFlags& flags,
+                                const std::vector<std::string>& specs) {
+  const std::uint64_t budget = memory_budget(flags);
+  if (budget == 0) return 0;
+  std::uint64_t bytes = 0;
+  const auto count = [&](const std::string& spec) {
+    if (spec.empty()) return;
+    const TensorInfo info = reading(spec, [&] { return inspect_tensor(spec); });
+    bytes = core::saturating_add(bytes, info.bytes);
+  };
+  for (const std::string& spec : specs) count(spec);
+  count(flags.mask_path);
+  if (bytes >= budget) throw_inputs_too_large(bytes, budget);
+  return bytes;
+}
 
 std::uint64_t memory_budget(const AttentionFlags& flags) {
   if (!flags.max_memory.empty()) return parse_memory(flags.max_memory);
@@ -92,10 +126,7 @@ void apply_memory_budget(const AttentionFlags& flags, std::uint64_t input_bytes,
   const std::uint64_t budget = memory_budget(flags);
   options.max_memory = 0;
   if (budget == 0) return;
-  if (input_bytes >= budget) {
-    throw Error("--max-memory", "the inputs alone take " + core::format_bytes_exact(input_bytes) +
-                                    "; the memory budget is " + core::format_bytes_exact(budget));
-  }
+  if (input_bytes >= budget) throw_inputs_too_large(input_bytes, budget);
   options.max_memory = budget - input_bytes;
 }
 
@@ -180,7 +211,16 @@ void add_extra_outputs(const AttentionFlags& flags, const Tensor& weights, const
 
 void write_outputs(const std::vector<OutputFile>& outputs, DType dtype) {
   OutputFiles files;
-  for (const OutputFile& output : outputs) files.stage_npy(output.path, output.tensor, dtype);
+  for (const OutputFile& output : outputs) {
+    // Encoding allocates the file's bytes (and a converted copy when the dtype changes).
+    try {
+      files.stage_npy(output.path, output.tensor, dtype);
+    } catch (const core::OutOfMemory& e) {
+      throw Error(output.path, "out of memory writing it: " + e.allocation());
+    } catch (const std::bad_alloc&) {
+      throw Error(output.path, "out of memory writing it");
+    }
+  }
   files.commit();
 }
 

@@ -4,10 +4,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/out_of_memory.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "qkv/tensor.h"
@@ -48,16 +50,30 @@ std::optional<TensorView> view_of(const std::optional<Tensor>& tensor);
 std::uint64_t memory_budget(const AttentionFlags& flags);
 constexpr double kDefaultMemoryFraction = 0.75;
 
-// Sets options.max_memory to what is left of the budget once the inputs (`input_bytes`, already
-// held) are counted; throws qkv::Error naming --max-memory if they alone exceed it.
+// The bytes the command's inputs will take once read: the tensors named by `specs` (empty
+// ones skipped) and the --mask, from their headers alone (io's inspect_tensor), before any is
+// read. Throws qkv::Error naming --max-memory if they alone exceed the budget, so that an input
+// too large for it is refused without being read. 0 when there is no budget (--max-memory 0).
+std::uint64_t check_input_sizes(const AttentionFlags& flags, const std::vector<std::string>& specs);
+
+// Sets options.max_memory to what is left of the budget once the inputs (`input_bytes`, as
+// check_input_sizes counted them) are held; throws qkv::Error naming --max-memory if they alone
+// exceed it.
 void apply_memory_budget(const AttentionFlags& flags, std::uint64_t input_bytes,
                          AttentionOptions& options);
 
-// Runs a library call, reporting a refused memory budget against the --max-memory flag.
+// Runs a library call, reporting a refused memory budget against the --max-memory flag and a
+// failed allocation as one line naming `what` was running and the tensor it could not allocate
+// ("attention: out of memory allocating output: 17179869184 bytes (16 GiB) for ...").
 template <typename Call>
-auto within_memory_budget(Call&& call) -> decltype(call()) {
+auto within_memory_budget(const std::string& what, Call&& call) -> decltype(call()) {
   try {
     return call();
+  } catch (const core::OutOfMemory& e) {
+    throw Error(what, "out of memory allocating " + e.subject() + ": " + e.allocation());
+  } catch (const std::bad_alloc&) {
+    // An allocation other than a tensor's (a vector inside explain, say): no size to give.
+    throw Error(what, "out of memory");
   } catch (const Error& e) {
     if (e.subject() == "max_memory") throw Error("--max-memory", e.problem());
     throw;

@@ -32,21 +32,23 @@ void print_accuracy(const AccuracyReport& report) {
 }
 
 void run_attention(const AttentionCommand& command) {
+  const std::uint64_t input_bytes =
+      check_input_sizes(command.flags, {command.q_path, command.k_path, command.v_path});
   const Tensor q = read_input(command.q_path);
   const Tensor k = read_input(command.k_path);
   const Tensor v = read_input(command.v_path);
   const std::optional<Tensor> mask = load_mask(command.flags);
   AttentionOptions options = attention_options(command.flags, mask);
-  apply_memory_budget(command.flags,
-                      q.nbytes() + k.nbytes() + v.nbytes() + (mask ? mask->nbytes() : 0), options);
+  apply_memory_budget(command.flags, input_bytes, options);
   if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
     std::fputs(explain_kernel_choice(q.view(), k.view(), v.view(), options).c_str(), stderr);
   }
-  const AttentionResult result =
-      within_memory_budget([&] { return attention(q.view(), k.view(), v.view(), options); });
+  const AttentionResult result = within_memory_budget(
+      "attention", [&] { return attention(q.view(), k.view(), v.view(), options); });
   if (command.check) {
-    print_accuracy(within_memory_budget(
-        [&] { return compare_with_reference(q.view(), k.view(), v.view(), options, result); }));
+    print_accuracy(within_memory_budget("attention --check", [&] {
+      return compare_with_reference(q.view(), k.view(), v.view(), options, result);
+    }));
   }
 
   std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};

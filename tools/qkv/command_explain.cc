@@ -117,13 +117,6 @@ struct Inputs {
   std::optional<Tensor> mask, wo, bo;
 };
 
-// What the inputs already hold, for the memory budget (--max-memory).
-std::uint64_t input_bytes(const Inputs& in) {
-  std::uint64_t bytes = in.mask ? in.mask->nbytes() : 0;
-  for (const Tensor& t : in.owned) bytes += t.nbytes();
-  return bytes;
-}
-
 std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
   const bool attention_form = !c.q_path.empty() || !c.k_path.empty() || !c.v_path.empty();
   const bool layer_form =
@@ -145,20 +138,28 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
   setup.query_labels_source = c.labels_q;
   setup.key_labels_source = c.labels_k;
   setup.batch = c.batch;
+  if (attention_form) {
+    require_together({{&c.q_path, "--q"}, {&c.k_path, "--k"}, {&c.v_path, "--v"}});
+  } else {
+    require_together(
+        {{&c.x_path, "--x"}, {&c.wq_path, "--wq"}, {&c.wk_path, "--wk"}, {&c.wv_path, "--wv"}});
+  }
+  // Every input either form reads (the other form's paths are empty), counted before any is.
+  const std::uint64_t input_bytes = check_input_sizes(
+      c.flags, {c.q_path, c.k_path, c.v_path, c.x_path, c.wq_path, c.wk_path, c.wv_path, c.wo_path,
+                c.bq_path, c.bk_path, c.bv_path, c.bo_path, c.memory_path});
   in.mask = load_mask(c.flags);
   AttentionOptions options = attention_options(c.flags, in.mask);
   if (attention_form) {
-    require_together({{&c.q_path, "--q"}, {&c.k_path, "--k"}, {&c.v_path, "--v"}});
     const Tensor& q = in.owned.emplace_back(read_input(c.q_path));
     const Tensor& k = in.owned.emplace_back(read_input(c.k_path));
     const Tensor& v = in.owned.emplace_back(read_input(c.v_path));
     setup.title = "qkv explain: attention on " + c.q_path + ", " + c.k_path + ", " + c.v_path;
-    apply_memory_budget(c.flags, input_bytes(in), options);
-    return {within_memory_budget(
-        [&] { return explain_attention(q.view(), k.view(), v.view(), options, setup); })};
+    apply_memory_budget(c.flags, input_bytes, options);
+    return {within_memory_budget("explain", [&] {
+      return explain_attention(q.view(), k.view(), v.view(), options, setup);
+    })};
   }
-  require_together(
-      {{&c.x_path, "--x"}, {&c.wq_path, "--wq"}, {&c.wk_path, "--wk"}, {&c.wv_path, "--wv"}});
   const Tensor& x = in.owned.emplace_back(read_input(c.x_path));
   const Tensor& wq = in.owned.emplace_back(read_input(c.wq_path));
   const Tensor& wk = in.owned.emplace_back(read_input(c.wk_path));
@@ -178,9 +179,9 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
                              view_of(bq), view_of(bk), view_of(bv), std::nullopt};
   setup.title = "qkv explain: the layer on " + c.x_path +
                 (c.memory_path.empty() ? "" : " with memory " + c.memory_path);
-  apply_memory_budget(c.flags, input_bytes(in), layer.attention);
+  apply_memory_budget(c.flags, input_bytes, layer.attention);
   return {within_memory_budget(
-      [&] { return explain_layer(x.view(), weights, layer, view_of(memory), setup); })};
+      "explain", [&] { return explain_layer(x.view(), weights, layer, view_of(memory), setup); })};
 }
 
 // The layer's final output for one row: concat_h O_i,h · W^O + b^O.

@@ -84,14 +84,6 @@ FusedSplit split_fused(const Tensor& fused, const std::string& spec, std::int64_
           block((heads + kv_heads) * dk, kv_heads * dk, "V")};
 }
 
-std::uint64_t bytes_of(const std::vector<const std::optional<Tensor>*>& tensors) {
-  std::uint64_t total = 0;
-  for (const auto* t : tensors) {
-    if (*t) total += (*t)->nbytes();
-  }
-  return total;
-}
-
 void run_layer(const LayerCommand& command) {
   const bool fused = !command.wqkv_path.empty();
   const bool separate =
@@ -111,6 +103,10 @@ void run_layer(const LayerCommand& command) {
   }
   const std::int64_t kv_heads = command.kv_heads == 0 ? command.heads : command.kv_heads;
 
+  const std::uint64_t input_bytes = check_input_sizes(
+      command.flags, {command.x_path, command.wqkv_path, command.wq_path, command.wk_path,
+                      command.wv_path, command.wo_path, command.bqkv_path, command.bq_path,
+                      command.bk_path, command.bv_path, command.bo_path, command.memory_path});
   const std::optional<Tensor> x = read_optional(command.x_path);
   const std::optional<Tensor> wqkv = read_weight(command.wqkv_path, command.linear_layout);
   const std::optional<Tensor> wq = read_weight(command.wq_path, command.linear_layout);
@@ -157,12 +153,10 @@ void run_layer(const LayerCommand& command) {
   options.heads = command.heads;
   options.kv_heads = command.kv_heads;
   options.attention = attention_options(command.flags, mask);
-  apply_memory_budget(
-      command.flags,
-      bytes_of({&x, &wqkv, &wq, &wk, &wv, &wo, &bqkv, &bq, &bk, &bv, &bo, &memory, &mask}),
-      options.attention);
-  const LayerResult result = within_memory_budget(
-      [&] { return multi_head_attention(x->view(), weights, options, view_of(memory)); });
+  apply_memory_budget(command.flags, input_bytes, options.attention);
+  const LayerResult result = within_memory_budget("the layer", [&] {
+    return multi_head_attention(x->view(), weights, options, view_of(memory));
+  });
 
   std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "commands.h"
@@ -82,6 +83,12 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const qkv::Error& e) {
     std::fprintf(stderr, "%s\n", one_line(e.what()).c_str());
+    return kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    // The last resort: the commands name what they were reading, computing or writing when an
+    // allocation fails, but not every small allocation sits inside one of them (the explain
+    // page's text, say). Not a bug in qkv but a limit the run hit, like a refused budget.
+    std::fputs("qkv: out of memory\n", stderr);
     return kExitBadInput;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qkv: internal error: %s\n", one_line(e.what()).c_str());
