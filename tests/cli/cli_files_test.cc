@@ -4,11 +4,14 @@
 // however it is spelled, and a command that fails leaves every existing output as it was.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,20 @@ using testing::slurp;
 
 // Long enough for a loaded machine; a run that blocks is killed then and fails the test.
 constexpr int kTimeoutSeconds = 30;
+
+// A Unix socket bound at `path` (its descriptor), or -1.
+int bind_socket(const fs::path& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.native().size() >= sizeof address.sun_path) return -1;
+  std::memcpy(address.sun_path, path.c_str(), path.native().size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd >= 0 && bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 class CliFiles : public ::testing::Test {
  protected:
@@ -84,6 +101,14 @@ TEST_F(CliFiles, DeviceAndPipeInputsAreRefused) {
   expect_refused(attention(proc, "o.npy"), proc + ": cannot read: not a regular file (a FIFO)");
   close(fds[0]);
   close(fds[1]);
+  // A socket cannot even be opened (ENXIO): it is named for what it is.
+  const int socket_fd = bind_socket(dir_ / "sock.npy");
+  ASSERT_GE(socket_fd, 0);
+  expect_refused(attention("sock.npy", "o.npy"),
+                 "sock.npy: cannot read: not a regular file (a socket)");
+  expect_refused(attention("q.npy", "sock.npy"),
+                 "sock.npy: is not a regular file (a socket); refusing to replace it");
+  close(socket_fd);
 }
 
 // A second output whose name is too long for its folder (its temporary name, shortened, is
