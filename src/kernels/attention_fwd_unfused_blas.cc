@@ -32,6 +32,7 @@
 
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
+#include "kernels/blas_threads.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 #include "kernels/softmax_rows.h"
@@ -111,7 +112,8 @@ std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) 
   if (s.nq > int_max || s.nk > int_max || s.d > int_max || s.dv > int_max) {
     return "a dimension exceeds CBLAS's int range";
   }
-  return float32_declines(p);
+  if (std::string why = float32_declines(p); !why.empty()) return why;
+  return blas_address_space_shortfall(unfused_workers(s, p.threads));
 }
 
 namespace {

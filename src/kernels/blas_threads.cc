@@ -1,6 +1,14 @@
 #include "kernels/blas_threads.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
 #include <mutex>
+
+#include "core/format_bytes.h"
 
 // OpenBLAS's thread control, when the CBLAS in use is OpenBLAS; any other CBLAS leaves these
 // null and runs as it is configured.
@@ -28,6 +36,37 @@ void single_threaded_blas() noexcept {
     const std::lock_guard<std::mutex> lock(changing);
     if (openblas_get_num_threads() != 1) stop();
   }
+}
+
+std::string blas_address_space_shortfall(std::int64_t threads) {
+  if (openblas_get_num_threads == nullptr) return "";
+  // OpenBLAS keeps its buffers once taken and hands a free one to any calling thread, so only
+  // the threads beyond the most that have called before need new ones.
+  static std::atomic<std::int64_t> provisioned{0};
+  const std::int64_t more = threads - provisioned.load(std::memory_order_relaxed);
+  if (more <= 0) return "";
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0) return "";
+  if (limit.rlim_cur == RLIM_INFINITY) return "";
+  std::uint64_t pages = 0;
+  std::ifstream statm("/proc/self/statm");
+  if (!(statm >> pages)) return "";
+  const std::uint64_t used = pages * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t free = limit.rlim_cur > used ? limit.rlim_cur - used : 0;
+  // OpenBLAS's buffer (BUFFER_SIZE, 128 MiB on x86-64) plus its page of bookkeeping, and room
+  // for the thread's own stack and the call's blocks.
+  constexpr std::uint64_t kPerThread = (std::uint64_t{128} + 16) << 20;
+  const std::uint64_t need = kPerThread * static_cast<std::uint64_t>(more);
+  if (free >= need) {
+    std::int64_t seen = provisioned.load(std::memory_order_relaxed);
+    while (seen < threads && !provisioned.compare_exchange_weak(seen, threads)) {
+    }
+    return "";
+  }
+  return "OpenBLAS needs about " + core::format_bytes(need) +
+         " of address space for its buffers (128 MiB for each calling thread) and the "
+         "address-space limit (ulimit -v) leaves " +
+         core::format_bytes(free);
 }
 
 std::string blas_core_name() {

@@ -9,6 +9,7 @@
 // is set to one thread and its pool joined; it then starts no thread.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace qkv::kernels {
@@ -19,6 +20,14 @@ namespace qkv::kernels {
 // other CBLAS. Called by the attention entry point before any kernel runs, by the layer's
 // projections and by the FMA peak probe.
 void single_threaded_blas() noexcept;
+
+// Why BLAS calls on `threads` threads cannot be made now, or empty. OpenBLAS (0.3.21) takes a
+// buffer of 128 MiB of address space for each thread at its first call, and when that
+// allocation fails it retries for ever: under an address-space limit (ulimit -v) that leaves
+// less room, a BLAS call never returns. OpenBLAS keeps the buffers it took for any later call,
+// so only threads beyond the most that passed this check before are counted (each check that
+// passes assumes its calls follow). Empty for any CBLAS that is not OpenBLAS, or with no limit.
+std::string blas_address_space_shortfall(std::int64_t threads);
 
 // The kernel family OpenBLAS chose for this CPU ("SkylakeX", "Haswell", ...; empty when the
 // CBLAS is not OpenBLAS). OpenBLAS 0.3.21 falls back to "Prescott" (SSE3) on CPUs newer than

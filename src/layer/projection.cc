@@ -51,6 +51,11 @@ Tensor project(const Tensor& in, const Tensor& w, const Tensor& bias, int thread
   const blasint n = blas_int(n_out, name);
   blas_int(rows, name);
   const std::int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+  if (const std::string why = kernels::blas_address_space_shortfall(
+          std::clamp<std::int64_t>(tasks, 1, std::max(threads, 1)));
+      !why.empty()) {
+    throw Error(name, "cannot be computed: " + why);
+  }
   core::parallel_for(tasks, threads, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t task = begin; task < end; ++task) {
       const std::int64_t r0 = task * kRowsPerTask;

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -138,6 +139,54 @@ TEST(ThreadLimit, TheCliSaysSoAndWritesTheSameOutput) {
   EXPECT_EQ(status, 0) << message;
   EXPECT_NE(message.find("refused"), std::string::npos) << message;
   EXPECT_TRUE(slurp(dir.path() / "limited.npy") == slurp(dir.path() / "free.npy"));
+}
+
+// Under an address-space limit too small for OpenBLAS's 128 MiB buffer, OpenBLAS retries its
+// allocation for ever: a BLAS call is refused with one line instead (the layer's projections,
+// unfused_blas when forced), and the default kernel choice passes it by. Sanitizers reserve
+// more address space than any such limit, so this runs only without them.
+TEST(AddressSpaceLimit, BlasCallsAreRefusedNeverHung) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers reserve more address space than the limit";
+#endif
+  ScratchDir dir;
+  write_npy(dir / "x.npy", random_tensor(DType::kF32, {64, 16}, 1).view(), DType::kF32);
+  write_npy(dir / "w.npy", random_tensor(DType::kF32, {16, 16}, 2).view(), DType::kF32);
+  const auto run_limited = [&](std::vector<std::string> args) {
+    const std::filesystem::path err = dir / "stderr.txt";
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(kAlarmSeconds);
+      if (::chdir(dir.path().c_str()) != 0) ::_exit(91);
+      if (::freopen(err.c_str(), "w", stderr) == nullptr) ::_exit(92);
+      const rlimit space{std::uint64_t{150} << 20, std::uint64_t{150} << 20};
+      if (::setrlimit(RLIMIT_AS, &space) != 0) ::_exit(90);
+      std::string program = QKV_CLI_PATH;
+      std::vector<char*> argv{program.data()};
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(program.c_str(), argv.data());
+      ::_exit(127);
+    }
+    const int status = wait_status(pid);
+    return std::make_pair(status, slurp(err));
+  };
+  const auto [forced, forced_err] =
+      run_limited({"attention", "--q", "x.npy", "--k", "x.npy", "--v", "x.npy", "--out", "o.npy",
+                   "--kernel", "unfused_blas", "--threads", "1"});
+  EXPECT_EQ(forced, 1) << "128 + 14: hung; " << forced_err;
+  EXPECT_EQ(std::count(forced_err.begin(), forced_err.end(), '\n'), 1) << forced_err;
+  EXPECT_NE(forced_err.find("ulimit -v"), std::string::npos) << forced_err;
+
+  const auto [chosen, chosen_err] = run_limited({"attention", "--q", "x.npy", "--k", "x.npy", "--v",
+                                                 "x.npy", "--out", "o.npy", "--threads", "1"});
+  EXPECT_EQ(chosen, 0) << chosen_err;
+
+  const auto [layer, layer_err] =
+      run_limited({"layer", "--x", "x.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy",
+                   "--heads", "2", "--out", "o.npy", "--threads", "1"});
+  EXPECT_EQ(layer, 1) << "128 + 14: hung; " << layer_err;
+  EXPECT_NE(layer_err.find("ulimit -v"), std::string::npos) << layer_err;
 }
 
 }  // namespace
