@@ -126,13 +126,7 @@ TEST(ThreadLimit, TheCliSaysSoAndWritesTheSameOutput) {
     const char* asan = std::getenv("ASAN_OPTIONS");
     const std::string options = std::string(asan != nullptr ? asan : "") + ":detect_leaks=0";
     ::setenv("ASAN_OPTIONS", options.c_str(), 1);
-    std::vector<char*> argv;
-    std::string program = QKV_CLI_PATH;
-    argv.push_back(program.data());
-    std::vector<std::string> copy = limited_args;
-    for (std::string& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(program.c_str(), argv.data());
+    exec_program(QKV_CLI_PATH, limited_args);
     return 127;
   });
   const std::string message = slurp(err);
@@ -152,7 +146,7 @@ TEST(AddressSpaceLimit, BlasCallsAreRefusedNeverHung) {
   ScratchDir dir;
   write_npy(dir / "x.npy", random_tensor(DType::kF32, {64, 16}, 1).view(), DType::kF32);
   write_npy(dir / "w.npy", random_tensor(DType::kF32, {16, 16}, 2).view(), DType::kF32);
-  const auto run_limited = [&](std::vector<std::string> args) {
+  const auto run_limited = [&](const std::vector<std::string>& args) {
     const std::filesystem::path err = dir / "stderr.txt";
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -161,11 +155,7 @@ TEST(AddressSpaceLimit, BlasCallsAreRefusedNeverHung) {
       if (::freopen(err.c_str(), "w", stderr) == nullptr) ::_exit(92);
       const rlimit space{std::uint64_t{150} << 20, std::uint64_t{150} << 20};
       if (::setrlimit(RLIMIT_AS, &space) != 0) ::_exit(90);
-      std::string program = QKV_CLI_PATH;
-      std::vector<char*> argv{program.data()};
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(program.c_str(), argv.data());
+      exec_program(QKV_CLI_PATH, args);
       ::_exit(127);
     }
     const int status = wait_status(pid);

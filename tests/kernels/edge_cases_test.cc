@@ -19,26 +19,6 @@
 namespace qkv::testing {
 namespace {
 
-struct KernelRun {
-  std::string label;
-  std::string kernel;
-  std::int64_t target = 0;  // SIMD target for fused_hwy, else 0
-};
-
-std::vector<KernelRun> every_kernel() {
-  std::vector<KernelRun> list;
-  for (const std::string& name : attention_kernel_names()) {
-    if (name == "fused_hwy") {
-      for (std::int64_t t : kernels::simd_targets()) {
-        list.push_back({name + "/" + kernels::simd_target_name(t), name, t});
-      }
-    } else {
-      list.push_back({name, name, 0});
-    }
-  }
-  return list;
-}
-
 double value(const Tensor& t, std::int64_t i) {
   return t.dtype() == DType::kF32 ? static_cast<double>(t.data_as<float>()[i])
                                   : t.data_as<double>()[i];
@@ -82,7 +62,7 @@ TEST_P(ZeroSizes, EveryKernelGivesTheDefinedResult) {
   for (const bool causal : {false, true}) {
     AttentionOptions options;
     options.causal = causal;
-    for (const KernelRun& r : every_kernel()) {
+    for (const KernelRun& r : kernel_runs()) {
       SCOPED_TRACE(r.label + (causal ? " causal" : ""));
       const std::optional<AttentionResult> got = run(r, q, k, v, options);
       if (!got) {
@@ -148,7 +128,7 @@ void expect_reference_answer(const Tensor& q, const Tensor& k, const Tensor& v,
   const AttentionResult ref = attention(q.view(), k.view(), v.view(), ref_options);
   for (std::int64_t e = 0; e < ref.out.numel(); ++e) ASSERT_TRUE(std::isfinite(value(ref.out, e)));
 
-  std::vector<KernelRun> runs = every_kernel();
+  std::vector<KernelRun> runs = kernel_runs();
   runs.push_back({"default", "", 0});
   for (const KernelRun& r : runs) {
     SCOPED_TRACE(r.label);

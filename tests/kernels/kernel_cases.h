@@ -13,6 +13,7 @@
 
 #include "core/mask_rule.h"
 #include "core/validate.h"
+#include "kernels/kernel.h"
 #include "qkv/attention.h"
 #include "support/test_support.h"
 
@@ -199,6 +200,28 @@ inline double max_error(const TensorView& a, const TensorView& b) {
 
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// Every kernel of the list, and fused_hwy once per SIMD target this CPU supports, so that the
+// tests hold every compiled path to the same criterion on one machine.
+struct KernelRun {
+  std::string label;
+  std::string kernel;
+  std::int64_t target = 0;  // SIMD target for fused_hwy, else 0
+};
+
+inline std::vector<KernelRun> kernel_runs() {
+  std::vector<KernelRun> list;
+  for (const std::string& name : attention_kernel_names()) {
+    if (name == "fused_hwy") {
+      for (std::int64_t t : kernels::simd_targets()) {
+        list.push_back({name + "/" + kernels::simd_target_name(t), name, t});
+      }
+    } else {
+      list.push_back({name, name, 0});
+    }
+  }
+  return list;
 }
 
 }  // namespace qkv::testing

@@ -134,26 +134,6 @@ std::vector<KernelCase> sweep_cases() {
   return cases;
 }
 
-struct KernelRun {
-  std::string label;
-  std::string kernel;
-  std::int64_t target = 0;  // SIMD target for fused_hwy, else 0
-};
-
-std::vector<KernelRun> runs() {
-  std::vector<KernelRun> list;
-  for (const std::string& name : attention_kernel_names()) {
-    if (name == "fused_hwy") {
-      for (std::int64_t t : kernels::simd_targets()) {
-        list.push_back({name + "/" + kernels::simd_target_name(t), name, t});
-      }
-    } else {
-      list.push_back({name, name, 0});
-    }
-  }
-  return list;
-}
-
 class KernelSweep : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(KernelSweep, EveryKernelWithinTwiceNaiveFloat32) {
@@ -180,7 +160,7 @@ TEST_P(KernelSweep, EveryKernelWithinTwiceNaiveFloat32) {
   const double naive_w = max_error(naive.weights.view(), ref.weights.view());
   const double naive_lse = max_error(naive.lse.view(), ref.lse.view());
 
-  for (const KernelRun& run : runs()) {
+  for (const KernelRun& run : kernel_runs()) {
     SCOPED_TRACE(run.label);
     kernels::simd_force_target(run.target);
     options.kernel = run.kernel;
@@ -225,7 +205,7 @@ TEST(KernelContract, DeadRowsAreZeroWithMinusInfinityLse) {
   c.nk = 70;
   c.mask = MaskKind::kDeadRows;
   const CaseInputs in = make_inputs(c, 7);
-  for (const KernelRun& run : runs()) {
+  for (const KernelRun& run : kernel_runs()) {
     SCOPED_TRACE(run.label);
     kernels::simd_force_target(run.target);
     AttentionOptions options = in.options(c);

@@ -39,6 +39,17 @@ inline std::vector<std::string> files_in(const std::filesystem::path& dir) {
   return names;
 }
 
+// In a child process: replaces it with `program args...`; returns only if that fails.
+inline void exec_program(const std::string& program, const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  std::string copy_program = program;
+  argv.push_back(copy_program.data());
+  std::vector<std::string> copy = args;
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv(copy_program.c_str(), argv.data());
+}
+
 // Starts `program args...` in `dir` with stdout and stderr going to `out_file`, `err_file`.
 inline pid_t start_program(const std::string& program, const std::filesystem::path& dir,
                            const std::vector<std::string>& args,
@@ -59,13 +70,7 @@ inline pid_t start_program(const std::string& program, const std::filesystem::pa
     }
     const rlimit no_core{0, 0};
     setrlimit(RLIMIT_CORE, &no_core);
-    std::vector<char*> argv;
-    std::string copy_program = program;
-    argv.push_back(copy_program.data());
-    std::vector<std::string> copy = args;
-    for (std::string& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(copy_program.c_str(), argv.data());
+    exec_program(program, args);
     _exit(127);
   }
   return pid;
