@@ -129,21 +129,31 @@ void for_each_row_offset(const TensorView& view, std::int64_t r0, std::int64_t r
   }
 }
 
-// One pass over x[0, count): whether some element is an infinity or NaN (an exponent-bits
-// test), and the largest magnitude's bits (positive IEEE values order as their bits do), both
-// without branches so that the compiler vectorises the loop.
-template <class Float, class Bits, Bits kExponent>
-void scan_bits(const Float* x, std::int64_t count, bool& non_finite, Bits& max_bits) noexcept {
-  constexpr Bits kMagnitude = static_cast<Bits>(~Bits{0}) >> 1;
-  Bits bad = 0;
-  Bits top = max_bits;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const Bits bits = std::bit_cast<Bits>(x[i]);
-    bad |= static_cast<Bits>((bits & kExponent) == kExponent);
-    top = std::max(top, static_cast<Bits>(bits & kMagnitude));
+// One pass over x[0, count): the largest magnitude's bits. With the sign bit cleared, IEEE
+// values order as their bits do (as signed integers too, which SSE2 can compare), and a NaN or an
+// infinity is exactly a magnitude at or above the exponent mask: one max reduction answers both
+// questions, without branches, so the compiler vectorises the loop.
+// Sixteen running maxima, so that the vectorised loop has four independent chains of compare
+// and select instead of one (one chain made the scan 4x slower than the old non-finite test).
+template <class Float, class Bits>
+Bits max_magnitude_bits(const Float* x, std::int64_t count, Bits top) noexcept {
+  constexpr Bits kMagnitude = std::numeric_limits<Bits>::max();
+  constexpr std::int64_t kChains = 16;
+  Bits tops[kChains];
+  for (Bits& t : tops) t = top;
+  std::int64_t i = 0;
+  for (; i + kChains <= count; i += kChains) {
+    for (std::int64_t c = 0; c < kChains; ++c) {
+      const Bits bits = std::bit_cast<Bits>(x[i + c]) & kMagnitude;
+      tops[c] = bits > tops[c] ? bits : tops[c];
+    }
   }
-  non_finite = non_finite || bad != 0;
-  max_bits = top;
+  for (; i < count; ++i) {
+    const Bits bits = std::bit_cast<Bits>(x[i]) & kMagnitude;
+    top = bits > top ? bits : top;
+  }
+  for (const Bits t : tops) top = t > top ? t : top;
+  return top;
 }
 
 // The fast scan: float views whose last dim has unit stride (contiguous tensors and column
@@ -160,19 +170,19 @@ bool any_non_finite_rows(const TensorView& view, std::int64_t r0, std::int64_t r
   bool bad = false;
   const std::int64_t width = view.rank() == 0 ? 1 : view.shape.back();
   if (view.dtype == DType::kF32) {
-    std::uint32_t top = 0;
+    std::int32_t top = 0;
     for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
-      scan_bits<float, std::uint32_t, 0x7f800000u>(static_cast<const float*>(view.data) + offset,
-                                                   width, bad, top);
+      top = max_magnitude_bits(static_cast<const float*>(view.data) + offset, width, top);
     });
-    max_abs = std::max(max_abs, static_cast<double>(std::bit_cast<float>(top)));
+    bad = top >= 0x7f800000;
+    if (!bad) max_abs = std::max(max_abs, static_cast<double>(std::bit_cast<float>(top)));
   } else {
-    std::uint64_t top = 0;
+    std::int64_t top = 0;
     for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
-      scan_bits<double, std::uint64_t, 0x7ff0000000000000u>(
-          static_cast<const double*>(view.data) + offset, width, bad, top);
+      top = max_magnitude_bits(static_cast<const double*>(view.data) + offset, width, top);
     });
-    max_abs = std::max(max_abs, std::bit_cast<double>(top));
+    bad = top >= 0x7ff0000000000000;
+    if (!bad) max_abs = std::max(max_abs, std::bit_cast<double>(top));
   }
   return bad;
 }
