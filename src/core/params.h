@@ -63,8 +63,9 @@ struct Masking {
   }
 };
 
-// The largest magnitude of each input's elements (all finite: validation has checked), taken
-// in the finiteness scan. The float32 kernels bound their scores and accumulators with them.
+// A bound on the magnitude of each input's elements (all finite: validation has checked), from
+// the finiteness scan: the largest magnitude where some element reaches 2^32, else 2^32 (see
+// require_finite). The float32 kernels bound their scores and accumulators with them.
 struct Magnitudes {
   double q = 0, k = 0, v = 0;
   double mask = 0;  // of a float mask's finite values; 0 for a bool mask or none

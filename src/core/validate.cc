@@ -129,31 +129,24 @@ void for_each_row_offset(const TensorView& view, std::int64_t r0, std::int64_t r
   }
 }
 
-// One pass over x[0, count): the largest magnitude's bits. With the sign bit cleared, IEEE
-// values order as their bits do (as signed integers too, which SSE2 can compare), and a NaN or an
-// infinity is exactly a magnitude at or above the exponent mask: one max reduction answers both
-// questions, without branches, so the compiler vectorises the loop.
-// Sixteen running maxima, so that the vectorised loop has four independent chains of compare
-// and select instead of one (one chain made the scan 4x slower than the old non-finite test).
+// Magnitudes below this need no exact maximum: the float32 kernels' range checks pass for any
+// realistic D, Nk and scale when every input is below 2^32 (validate.h), so the hot scan only
+// asks whether some element reaches it. A NaN or an infinity reaches it too (with the sign bit
+// cleared, IEEE values order as their bits do, as signed integers, which SSE2 compares), so one
+// compare-and-or per element answers both questions, as cheaply as the finiteness test alone;
+// only a view that reaches it is walked again, exactly.
+constexpr double kLargeMagnitude = 4294967296.0;  // 2^32
+constexpr std::int32_t kLargeBits32 = 0x4f800000;
+constexpr std::int64_t kLargeBits64 = 0x41f0000000000000;
+
 template <class Float, class Bits>
-Bits max_magnitude_bits(const Float* x, std::int64_t count, Bits top) noexcept {
+bool any_large(const Float* x, std::int64_t count, Bits large) noexcept {
   constexpr Bits kMagnitude = std::numeric_limits<Bits>::max();
-  constexpr std::int64_t kChains = 16;
-  Bits tops[kChains];
-  for (Bits& t : tops) t = top;
-  std::int64_t i = 0;
-  for (; i + kChains <= count; i += kChains) {
-    for (std::int64_t c = 0; c < kChains; ++c) {
-      const Bits bits = std::bit_cast<Bits>(x[i + c]) & kMagnitude;
-      tops[c] = bits > tops[c] ? bits : tops[c];
-    }
+  Bits found = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    found |= static_cast<Bits>((std::bit_cast<Bits>(x[i]) & kMagnitude) >= large);
   }
-  for (; i < count; ++i) {
-    const Bits bits = std::bit_cast<Bits>(x[i]) & kMagnitude;
-    top = bits > top ? bits : top;
-  }
-  for (const Bits t : tops) top = t > top ? t : top;
-  return top;
+  return found != 0;
 }
 
 // The fast scan: float views whose last dim has unit stride (contiguous tensors and column
@@ -163,28 +156,19 @@ bool has_fast_scan(const TensorView& view) {
   return real && (view.rank() == 0 || view.strides.back() == 1);
 }
 
-// Scans rows [r0, r1) of a fast-scan view: returns true if one holds a NaN or infinity, and
-// raises `max_abs` to the largest magnitude seen.
-bool any_non_finite_rows(const TensorView& view, std::int64_t r0, std::int64_t r1,
-                         double& max_abs) {
-  bool bad = false;
+// Whether rows [r0, r1) of a fast-scan view hold a NaN, an infinity or a magnitude of at least
+// kLargeMagnitude.
+bool any_large_rows(const TensorView& view, std::int64_t r0, std::int64_t r1) {
+  bool large = false;
   const std::int64_t width = view.rank() == 0 ? 1 : view.shape.back();
-  if (view.dtype == DType::kF32) {
-    std::int32_t top = 0;
-    for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
-      top = max_magnitude_bits(static_cast<const float*>(view.data) + offset, width, top);
-    });
-    bad = top >= 0x7f800000;
-    if (!bad) max_abs = std::max(max_abs, static_cast<double>(std::bit_cast<float>(top)));
-  } else {
-    std::int64_t top = 0;
-    for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
-      top = max_magnitude_bits(static_cast<const double*>(view.data) + offset, width, top);
-    });
-    bad = top >= 0x7ff0000000000000;
-    if (!bad) max_abs = std::max(max_abs, std::bit_cast<double>(top));
-  }
-  return bad;
+  for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
+    if (view.dtype == DType::kF32) {
+      large |= any_large(static_cast<const float*>(view.data) + offset, width, kLargeBits32);
+    } else {
+      large |= any_large(static_cast<const double*>(view.data) + offset, width, kLargeBits64);
+    }
+  });
+  return large;
 }
 
 // The element-wise walk: slow, but names the first bad element. Returns the largest magnitude.
@@ -222,10 +206,8 @@ std::vector<double> require_finite(std::initializer_list<const TensorView*> view
   const std::int64_t rows = first_row.back();
   const int workers = static_cast<int>(
       std::clamp<std::int64_t>(elements / kScanElementsPerThread, 1, std::max(1, threads)));
-  // flagged[w * fast.size() + f]: worker w saw a bad value in fast[f]; top[...] the largest
-  // magnitude it saw there.
+  // flagged[w * fast.size() + f]: worker w saw a non-finite or large value in fast[f].
   std::vector<char> flagged(static_cast<std::size_t>(workers) * fast.size(), 0);
-  std::vector<double> top(flagged.size(), 0.0);
   parallel_for(workers, workers, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t w = begin; w < end; ++w) {
       const std::int64_t r0 = rows * w / workers;
@@ -234,26 +216,24 @@ std::vector<double> require_finite(std::initializer_list<const TensorView*> view
         const std::int64_t lo = std::max(r0, first_row[f]) - first_row[f];
         const std::int64_t hi = std::min(r1, first_row[f + 1]) - first_row[f];
         const std::size_t slot = static_cast<std::size_t>(w) * fast.size() + f;
-        if (lo < hi && any_non_finite_rows(*fast[f], lo, hi, top[slot])) flagged[slot] = 1;
+        if (lo < hi && any_large_rows(*fast[f], lo, hi)) flagged[slot] = 1;
       }
     }
   });
+  // A view that the fast scan did not flag is bounded by kLargeMagnitude; any other is walked
+  // element by element, which names a bad element or gives its exact largest magnitude.
   std::vector<double> max_abs;
   std::size_t f = 0;  // fast[f] is the next fast-scan view in the order given
   for (const TensorView* view : views) {
-    bool bad = true;  // a view without the fast scan is always walked
-    double magnitude = 0.0;
+    bool walk = true;  // a view without the fast scan is always walked
     if (has_fast_scan(*view)) {
-      bad = false;
+      walk = false;
       for (int w = 0; w < workers; ++w) {
-        const std::size_t slot = static_cast<std::size_t>(w) * fast.size() + f;
-        bad |= flagged[slot] != 0;
-        magnitude = std::max(magnitude, top[slot]);
+        walk |= flagged[static_cast<std::size_t>(w) * fast.size() + f] != 0;
       }
       ++f;
     }
-    if (bad) magnitude = throw_if_non_finite(*view);
-    max_abs.push_back(magnitude);
+    max_abs.push_back(walk ? throw_if_non_finite(*view) : kLargeMagnitude);
   }
   return max_abs;
 }

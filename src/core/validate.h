@@ -35,8 +35,10 @@ Strides4 canonical_strides(const Shape& strides);
 // Throws qkv::Error naming `view` if any element is NaN or infinite.
 void require_finite(const TensorView& view);
 // The same for several views, the first bad one (in the order given) named; large views are
-// scanned on up to `threads` threads, with the same result for any count. Returns the largest
-// magnitude of each view's elements, in the order given (0 for an empty view).
+// scanned on up to `threads` threads, with the same result for any count. Returns, for each
+// view in the order given, a bound on its elements' magnitude: the largest magnitude when some
+// element reaches 2^32 (or the view is not scanned row by row), else 2^32 itself (the fast scan
+// only asks whether an element reaches it; the float32 kernels' range checks pass below it).
 std::vector<double> require_finite(std::initializer_list<const TensorView*> views, int threads);
 
 }  // namespace qkv::core
