@@ -9,10 +9,13 @@
 
 namespace qkv {
 
-enum class DType : std::uint8_t { kF32, kF64, kBool };
+// kBF16 (bfloat16) and kF16 (IEEE binary16) are storage types: kept as stored, widened to
+// float32 in registers by the kernels that read them.
+enum class DType : std::uint8_t { kF32, kF64, kBool, kBF16, kF16 };
 
 std::size_t dtype_size(DType dtype) noexcept;
-const char* dtype_name(DType dtype) noexcept;  // "float32", "float64", "bool"
+// "float32", "float64", "bool", "bfloat16", "float16"
+const char* dtype_name(DType dtype) noexcept;
 
 using Shape = std::vector<std::int64_t>;
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/half.h"
 #include "core/params.h"
 
 namespace qkv::core {
@@ -17,6 +18,16 @@ inline bool structurally_allowed(const Masking& m, std::int64_t diag, std::int64
   if (m.window_left >= 0 && j < diag - m.window_left) return false;
   if (m.window_right >= 0 && j > diag + m.window_right) return false;
   return true;
+}
+
+// Element access for the real operand types (kF32, kF64, kBF16, kF16).
+inline double load_real(const void* data, DType dtype, std::int64_t at) noexcept {
+  switch (dtype) {
+    case DType::kF64: return static_cast<const double*>(data)[at];
+    case DType::kBF16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[at]);
+    case DType::kF16: return f16_to_float(static_cast<const std::uint16_t*>(data)[at]);
+    default: return static_cast<double>(static_cast<const float*>(data)[at]);
+  }
 }
 
 // The explicit mask's additive term for score (b, h, i, j): 0 or -inf for a bool mask, the
@@ -32,6 +43,9 @@ inline double mask_bias(const Masking& m, std::int64_t b, std::int64_t h, std::i
       return static_cast<double>(static_cast<const float*>(m.mask)[at]);
     case DType::kF64:
       return static_cast<const double*>(m.mask)[at];
+    case DType::kBF16:
+    case DType::kF16:
+      return load_real(m.mask, m.mask_dtype, at);
   }
   return 0.0;
 }
@@ -51,12 +65,6 @@ inline KeyRange allowed_key_range(const Masking& m, std::int64_t nk, std::int64_
   if (m.window_left >= 0) first = std::max(first, diag - m.window_left);
   if (last < first) last = first;
   return {first, last};
-}
-
-// Element access for kF32 / kF64 operands.
-inline double load_real(const void* data, DType dtype, std::int64_t at) noexcept {
-  return dtype == DType::kF64 ? static_cast<const double*>(data)[at]
-                              : static_cast<double>(static_cast<const float*>(data)[at]);
 }
 
 inline void store_real(void* data, DType dtype, std::int64_t at, double value) noexcept {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/format_bytes.h"
+#include "core/half.h"
 #include "core/out_of_memory.h"
 #include "qkv/error.h"
 
@@ -20,6 +21,10 @@ double read_as_double(const void* data, DType dtype, std::int64_t at) {
     case DType::kF32: return static_cast<double>(static_cast<const float*>(data)[at]);
     case DType::kF64: return static_cast<const double*>(data)[at];
     case DType::kBool: return static_cast<const bool*>(data)[at] ? 1.0 : 0.0;
+    case DType::kBF16:
+      return static_cast<double>(core::bf16_to_float(static_cast<const std::uint16_t*>(data)[at]));
+    case DType::kF16:
+      return static_cast<double>(core::f16_to_float(static_cast<const std::uint16_t*>(data)[at]));
   }
   return 0.0;
 }
@@ -29,6 +34,12 @@ void write_from_double(void* data, DType dtype, std::int64_t at, double value) {
     case DType::kF32: static_cast<float*>(data)[at] = static_cast<float>(value); break;
     case DType::kF64: static_cast<double*>(data)[at] = value; break;
     case DType::kBool: static_cast<bool*>(data)[at] = value != 0.0; break;
+    case DType::kBF16:
+      static_cast<std::uint16_t*>(data)[at] = core::float_to_bf16(static_cast<float>(value));
+      break;
+    case DType::kF16:
+      static_cast<std::uint16_t*>(data)[at] = core::float_to_f16(static_cast<float>(value));
+      break;
   }
 }
 
@@ -54,6 +65,8 @@ std::size_t dtype_size(DType dtype) noexcept {
     case DType::kF32: return 4;
     case DType::kF64: return 8;
     case DType::kBool: return 1;
+    case DType::kBF16:
+    case DType::kF16: return 2;
   }
   return 0;
 }
@@ -63,6 +76,8 @@ const char* dtype_name(DType dtype) noexcept {
     case DType::kF32: return "float32";
     case DType::kF64: return "float64";
     case DType::kBool: return "bool";
+    case DType::kBF16: return "bfloat16";
+    case DType::kF16: return "float16";
   }
   return "?";
 }

@@ -392,6 +392,10 @@ const char* descr_of(DType dtype) {
       return "<f8";
     case DType::kBool:
       return "|b1";
+    case DType::kF16:
+      return "<f2";
+    case DType::kBF16:
+      return "?";  // NumPy has no bfloat16
   }
   return "?";
 }
