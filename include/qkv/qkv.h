@@ -5,5 +5,6 @@
 #include "qkv/error.h"
 #include "qkv/explain.h"
 #include "qkv/io.h"
+#include "qkv/kv_cache.h"
 #include "qkv/layer.h"
 #include "qkv/tensor.h"
