@@ -30,7 +30,9 @@ const kernels::AttentionKernel& choose_kernel(const core::AttentionParams& param
     throw Error("kernel " + requested, "no such kernel (available: " + names + ")");
   }
   for (const auto& kernel : list) {
-    if (kernel.declines(params).empty()) return kernel;
+    if (kernel.declines(params).empty() && (kernel.passes == nullptr || kernel.passes(params).empty())) {
+      return kernel;
+    }
   }
   return list.back();  // the reference supports every call
 }
@@ -104,14 +106,16 @@ std::string explain_kernel_choice(const TensorView& q, const TensorView& k, cons
     text += std::string(kernel.name) + ": ";
     if (&kernel == &chosen) {
       text += options.kernel.empty() ? "chosen" : "chosen (--kernel)";
-      if (kernel.name == "fused_hwy") text += " (SIMD target " + kernels::simd_target_name() + ")";
+      if (kernel.name.ends_with("_hwy")) text += " (SIMD target " + kernels::simd_target_name() + ")";
       after = true;
     } else if (after) {
       text += "not tried";
     } else if (!options.kernel.empty()) {
       text += "skipped (--kernel " + options.kernel + ")";
+    } else if (const std::string reason = kernel.declines(call.params); !reason.empty()) {
+      text += "declines: " + reason;
     } else {
-      text += "declines: " + kernel.declines(call.params);
+      text += "passes: " + kernel.passes(call.params);
     }
     text += "\n";
   }

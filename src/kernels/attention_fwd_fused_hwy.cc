@@ -29,49 +29,13 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
 #include "hwy/highway.h"
+#include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace qkv::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// exp(x) for the softmax, where x = score - max <= 0 (or -inf), as 2^t with t = x·log2(e):
-// t = n + r with n = round(t) and |r| <= 1/2, 2^r from a degree-6 polynomial, 2^n put into the
-// exponent. Rounding t costs relative accuracy only in proportion to |t|, that is, only in
-// weights far below the row's largest (the error of a weight w is below w·|t|·2^-24, at most
-// 0.3 ulp of the largest weight); the polynomial is within 0.94 ulp on [-1/2, 1/2] evaluated
-// in float32 FMAs (a Lawson-weighted least-squares fit of the relative error). 14 vector
-// operations on AVX-512 (vscalefps builds 2^n and the underflow mask rides on it), 16 on other
-// targets, against about 35 for Highway's Exp: the exp is the largest cost beside the FMAs (one
-// per score against 2·d/16 + 2·dv/16 FMAs). t < -125.5 (x below about -87, e^x near the
-// smallest normal float) gives 0, which is also how -inf (a masked key) becomes weight 0, and
-// no weight is ever subnormal.
-template <class D, class V>
-HWY_INLINE V ExpNonPositive(D df, V x) {
-  const V t = hn::Mul(x, hn::Set(df, 1.44269504088896341f));
-  // Adding 1.5·2^23 + 127 rounds t to an integer held in the low mantissa bits, already biased
-  // by 127 for the exponent field: n = round(t) costs two adds and no float->int conversion.
-  const V shifter = hn::Set(df, 12583039.0f);
-  const V biased = hn::Add(t, shifter);
-  const V n = hn::Sub(biased, shifter);
-  const V r = hn::Sub(t, n);
-  V p = hn::Set(df, 1.534581242594868e-4f);
-  p = hn::MulAdd(p, r, hn::Set(df, 1.3399930903688073e-3f));
-  p = hn::MulAdd(p, r, hn::Set(df, 9.618489071726799e-3f));
-  p = hn::MulAdd(p, r, hn::Set(df, 5.550328642129898e-2f));
-  p = hn::MulAdd(p, r, hn::Set(df, 2.4022646248340607e-1f));
-  p = hn::MulAdd(p, r, hn::Set(df, 6.931471824645996e-1f));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
-  const auto normal = hn::Ge(t, hn::Set(df, -125.5f));
-#if HWY_TARGET <= HWY_AVX3
-  return V{_mm512_maskz_scalef_ps(normal.raw, p.raw, n.raw)};
-#else
-  const hn::RebindToSigned<D> di;
-  const V two_n = hn::BitCast(df, hn::ShiftLeft<23>(hn::BitCast(di, biased)));
-  return hn::IfThenElseZero(normal, hn::Mul(p, two_n));
-#endif
-}
 
 struct HwyMicro {
   using D = hn::ScalableTag<float>;
@@ -291,8 +255,6 @@ std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& p) {
   return float32_declines(p);
 }
 
-namespace {
-
 // QKV_SIMD_MAX=AVX2 (or SSE4, SSSE3, ...: a Highway target name) caps the targets dispatch may
 // pick, to reproduce another machine's path; results stay within the accuracy criterion on
 // every target (the sweep test runs them all). Read once, at the first call.
@@ -308,8 +270,6 @@ void apply_simd_cap() noexcept {
   }();
   (void)applied;
 }
-
-}  // namespace
 
 core::KernelStatus attention_fwd_fused_hwy(const core::AttentionParams& p) noexcept {
   apply_simd_cap();

@@ -19,6 +19,10 @@ struct AttentionKernel {
   // Empty when the kernel supports these params, else the reason it declines.
   std::string (*declines)(const core::AttentionParams& params);
   core::KernelStatus (*run)(const core::AttentionParams& params) noexcept;
+  // The default choice passes over a kernel that supports the call but suits its shape worse
+  // than a later one: the reason, or empty. nullptr: suits every call it supports. A forced
+  // kernel (options.kernel) runs regardless.
+  std::string (*passes)(const core::AttentionParams& params) = nullptr;
 };
 
 std::span<const AttentionKernel> attention_kernels();
@@ -33,6 +37,15 @@ std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& params
 core::KernelStatus attention_fwd_fused_hwy(const core::AttentionParams& params) noexcept;
 std::string attention_fwd_fused_scalar_declines(const core::AttentionParams& params);
 core::KernelStatus attention_fwd_fused_scalar(const core::AttentionParams& params) noexcept;
+
+// The decode kernel (few query rows per kv head against many keys, K/V read in place, split-KV;
+// decode_common.h) in SIMD and its portable scalar twin. They also serve attention_cached.
+std::string attention_fwd_decode_hwy_declines(const core::AttentionParams& params);
+std::string attention_fwd_decode_hwy_passes(const core::AttentionParams& params);
+core::KernelStatus attention_fwd_decode_hwy(const core::AttentionParams& params) noexcept;
+std::string attention_fwd_decode_scalar_declines(const core::AttentionParams& params);
+std::string attention_fwd_decode_scalar_passes(const core::AttentionParams& params);
+core::KernelStatus attention_fwd_decode_scalar(const core::AttentionParams& params) noexcept;
 
 // Two CBLAS sgemm calls per head with a softmax between them: n x n workspace.
 std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& params);
@@ -60,6 +73,9 @@ std::string float32_declines(const core::AttentionParams& params);
 // a portable build); forcing one (0 restores the CPU's best) is for tests, which run every
 // target on one machine. simd_target_name() names the target that dispatch picks now.
 std::vector<std::int64_t> simd_targets();
+// Applies QKV_SIMD_MAX (a Highway target name capping what dispatch may pick), once; every SIMD
+// entry point calls it before dispatching.
+void apply_simd_cap() noexcept;
 void simd_force_target(std::int64_t target);
 std::string simd_target_name();
 std::string simd_target_name(std::int64_t target);

@@ -36,6 +36,24 @@ inline float rescale_factor(float from, float to, Exp exp) noexcept {
   return exp(from - to);
 }
 
+// The merge primitive: two partial states of one row over disjoint sets of keys (two key tiles,
+// two split-KV chunks, two ranks of a ring) become one. `into` takes the merged state; the
+// caller multiplies into's accumulator by `into` and part's by `part` and adds them. Both
+// all-masked: factors 0 and the state stays all-masked.
+struct MergeFactors {
+  float into = 0.0f;
+  float part = 0.0f;
+};
+
+template <class Exp>
+inline MergeFactors merge_states(SoftmaxState& into, const SoftmaxState& part, Exp exp) noexcept {
+  const float max = into.max > part.max ? into.max : part.max;
+  const MergeFactors f{rescale_factor(into.max, max, exp), rescale_factor(part.max, max, exp)};
+  into.sum = f.into * into.sum + f.part * part.sum;
+  into.max = max;
+  return f;
+}
+
 // The finished row's factor 1/sum for the accumulator: 0 for an all-masked row, whose
 // accumulator is zero.
 inline float inverse_sum(const SoftmaxState& s) noexcept {

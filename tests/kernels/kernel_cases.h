@@ -202,18 +202,18 @@ inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-// Every kernel of the list, and fused_hwy once per SIMD target this CPU supports, so that the
+// Every kernel of the list, and fused_hwy and decode_hwy once per SIMD target this CPU supports, so that the
 // tests hold every compiled path to the same criterion on one machine.
 struct KernelRun {
   std::string label;
   std::string kernel;
-  std::int64_t target = 0;  // SIMD target for fused_hwy, else 0
+  std::int64_t target = 0;  // SIMD target for fused_hwy and decode_hwy, else 0
 };
 
 inline std::vector<KernelRun> kernel_runs() {
   std::vector<KernelRun> list;
   for (const std::string& name : attention_kernel_names()) {
-    if (name == "fused_hwy") {
+    if (name == "fused_hwy" || name == "decode_hwy") {
       for (std::int64_t t : kernels::simd_targets()) {
         list.push_back({name + "/" + kernels::simd_target_name(t), name, t});
       }

@@ -103,6 +103,33 @@ std::vector<KernelCase> sweep_cases() {
     c.scale = -0.3;
     c.causal = true;
   });
+  // Decode shapes: few query rows against keys split into several chunks (>= 1024 keys each),
+  // with the causal/window edge, the mask and GQA crossing chunk and block boundaries.
+  for (const bool causal : {false, true}) {
+    add(std::string("decode_chunks") + (causal ? "_causal" : ""), [&](KernelCase& c) {
+      c.nq = 1;
+      c.nk = 3100;
+      c.h = 8;
+      c.hkv = 2;
+      c.d = c.dv = 64;
+      c.causal = causal;
+    });
+  }
+  add("decode_window_across_chunks", [](KernelCase& c) {
+    c.nq = 3;
+    c.nk = 2500;
+    c.d = 72;
+    c.dv = 40;
+    c.causal = true;
+    c.window = Window{1100, 0};
+  });
+  add("decode_mask_gqa", [](KernelCase& c) {
+    c.nq = 2;
+    c.nk = 1500;
+    c.h = 4;
+    c.hkv = 1;
+    c.mask = MaskKind::kFloatFull;
+  });
   add("f64_inputs", [](KernelCase& c) {
     c.in_dtype = DType::kF64;
     c.mask = MaskKind::kFloatFull;
@@ -252,12 +279,25 @@ TEST(KernelContract, NoKeysGivesZerosAndMinusInfinityLse) {
   EXPECT_NO_THROW(attention(q.view(), k.view(), v.view()));
 }
 
-// The choice report names the chosen kernel and gives a reason for each that declined.
+// The choice report names the chosen kernel and gives a reason for each that declined or was
+// passed over: a prefill shape passes the decode kernels by, one query row takes the first.
 TEST(KernelChoice, ExplainsTheDefaultAndForcedChoice) {
   KernelCase c;
   const CaseInputs in = make_inputs(c, 3);
   const std::string text = explain_kernel_choice(in.q, in.k, in.v, in.options(c));
-  EXPECT_NE(text.find(attention_kernel_names().front() + ": chosen"), std::string::npos) << text;
+  const std::string front = attention_kernel_names().front();
+  ASSERT_TRUE(front.starts_with("decode")) << text;
+  EXPECT_NE(text.find(front + ": passes: " + std::to_string(c.h / c.hkv * c.nq) + " query rows per kv head"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find(front + ": chosen"), std::string::npos) << text;
+  EXPECT_NE(text.find(": chosen"), std::string::npos) << text;
+  KernelCase one_row = c;
+  one_row.nq = 1;
+  const CaseInputs decode_in = make_inputs(one_row, 4);
+  const std::string decode_text =
+      explain_kernel_choice(decode_in.q, decode_in.k, decode_in.v, decode_in.options(one_row));
+  EXPECT_NE(decode_text.find(front + ": chosen"), std::string::npos) << decode_text;
   AttentionOptions forced = in.options(c);
   forced.kernel = "reference";
   const std::string forced_text = explain_kernel_choice(in.q, in.k, in.v, forced);

@@ -1,0 +1,214 @@
+// qkv::attention_cached: the public entry for attention against a KV cache. It checks the call
+// (the only place that does: the decode kernels trust the DecodeCall), takes one snapshot of
+// each sequence, and runs the decode kernel on the pages in place; the reference instead
+// gathers each sequence's rows, dequantised exactly, and computes in float64.
+#include <cmath>
+#include <string>
+
+#include "cache/kv_cache_impl.h"
+#include "core/mask_rule.h"
+#include "core/memory_budget.h"
+#include "core/parallel_for.h"
+#include "core/validate.h"
+#include "kernels/decode_common.h"
+#include "kernels/kernel.h"
+#include "qkv/error.h"
+#include "qkv/kv_cache.h"
+
+namespace qkv {
+namespace {
+
+std::string sequence_subject(SequenceId id) { return "sequence " + std::to_string(id); }
+
+kernels::decode::KVType kv_type(CacheStorage storage) noexcept {
+  switch (storage) {
+    case CacheStorage::kF32: return kernels::decode::KVType::kF32;
+    case CacheStorage::kBF16: return kernels::decode::KVType::kBF16;
+    case CacheStorage::kF16: return kernels::decode::KVType::kF16;
+    case CacheStorage::kInt8: return kernels::decode::KVType::kInt8;
+  }
+  return kernels::decode::KVType::kF32;
+}
+
+// The reference twin: each sequence's gathered rows through the float64 reference kernel,
+// written into that sequence's slice of the outputs.
+void run_reference(const TensorView& q, const KVCache& cache,
+                   std::span<const SequenceId> sequences, const AttentionOptions& options,
+                   AttentionResult& result, bool rank4) {
+  AttentionOptions per = options;
+  per.kernel = "reference";
+  per.return_lse = false;
+  per.max_memory = 0;  // the whole call's budget was checked
+  const std::int64_t lse_stride = result.lse.empty() ? 0 : result.lse.numel() /
+                                  static_cast<std::int64_t>(sequences.size());
+  for (std::size_t s = 0; s < sequences.size(); ++s) {
+    const Tensor k = cache.gather(sequences[s], false, DType::kF64);
+    const Tensor v = cache.gather(sequences[s], true, DType::kF64);
+    TensorView qs = q;
+    if (rank4) {
+      qs.data = static_cast<const std::byte*>(q.data) +
+                static_cast<std::int64_t>(s) * q.strides[0] *
+                    static_cast<std::int64_t>(dtype_size(q.dtype));
+      qs.shape.erase(qs.shape.begin());
+      qs.strides.erase(qs.strides.begin());
+    }
+    MutableTensorView out = result.out.mutable_view();
+    const std::int64_t out_stride = result.out.numel() / static_cast<std::int64_t>(sequences.size());
+    out.data = static_cast<std::byte*>(out.data) +
+               static_cast<std::int64_t>(s) * out_stride *
+                   static_cast<std::int64_t>(dtype_size(out.dtype));
+    if (rank4) {
+      out.shape.erase(out.shape.begin());
+      out.strides.erase(out.strides.begin());
+    }
+    AttentionOutputs outputs{out, std::nullopt, std::nullopt};
+    if (!result.lse.empty()) {
+      MutableTensorView lse = result.lse.mutable_view();
+      lse.data = static_cast<std::byte*>(lse.data) +
+                 static_cast<std::int64_t>(s) * lse_stride *
+                     static_cast<std::int64_t>(dtype_size(lse.dtype));
+      if (rank4) {
+        lse.shape.erase(lse.shape.begin());
+        lse.strides.erase(lse.strides.begin());
+      }
+      outputs.lse = lse;
+    }
+    attention_into(qs, k.view(), v.view(), per, outputs);
+  }
+}
+
+}  // namespace
+
+AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
+                                 std::span<const SequenceId> sequences,
+                                 const AttentionOptions& options) {
+  const KVCache::Impl& impl = cache.impl();
+  const KVCacheOptions& co = impl.options;
+  const auto count = static_cast<std::int64_t>(sequences.size());
+  const std::string q_name = q.name.empty() ? "q" : q.name;
+
+  if (q.dtype != DType::kF32 && q.dtype != DType::kF64 && q.dtype != DType::kBF16 &&
+      q.dtype != DType::kF16) {
+    throw Error(q_name, std::string("dtype ") + dtype_name(q.dtype) +
+                            " is not supported (float32, float64, bfloat16 or float16)");
+  }
+  const bool rank4 = q.rank() == 4;
+  if (!rank4 && q.rank() != 3) {
+    throw Error(q_name, "expected [S, H, Nq, D] (or [H, Nq, D] for one sequence), got " +
+                            shape_string(q.shape));
+  }
+  if (!rank4 && count != 1) {
+    throw Error(q_name, "[H, Nq, D] serves one sequence; " + std::to_string(count) +
+                            " were given (use [S, H, Nq, D])");
+  }
+  if (rank4 && q.dim(0) != count) {
+    throw Error(q_name, "its first dim S = " + std::to_string(q.dim(0)) + " must equal the " +
+                            std::to_string(count) + " sequences given");
+  }
+  const std::int64_t h = q.dim(-3), nq = q.dim(-2), d = q.dim(-1);
+  if (d != co.d) {
+    throw Error(q_name, "head dimension D = " + std::to_string(d) + " does not match the cache's D = " +
+                            std::to_string(co.d));
+  }
+  if (h % co.kv_heads != 0) {
+    throw Error(q_name, "H = " + std::to_string(h) + " query heads is not a multiple of the cache's Hkv = " +
+                            std::to_string(co.kv_heads));
+  }
+  if (options.mask) {
+    throw Error("mask", "not supported with a KV cache (its key dimension differs between "
+                        "sequences); use causal and window");
+  }
+  if (options.return_weights) {
+    throw Error("return_weights", "not supported with a KV cache (the key dimension differs "
+                                  "between sequences)");
+  }
+  if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64) {
+    throw Error("out_dtype", "must be float32 or float64");
+  }
+  if (options.threads < 0) throw Error("threads", "must be >= 0 (0: one per hardware thread)");
+  if (options.window && (options.window->left < -1 || options.window->right < -1)) {
+    throw Error("window", "L and R must be >= 0, or -1 for unbounded");
+  }
+  const double scale = options.scale.value_or(d == 0 ? 1.0 : 1.0 / std::sqrt(static_cast<double>(d)));
+  if (!std::isfinite(scale)) throw Error("scale", "must be a finite number");
+  const std::string& kernel = options.kernel;
+  if (!kernel.empty() && kernel != "decode_scalar" && kernel != "reference" &&
+      !(kernel == "decode_hwy" && !kernels::simd_targets().empty())) {
+    throw Error("kernel " + kernel, "cannot run a cached call (available: " +
+                                        std::string(kernels::simd_targets().empty() ? "" : "decode_hwy, ") +
+                                        "decode_scalar, reference)");
+  }
+  const int threads = core::resolve_thread_count(options.threads);
+  core::require_finite({&q}, threads);
+
+  kernels::decode::DecodeCall call;
+  call.b = count;
+  call.h = h;
+  call.hkv = co.kv_heads;
+  call.nq = nq;
+  call.d = d;
+  call.dv = co.dv;
+  call.type = kv_type(co.storage);
+  call.q = {q.data, q.dtype, core::canonical_strides(q.strides)};
+  call.layout = &impl.layout;
+  call.scale = scale;
+  call.masking.causal = options.causal;
+  if (options.window) {
+    call.masking.window_left = options.window->left;
+    call.masking.window_right = options.window->right;
+  }
+  call.threads = threads;
+  for (SequenceId id : sequences) {
+    const cache::SequenceSnapshot snap = impl.snapshot(id);
+    const std::int64_t nk = snap.length - snap.first_row;
+    if (snap.first_row > 0 && nq > 0) {
+      // The gathered rows start at first_row: the call must not reach before them. Query 0
+      // (position length - nq) sees the earliest keys.
+      const core::KeyRange range =
+          core::allowed_key_range(call.masking, snap.length, snap.length - nq);
+      if (range.first < snap.first_row && range.first < range.last) {
+        throw Error(sequence_subject(id),
+                    "rows before " + std::to_string(snap.first_row) +
+                        " were forgotten, but the query at position " +
+                        std::to_string(snap.length - nq) + " may attend from row " +
+                        std::to_string(range.first) + " (a window must exclude them)");
+      }
+    }
+    call.sequences.push_back(snap);
+    call.nk.push_back(nk);
+  }
+
+  const Shape out_shape = rank4 ? Shape{count, h, nq, co.dv} : Shape{h, nq, co.dv};
+  const Shape lse_shape = rank4 ? Shape{count, h, nq} : Shape{h, nq};
+  core::MemoryEstimate estimate;
+  estimate.outputs = core::tensor_bytes(out_shape, options.out_dtype);
+  if (options.return_lse) {
+    estimate.outputs =
+        core::saturating_add(estimate.outputs, core::tensor_bytes(lse_shape, options.out_dtype));
+  }
+  estimate.workspace = kernels::decode::decode_workspace_bytes(call, threads);
+  core::check_memory_budget(estimate, options.max_memory, "attention_cached");
+
+  AttentionResult result;
+  result.out = Tensor(options.out_dtype, out_shape, "output");
+  if (options.return_lse) result.lse = Tensor(options.out_dtype, lse_shape, "lse");
+  if (kernel == "reference") {
+    run_reference(q, cache, sequences, options, result, rank4);
+    result.kernel = "reference";
+    return result;
+  }
+  core::bind_output(call.out, result.out.mutable_view(), out_shape);
+  if (options.return_lse) core::bind_output(call.lse, result.lse.mutable_view(), lse_shape, false);
+  const bool scalar = kernel == "decode_scalar" || kernels::simd_targets().empty();
+  const core::KernelStatus status =
+      scalar ? kernels::decode::decode_run_scalar(call) : kernels::decode::decode_run_hwy(call);
+  if (status == core::KernelStatus::kOutOfMemory) {
+    throw Error("attention_cached", "out of memory: the decode kernel could not allocate its "
+                                    "workspace (about " +
+                                        core::format_bytes(estimate.workspace) + ")");
+  }
+  result.kernel = scalar ? "decode_scalar" : "decode_hwy";
+  return result;
+}
+
+}  // namespace qkv

@@ -1,0 +1,393 @@
+// attention_fwd_decode_hwy: attention for few query rows against many keys (decoding, chunked
+// prefill), at the speed memory delivers K and V. One source for every Highway target, one
+// dynamic dispatch per call.
+//
+//   shapes   Q [b, h, nq, d]; K [b, hkv, nk, d] and V [b, hkv, nk, dv], plain tensors or a KV
+//            cache's pages (decode_common.h: KVRun), stored as float32, bfloat16, float16 or
+//            int8 (blocks of 32 with a float scale); query head h reads kv head h / g.
+//   tasks    (b, kv head, chunk of keys): the g·nq query rows of every query head of the kv
+//            head against one chunk (chunk_keys: >= 1024 keys, at most 64 chunks per head,
+//            from the shape alone). So each K/V byte is read from memory once per call, for all
+//            g query heads that share it (grouped-query attention costs no extra traffic), and
+//            a single query over a long context still has many tasks to spread over threads
+//            (split-KV). K is read in place, row by row: nothing is packed per call.
+//   per task Q rows converted to float32 once (R = g·nq rows, zero-padded to whole vectors);
+//            per row a softmax state (m, l) and an accumulator o [dv]. For each block of 16
+//            keys inside the union of the rows' causal/window ranges:
+//              widen the block's K and V rows to float32 into L1 (bf16 and f16 by a
+//              conversion, int8 by q · scale; float32 rows whose length is a whole number of
+//              vectors are read in place)
+//              s_rj = scale · q_r·k_j       4 rows at a time share each K vector load; one
+//                                           horizontal sum per score
+//              -inf outside row r's causal/window range
+//              m' = max(m, max_j s_rj);  alpha = exp(m - m');  p_rj = exp(s_rj - m')
+//              l = alpha · l + sum_j p_rj;  o_r = alpha · o_r + sum_j p_rj v_j
+//   merge    the driver (decode_driver.cc) merges a row's chunk states in key order with
+//            merge_states (online_softmax.h), then O = o / l, lse = m + log l; a row with no
+//            allowed key gives zeros and lse = -inf.
+//
+// Invariant after each block, per row: m is the max of the scores seen, l = sum exp(s_j - m)
+// and o = sum exp(s_j - m) v_j over them. The exp is the fused kernel's (exp_hwy-inl.h).
+//
+// Traffic and work: each K and V element is read once per call from memory; per key and row
+// the work is d + dv FMAs and one horizontal sum, so at g·nq <= 16 rows the loop keeps pace
+// with memory (about 1 KiB of float32 K/V per key at d = 128) and the time is the bytes read
+// over the bandwidth. Memory: per worker the Q rows, one block of widened K/V and the scores;
+// per task its partial state (g·nq rows x (dv + 2) floats).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/attention_fwd_decode_hwy.cc"
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// After foreach_target.h, which re-includes this file once per target.
+#include "core/half.h"
+#include "core/mask_rule.h"
+#include "hwy/highway.h"
+#include "kernels/decode_common.h"
+#include "kernels/exp_hwy-inl.h"
+#include "kernels/fused_common.h"
+#include "kernels/kernel.h"
+#include "kernels/online_softmax.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qkv::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace decode_hwy {
+
+using decode::kBlockKeys;
+using decode::KVType;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+constexpr std::int64_t kLanes = static_cast<std::int64_t>(hn::MaxLanes(D()));
+static_assert(kBlockKeys % kLanes == 0, "a block of scores is a whole number of vectors");
+constexpr float kInfF = std::numeric_limits<float>::infinity();
+
+// dst[0, padded) = the stored row widened to float32, zero past `count`; elements `col`
+// apart (1 for pages and dense rows, which take the vector paths).
+template <KVType T>
+HWY_INLINE void widen_row(const void* src, const float* scales, std::int64_t count,
+                          std::int64_t col, std::int64_t padded, float* HWY_RESTRICT dst) {
+  const D df;
+  std::int64_t c = 0;
+  if constexpr (T == KVType::kF32) {
+    const auto* in = static_cast<const float*>(src);
+    if (col == 1) {
+      std::memcpy(dst, in, static_cast<std::size_t>(count) * 4);
+      c = count;
+    }
+    for (; c < count; ++c) dst[c] = in[c * col];
+  } else if constexpr (T == KVType::kF64) {
+    const auto* in = static_cast<const double*>(src);
+    for (; c < count; ++c) dst[c] = static_cast<float>(in[c * col]);
+  } else if constexpr (T == KVType::kBF16 || T == KVType::kF16) {
+    using Half = std::conditional_t<T == KVType::kBF16, hwy::bfloat16_t, hwy::float16_t>;
+    const hn::Rebind<Half, D> dh;
+    if (col == 1) {
+      const auto* in = static_cast<const Half*>(src);
+      for (; c + kLanes <= count; c += kLanes) {
+        hn::Store(hn::PromoteTo(df, hn::LoadU(dh, in + c)), df, dst + c);
+      }
+    }
+    const auto* bits = static_cast<const std::uint16_t*>(src);
+    for (; c < count; ++c) {
+      dst[c] = T == KVType::kBF16 ? core::bf16_to_float(bits[c * col])
+                                  : core::f16_to_float(bits[c * col]);
+    }
+  } else {
+    const hn::Rebind<std::int8_t, D> d8;
+    const hn::Rebind<std::int32_t, D> d32;
+    const auto* in = static_cast<const std::int8_t*>(src);
+    // Pages only (column stride 1). A vector never straddles two blocks of 32: 32 is a
+    // multiple of the lane count.
+    for (; c + kLanes <= count; c += kLanes) {
+      const V scale = hn::Set(df, scales[c / kCacheInt8Block]);
+      const V x = hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, in + c)));
+      hn::Store(hn::Mul(x, scale), df, dst + c);
+    }
+    for (; c < count; ++c) dst[c] = static_cast<float>(in[c]) * scales[c / kCacheInt8Block];
+  }
+  for (; c < padded; ++c) dst[c] = 0.0f;
+}
+
+// s[x · kBlockKeys + j] = scale · q_x·k_j for G rows, one K vector load shared by all G.
+template <int G>
+HWY_INLINE void dot_rows(const float* HWY_RESTRICT q, std::int64_t dp, std::int64_t dl,
+                         const float* const* keys, std::int64_t bk, float scale,
+                         float* HWY_RESTRICT s) {
+  const D df;
+  for (std::int64_t j = 0; j < bk; ++j) {
+    const float* HWY_RESTRICT k = keys[j];
+    V acc[static_cast<std::size_t>(G)];
+    for (auto& a : acc) a = hn::Zero(df);
+    for (std::int64_t c = 0; c < dl; c += kLanes) {
+      const V kv = hn::LoadU(df, k + c);
+      for (int x = 0; x < G; ++x) {
+        acc[x] = hn::MulAdd(hn::Load(df, q + std::int64_t{x} * dp + c), kv, acc[x]);
+      }
+    }
+    for (int x = 0; x < G; ++x) {
+      s[std::int64_t{x} * kBlockKeys + j] = hn::GetLane(hn::SumOfLanes(df, acc[x])) * scale;
+    }
+  }
+}
+
+template <KVType T>
+class Chunk {
+ public:
+  Chunk(const decode::DecodeCall& call, const decode::Task& task, const decode::Scratch& scratch)
+      : call_(call),
+        task_(task),
+        scratch_(scratch),
+        rows_(call.rows()),
+        dp_(decode::round_up(call.d, decode::kPadLanes)),
+        dvp_(decode::round_up(call.dv, decode::kPadLanes)),
+        dl_(decode::round_up(call.d, kLanes)),
+        dvl_(decode::round_up(call.dv, kLanes)),
+        nk_(call.nk[static_cast<std::size_t>(task.b)]),
+        scale_(static_cast<float>(call.scale)),
+        row_lo_(scratch.ranges),
+        row_hi_(scratch.ranges + rows_) {}
+
+  // The keys of this chunk that any row may see, [first, last); empty when none.
+  void key_ranges(std::int64_t& first, std::int64_t& last) const noexcept {
+    first = task_.j1;
+    last = task_.j0;
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const core::KeyRange range =
+          core::allowed_key_range(call_.masking, nk_, r % call_.nq + nk_ - call_.nq);
+      row_lo_[r] = std::max(range.first, task_.j0);
+      row_hi_[r] = std::max(row_lo_[r], std::min(range.last, task_.j1));
+      if (row_lo_[r] < row_hi_[r]) {
+        first = std::min(first, row_lo_[r]);
+        last = std::max(last, row_hi_[r]);
+      }
+    }
+  }
+
+  void load_queries() const noexcept {
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      float* dst = scratch_.q + r * dp_;
+      for (std::int64_t c = 0; c < call_.d; ++c) {
+        dst[c] = static_cast<float>(core::load_real(
+            call_.q.data, call_.q.dtype, call_.q.strides.at(task_.b, head(r), r % call_.nq, c)));
+      }
+      std::fill(dst + call_.d, dst + dp_, 0.0f);
+    }
+  }
+
+  // Calls block(jb, bk) for each block of keys in [first, last), with keys_/values_ pointing at
+  // its K and V rows widened to float32 and the scores s_rj in scratch.s (scaled, -inf outside
+  // each row's range and where the mask forbids; a row whose range misses the block is left).
+  template <class F>
+  void for_each_block(std::int64_t first, std::int64_t last, bool need_values, F&& block) noexcept {
+    const std::int64_t elem = decode::storage_bytes(T);
+    const bool k_in_place = T == KVType::kF32 && call_.d % kLanes == 0;
+    const bool v_in_place = T == KVType::kF32 && call_.dv % kLanes == 0;
+    for (std::int64_t j = first; j < last;) {
+      const decode::KVRun run = call_.run_at(task_.b, task_.hk, j);
+      const std::int64_t run_end = std::min(last, j + run.rows);
+      for (std::int64_t jb = j; jb < run_end; jb += kBlockKeys) {
+        const std::int64_t bk = std::min(kBlockKeys, run_end - jb);
+        for (std::int64_t x = 0; x < bk; ++x) {
+          const std::int64_t at = jb - j + x;
+          const auto* k_row = static_cast<const std::byte*>(run.k) + at * run.k_row * elem;
+          if (k_in_place && run.k_col == 1) {
+            keys_[x] = reinterpret_cast<const float*>(k_row);
+          } else {
+            widen_row<T>(k_row, run.k_scales + at * run.k_scale_row, call_.d, run.k_col, dp_,
+                         scratch_.k + x * dp_);
+            keys_[x] = scratch_.k + x * dp_;
+          }
+          if (!need_values) continue;
+          const auto* v_row = static_cast<const std::byte*>(run.v) + at * run.v_row * elem;
+          if (v_in_place && run.v_col == 1) {
+            values_[x] = reinterpret_cast<const float*>(v_row);
+          } else {
+            widen_row<T>(v_row, run.v_scales + at * run.v_scale_row, call_.dv, run.v_col, dvp_,
+                         scratch_.v + x * dvp_);
+            values_[x] = scratch_.v + x * dvp_;
+          }
+        }
+        std::int64_t r = 0;
+        for (; r + 4 <= rows_; r += 4) {
+          dot_rows<4>(scratch_.q + r * dp_, dp_, dl_, keys_, bk, scale_, scratch_.s + r * kBlockKeys);
+        }
+        for (; r < rows_; ++r) {
+          dot_rows<1>(scratch_.q + r * dp_, dp_, dl_, keys_, bk, scale_, scratch_.s + r * kBlockKeys);
+        }
+        for (r = 0; r < rows_; ++r) mask_scores(r, jb, bk);
+        block(jb, bk);
+      }
+      j = run_end;
+    }
+  }
+
+  // Partial mode: the online softmax over the chunk into `out`.
+  void accumulate(const decode::Partial& out) noexcept {
+    const D df;
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      out.m[r] = -kInfF;
+      out.l[r] = 0.0f;
+      std::fill(out.o + r * dvp_, out.o + (r + 1) * dvp_, 0.0f);
+    }
+    std::int64_t first = 0, last = 0;
+    key_ranges(first, last);
+    if (first >= last) return;
+    load_queries();
+    for_each_block(first, last, true, [&](std::int64_t jb, std::int64_t bk) {
+      for (std::int64_t r = 0; r < rows_; ++r) {
+        const std::int64_t a = std::clamp<std::int64_t>(row_lo_[r] - jb, 0, bk);
+        const std::int64_t e = std::clamp<std::int64_t>(row_hi_[r] - jb, a, bk);
+        if (a == e) continue;  // no key of this block for this row: its state stays
+        float* s = scratch_.s + r * kBlockKeys;
+        V block_max = hn::Set(df, -kInfF);
+        for (std::int64_t x = 0; x < kBlockKeys; x += kLanes) {
+          block_max = hn::Max(block_max, hn::Load(df, s + x));
+        }
+        const float m_old = out.m[r];
+        const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, block_max)));
+        if (m_new == -kInfF) continue;  // every key so far masked
+        const float alpha = rescale_factor(m_old, m_new, [&](float t) {
+          return hn::GetLane(ExpNonPositive(df, hn::Set(df, t)));
+        });
+        const V vm = hn::Set(df, m_new);
+        V sum = hn::Zero(df);
+        for (std::int64_t x = 0; x < kBlockKeys; x += kLanes) {
+          const V p = ExpNonPositive(df, hn::Sub(hn::Load(df, s + x), vm));
+          hn::Store(p, df, s + x);
+          sum = hn::Add(sum, p);
+        }
+        out.m[r] = m_new;
+        out.l[r] = alpha * out.l[r] + hn::GetLane(hn::SumOfLanes(df, sum));
+        float* o = out.o + r * dvp_;
+        const V va = hn::Set(df, alpha);
+        for (std::int64_t c = 0; c < dvl_; c += kLanes) {
+          V acc = hn::Mul(hn::Load(df, o + c), va);
+          for (std::int64_t x = a; x < e; ++x) {
+            acc = hn::MulAdd(hn::Set(df, s[x]), hn::LoadU(df, values_[x] + c), acc);
+          }
+          hn::Store(acc, df, o + c);
+        }
+      }
+    });
+  }
+
+  // Weights mode: w_rj = exp(s_rj - max_r) / sum_r over the chunk's keys, zeros elsewhere in it.
+  void write_weights(const float* finals) noexcept {
+    const D df;
+    std::int64_t first = 0, last = 0;
+    key_ranges(first, last);
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const float max = finals[2 * r];
+      const std::int64_t a = max == -kInfF ? task_.j1 : row_lo_[r];
+      const std::int64_t e = max == -kInfF ? task_.j1 : row_hi_[r];
+      fused::store_zeros(call_.weights, task_.b, head(r), r % call_.nq, task_.j0, a - task_.j0);
+      fused::store_zeros(call_.weights, task_.b, head(r), r % call_.nq, e, task_.j1 - e);
+    }
+    if (first >= last) return;
+    load_queries();
+    for_each_block(first, last, false, [&](std::int64_t jb, std::int64_t bk) {
+      for (std::int64_t r = 0; r < rows_; ++r) {
+        const float max = finals[2 * r];
+        const std::int64_t a = std::clamp<std::int64_t>(row_lo_[r] - jb, 0, bk);
+        const std::int64_t e = std::clamp<std::int64_t>(row_hi_[r] - jb, a, bk);
+        if (a == e || max == -kInfF) continue;
+        float* s = scratch_.s + r * kBlockKeys;
+        const V vm = hn::Set(df, max);
+        for (std::int64_t x = 0; x < kBlockKeys; x += kLanes) {
+          hn::Store(ExpNonPositive(df, hn::Sub(hn::Load(df, s + x), vm)), df, s + x);
+        }
+        fused::store_row(call_.weights, task_.b, head(r), r % call_.nq, jb + a, s + a, e - a,
+                         finals[2 * r + 1]);
+      }
+    });
+  }
+
+ private:
+  std::int64_t head(std::int64_t r) const noexcept { return task_.hk * call_.group() + r / call_.nq; }
+
+  void mask_scores(std::int64_t r, std::int64_t jb, std::int64_t bk) const noexcept {
+    const std::int64_t a = std::clamp<std::int64_t>(row_lo_[r] - jb, 0, bk);
+    const std::int64_t e = std::clamp<std::int64_t>(row_hi_[r] - jb, a, bk);
+    float* s = scratch_.s + r * kBlockKeys;
+    std::fill(s, s + a, -kInfF);
+    std::fill(s + e, s + kBlockKeys, -kInfF);
+    const core::Masking& m = call_.masking;
+    if (m.mask == nullptr) return;
+    for (std::int64_t x = a; x < e; ++x) {
+      const auto bias = static_cast<float>(core::mask_bias(m, task_.b, head(r), r % call_.nq, jb + x));
+      s[x] = bias == -kInfF ? -kInfF : s[x] + bias;
+    }
+  }
+
+  const decode::DecodeCall& call_;
+  const decode::Task& task_;
+  const decode::Scratch& scratch_;
+  const std::int64_t rows_, dp_, dvp_, dl_, dvl_, nk_;
+  const float scale_;
+  std::int64_t* row_lo_;
+  std::int64_t* row_hi_;
+  const float* keys_[kBlockKeys] = {};
+  const float* values_[kBlockKeys] = {};
+};
+
+template <KVType T>
+void chunk(const decode::DecodeCall& call, const decode::Task& task,
+           const decode::Scratch& scratch, const decode::Partial& out,
+           const float* finals) noexcept {
+  Chunk<T> c(call, task, scratch);
+  if (finals == nullptr) {
+    c.accumulate(out);
+  } else {
+    c.write_weights(finals);
+  }
+}
+
+void DecodeChunk(const decode::DecodeCall& call, const decode::Task& task,
+                 const decode::Scratch& scratch, const decode::Partial& out,
+                 const float* finals) noexcept {
+  switch (call.type) {
+    case KVType::kF32: return chunk<KVType::kF32>(call, task, scratch, out, finals);
+    case KVType::kBF16: return chunk<KVType::kBF16>(call, task, scratch, out, finals);
+    case KVType::kF16: return chunk<KVType::kF16>(call, task, scratch, out, finals);
+    case KVType::kInt8: return chunk<KVType::kInt8>(call, task, scratch, out, finals);
+    case KVType::kF64: return chunk<KVType::kF64>(call, task, scratch, out, finals);
+  }
+}
+
+}  // namespace decode_hwy
+
+core::KernelStatus DecodeRun(const decode::DecodeCall& call) {
+  return decode::run_decode(call, &decode_hwy::DecodeChunk);
+}
+
+}  // namespace qkv::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace qkv::kernels {
+
+HWY_EXPORT(DecodeRun);
+
+core::KernelStatus decode::decode_run_hwy(const DecodeCall& call) noexcept {
+  apply_simd_cap();
+  return HWY_DYNAMIC_DISPATCH(DecodeRun)(call);
+}
+
+std::string attention_fwd_decode_hwy_declines(const core::AttentionParams& p) {
+  return decode::plain_declines(p);
+}
+
+std::string attention_fwd_decode_hwy_passes(const core::AttentionParams& p) {
+  return decode::plain_passes(p);
+}
+
+core::KernelStatus attention_fwd_decode_hwy(const core::AttentionParams& p) noexcept {
+  return decode::decode_run_hwy(decode::plain_call(p));
+}
+
+}  // namespace qkv::kernels
+#endif  // HWY_ONCE
