@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cache/quantise.h"
+#include "core/half.h"
 #include "core/mask_rule.h"
 #include "qkv/error.h"
 
@@ -63,7 +64,12 @@ Operand check_operand(const TensorView& view, const char* role, const char* widt
     for (std::int64_t i = 0; i < op.n; ++i) {
       for (std::int64_t c = 0; c < width; ++c) {
         const double value = core::load_real(view.data, view.dtype, op.offset(hk, i, c));
-        const float rounded = static_cast<float>(value);
+        // 16-bit storage rounds once from the input (see narrow_to_odd), float32 and int8 from
+        // the value rounded to float32.
+        const float rounded = storage == CacheStorage::kF16 || storage == CacheStorage::kBF16
+                                  ? core::narrow_to_odd(value)
+                                  : static_cast<float>(value);
+        op.max_abs = std::max(op.max_abs, std::fabs(value));
         const bool finite = std::isfinite(value);
         const bool in_range = std::isfinite(rounded) &&
                               (storage != CacheStorage::kF16 || std::fabs(rounded) < 65520.0f);
@@ -97,8 +103,11 @@ void write_rows(const PageLayout& layout, const std::vector<std::byte*>& pages,
       std::byte* page = pages[static_cast<std::size_t>((p - first_page_row) / layout.page_rows)];
       const std::int64_t r = p % layout.page_rows;
       for (std::int64_t c = 0; c < op.width; ++c) {
+        const double value = core::load_real(op.view->data, op.view->dtype, op.offset(hk, i, c));
         scratch[static_cast<std::size_t>(c)] =
-            static_cast<float>(core::load_real(op.view->data, op.view->dtype, op.offset(hk, i, c)));
+            layout.storage == CacheStorage::kF16 || layout.storage == CacheStorage::kBF16
+                ? core::narrow_to_odd(value)
+                : static_cast<float>(value);
       }
       store_row(layout.storage, scratch.data(), op.width,
                 page + head_offset + r * op.width * element_bytes,

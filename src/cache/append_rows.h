@@ -19,6 +19,7 @@ struct Operand {
   std::int64_t s_head = 0, s_row = 0, s_col = 0;
   std::int64_t n = 0;
   std::int64_t width = 0;
+  double max_abs = 0.0;  // the largest |element|, for the kernels' float32 range checks
 
   std::int64_t offset(std::int64_t hk, std::int64_t i, std::int64_t c) const noexcept {
     return hk * s_head + i * s_row + c * s_col;

@@ -327,12 +327,20 @@ void KVCache::append(SequenceId sequence, const TensorView& k, const TensorView&
     row0 = s.length;
     first_page_row = s.first_page_row;
     s.length = new_length;
+    impl.max_abs_k = std::max(impl.max_abs_k, ko.max_abs);
+    impl.max_abs_v = std::max(impl.max_abs_v, vo.max_abs);
     pages = &s.pages;
   }
   // The pages from row0's on are this sequence's alone, and calls on one sequence do not run
   // concurrently: the rows are written without the lock.
   cache::write_rows(layout, *pages, first_page_row, row0, ko, false, scratch);
   cache::write_rows(layout, *pages, first_page_row, row0, vo, true, scratch);
+}
+
+void KVCache::Impl::magnitudes(double& k, double& v) const {
+  const std::lock_guard lock(mutex);
+  k = max_abs_k;
+  v = max_abs_v;
 }
 
 void KVCache::forget_before(SequenceId sequence, std::int64_t row) {

@@ -24,6 +24,9 @@ struct KVCache::Impl {
   // changed (append, forget_before, remove).
   cache::SequenceSnapshot snapshot(SequenceId sequence) const;
 
+  // max_abs_k and max_abs_v (below), read under the lock.
+  void magnitudes(double& k, double& v) const;
+
   // One sequence. Absolute row p lives in pages[(p - first_page_row) / page_rows] at row
   // p % page_rows; first_page_row is a multiple of page_rows, and pages.size() is
   // ceil((length - first_page_row) / page_rows). Rows [first_row, length) are stored.
@@ -46,6 +49,10 @@ struct KVCache::Impl {
   // returning a page never allocates (and never throws).
   std::vector<std::byte*> free_pages;
   std::int64_t pages_in_use = 0;  // pages with refs > 0
+  // The largest |value| ever appended to K and to V (never lowered): the decode kernels bound
+  // their float32 scores and sums with them. Stored values are within 1 % of these (16-bit
+  // rounding, int8's q · scale).
+  double max_abs_k = 0.0, max_abs_v = 0.0;
   SequenceId next_id = 0;
 
   Impl(const KVCacheOptions& cache_options, const cache::PageLayout& page_layout);

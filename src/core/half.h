@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 namespace qkv::core {
 
@@ -53,6 +54,19 @@ inline std::uint16_t float_to_f16(float value) noexcept {
   }
   const std::uint32_t rounding = 0xfffu + ((magnitude >> 13) & 1u);
   return static_cast<std::uint16_t>(sign | ((magnitude - 0x38000000u + rounding) >> 13));
+}
+
+// A float holding `value` rounded to odd: truncated toward zero, its last bit set if that lost
+// anything. Rounding this float to nearest even at 16 bits gives the same result as rounding
+// `value` itself (float keeps more than two bits beyond bfloat16's and float16's precision, in
+// their subnormal ranges too), where the plain double -> float -> 16-bit route rounds twice and
+// can land on the wrong side of a tie. Past float's range it gives FLT_MAX, which still rounds
+// to infinity at 16 bits.
+inline float narrow_to_odd(double value) noexcept {
+  float f = static_cast<float>(value);
+  if (std::isnan(value) || static_cast<double>(f) == value) return f;
+  if (std::abs(static_cast<double>(f)) > std::abs(value)) f = std::nextafter(f, 0.0f);
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);
 }
 
 }  // namespace qkv::core

@@ -2,6 +2,7 @@
 // (the only place that does: the decode kernels trust the DecodeCall), takes one snapshot of
 // each sequence, and runs the decode kernel on the pages in place; the reference instead
 // gathers each sequence's rows, dequantised exactly, and computes in float64.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -139,7 +140,7 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
                                         "decode_scalar, reference)");
   }
   const int threads = core::resolve_thread_count(options.threads);
-  core::require_finite({&q}, threads);
+  const double q_bound = core::require_finite({&q}, threads).front();
 
   kernels::decode::DecodeCall call;
   call.b = count;
@@ -178,6 +179,24 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
     call.nk.push_back(nk);
   }
 
+  // The float32 range checks of the other kernels, with the cache's bounds on what it holds
+  // (stored values are within 1 % of the largest appended): a call float32 cannot represent
+  // goes to the float64 reference.
+  core::AttentionParams range;
+  range.shape = {count, h, co.kv_heads, nq, 0, d, co.dv};
+  for (std::int64_t nk : call.nk) range.shape.nk = std::max(range.shape.nk, nk);
+  range.scale = scale;
+  range.q.dtype = q.dtype;
+  range.magnitudes.q = q_bound;
+  impl.magnitudes(range.magnitudes.k, range.magnitudes.v);
+  range.magnitudes.k *= 1.01;
+  range.magnitudes.v *= 1.01;
+  const std::string float32_reason = kernels::float32_declines(range);
+  if (!float32_reason.empty() && !kernel.empty() && kernel != "reference") {
+    throw Error("kernel " + kernel, "cannot run this call: " + float32_reason);
+  }
+  const bool use_reference = kernel == "reference" || !float32_reason.empty();
+
   const Shape out_shape = rank4 ? Shape{count, h, nq, co.dv} : Shape{h, nq, co.dv};
   const Shape lse_shape = rank4 ? Shape{count, h, nq} : Shape{h, nq};
   core::MemoryEstimate estimate;
@@ -192,7 +211,7 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   AttentionResult result;
   result.out = Tensor(options.out_dtype, out_shape, "output");
   if (options.return_lse) result.lse = Tensor(options.out_dtype, lse_shape, "lse");
-  if (kernel == "reference") {
+  if (use_reference) {
     run_reference(q, cache, sequences, options, result, rank4);
     result.kernel = "reference";
     return result;

@@ -336,3 +336,35 @@ TEST(CachedAttentionWindow, ForgottenRowsAreNeverAttended) {
 
 }  // namespace
 }  // namespace qkv::testing
+
+namespace qkv::testing {
+namespace {
+
+// Values whose scores float32 cannot hold send the call to the float64 reference by default;
+// a forced decode kernel refuses it by name.
+TEST(CachedAttentionRange, BeyondFloat32GoesToTheReference) {
+  KVCache cache(KVCacheOptions{1, 4, 4, CacheStorage::kF32, 8, 0, 0});
+  const SequenceId id = cache.add_sequence();
+  Tensor k = random_tensor(DType::kF64, {1, 5, 4}, 1, 1e18, 2e18);
+  const Tensor v = random_tensor(DType::kF64, {1, 5, 4}, 2);
+  cache.append(id, k.view(), v.view());
+  const Tensor q = random_tensor(DType::kF64, {1, 1, 1, 4}, 3, 1e18, 2e18);
+  const std::vector<SequenceId> ids{id};
+  AttentionOptions options;
+  options.scale = 1.0;
+  const AttentionResult got = attention_cached(q.view(), cache, ids, options);
+  EXPECT_EQ(got.kernel, "reference");
+  for (std::int64_t e = 0; e < got.out.numel(); ++e) {
+    EXPECT_TRUE(std::isfinite(got.out.data_as<float>()[e]));
+  }
+  options.kernel = "decode_scalar";
+  try {
+    attention_cached(q.view(), cache, ids, options);
+    ADD_FAILURE() << "decode_scalar ran scores beyond float32";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("beyond float32's range"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace qkv::testing
