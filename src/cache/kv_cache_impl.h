@@ -2,6 +2,14 @@
 // in place through snapshot()).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
 #include "cache/page_layout.h"
 #include "qkv/kv_cache.h"
 
@@ -16,7 +24,40 @@ struct KVCache::Impl {
   // changed (append, forget_before, remove).
   cache::SequenceSnapshot snapshot(SequenceId sequence) const;
 
-  // The pool, the sequences and their lock: see kv_cache.cc.
+  // One sequence. Absolute row p lives in pages[(p - first_page_row) / page_rows] at row
+  // p % page_rows; first_page_row is a multiple of page_rows, and pages.size() is
+  // ceil((length - first_page_row) / page_rows). Rows [first_row, length) are stored.
+  // Held through a unique_ptr so that it never moves: a snapshot points into `pages`.
+  struct Sequence {
+    std::vector<std::byte*> pages;
+    std::int64_t first_page_row = 0;
+    std::int64_t first_row = 0;
+    std::int64_t length = 0;
+  };
+
+  // The lock guards the pool and the sequence map, and is held only for bookkeeping: rows are
+  // written outside it, into pages that the appending sequence alone holds, and the kernels
+  // read a snapshot's pages outside it.
+  mutable std::mutex mutex;
+  std::map<SequenceId, std::unique_ptr<Sequence>> sequences;
+  // Every page allocated, with the number of sequences holding it (0: on the free list).
+  std::unordered_map<const std::byte*, std::int64_t> refs;
+  // Freed pages, reused before any new allocation. Its capacity is kept >= refs.size(), so that
+  // returning a page never allocates (and never throws).
+  std::vector<std::byte*> free_pages;
+  std::int64_t pages_in_use = 0;  // pages with refs > 0
+  SequenceId next_id = 0;
+
+  Impl(const KVCacheOptions& cache_options, const cache::PageLayout& page_layout);
+  ~Impl();  // frees every page
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // The rest need the lock held.
+  Sequence& find(SequenceId sequence) const;    // throws "sequence N: not in this cache"
+  std::byte* take_page();                       // refs 0, not yet in use; throws on no memory
+  void hold_page(std::byte* page) noexcept;     // refs + 1
+  void release_page(std::byte* page) noexcept;  // refs - 1; to the free list at 0
 };
 
 }  // namespace qkv
