@@ -69,9 +69,9 @@ class KVCache {
   std::vector<SequenceId> sequences() const;  // ascending
 
   // Appends n rows: k is [Hkv, n, D] and v [Hkv, n, Dv] (or [n, D] and [n, Dv] when Hkv = 1),
-  // float32 or float64, any strides, every element finite (and within float16's range for an
-  // f16 cache). Throws qkv::Error naming k, v, the sequence or "KVCache capacity", and then
-  // leaves the cache exactly as it was.
+  // float32, float64, bfloat16 or float16, any strides, every element finite once rounded to
+  // float32 (and within float16's range for an f16 cache). Throws qkv::Error naming k, v, the
+  // sequence or "KVCache capacity", and then leaves the cache exactly as it was.
   void append(SequenceId sequence, const TensorView& k, const TensorView& v);
   // Frees the pages that hold only rows before `row` (a sliding window keeps only the window's
   // pages); attention_cached refuses a call that would attend a freed row.

@@ -652,6 +652,25 @@ TEST(KVCache, CapacityInBytes) {
   expect_gather(cache, seq, e);
 }
 
+TEST(KVCache, APageThatCannotBeAllocatedIsOneErrorAndChangesNothing) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' allocators abort on a 128 TiB request instead of failing it";
+#else
+  // 2^43 rows of 4 float32 values: a page of 2^47 bytes (128 TiB), accepted by the constructor
+  // but more than a 47-bit user address space can map.
+  KVCache cache(options_for(CacheStorage::kF32, 1, 4, 0, std::int64_t{1} << 43));
+  EXPECT_EQ(cache.page_bytes(), std::int64_t{1} << 47);
+  const SequenceId seq = cache.add_sequence();
+  const Tensor k = testing::random_tensor(DType::kF32, {1, 2, 4}, 1);
+  const Tensor v(DType::kF32, {1, 2, 0});
+  const std::string what = error_of([&] { cache.append(seq, k.view(), v.view()); }, "KVCache");
+  EXPECT_NE(what.find("out of memory"), std::string::npos) << what;
+  EXPECT_EQ(cache.length(seq), 0);
+  EXPECT_EQ(cache.pages_in_use(), 0);
+  EXPECT_EQ(cache.impl().snapshot(seq).page_count, 0);
+#endif
+}
+
 TEST(KVCache, ConstructorRefusesBadOptions) {
   const auto bad = [](auto change, const std::string& word) {
     KVCacheOptions o = options_for(CacheStorage::kF32, 2, 4, 4, 4);
