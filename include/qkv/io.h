@@ -13,17 +13,18 @@
 namespace qkv {
 
 // Reads a version 1.0, 2.0 or 3.0 .npy file holding C-order little-endian float32 ('<f4'),
-// float64 ('<f8') or bool ('|b1'). The tensor's name is the path. Anything else — a bad magic,
-// a header past the end of the file, a shape whose size overflows or that claims more data than
-// the file holds, Fortran order, big-endian, integers, float16, objects, an .npz archive — throws
-// qkv::Error naming the file, before any large allocation.
+// float64 ('<f8'), float16 ('<f2', kept as stored: a kF16 tensor) or bool ('|b1'). The tensor's
+// name is the path. Anything else — a bad magic, a header past the end of the file, a shape
+// whose size overflows or that claims more data than the file holds, Fortran order, big-endian,
+// integers, objects, an .npz archive — throws qkv::Error naming the file, before any large
+// allocation.
 Tensor read_npy(const std::filesystem::path& path);
 
 // What reading a tensor will produce, known from the file's header alone: nothing but the
 // header is read, and nothing larger than it allocated.
 struct TensorInfo {
   std::string name;           // as the reader names the tensor: "PATH" or "PATH:NAME"
-  DType dtype = DType::kF32;  // in memory once read: float32 for F16 and BF16
+  DType dtype = DType::kF32;  // in memory once read: as stored (F16 and BF16 included)
   Shape shape;
   std::uint64_t bytes = 0;  // the tensor will take in memory once read
 };
@@ -32,7 +33,7 @@ struct TensorInfo {
 TensorInfo inspect_npy(const std::filesystem::path& path);
 
 // The bytes of an .npy file (version 1.0, or 2.0 when the header needs it) holding `view`
-// converted to `dtype`.
+// converted to `dtype` (kF16 is written as '<f2'; kBF16, which NumPy lacks, throws).
 std::vector<char> encode_npy(const TensorView& view, DType dtype);
 
 // A set of output files that appear together or not at all. stage() checks a destination (a
@@ -78,8 +79,8 @@ struct SafetensorsEntry {
 // exactly at the end of the file. Throws qkv::Error naming the file otherwise.
 std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path);
 
-// Reads tensor `name` of a .safetensors file: F32, F16 and BF16 as float32, F64 as float64,
-// BOOL as bool; other dtypes are refused. The tensor's name is "PATH:NAME".
+// Reads tensor `name` of a .safetensors file as stored: F32, F64, F16, BF16 and BOOL (kF32,
+// kF64, kF16, kBF16, kBool); other dtypes are refused. The tensor's name is "PATH:NAME".
 Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
 
 // Tensor `name` of a .safetensors file as read_safetensors_tensor would read it, from the

@@ -80,7 +80,8 @@ class Tensor {
   TensorView view() const;
   MutableTensorView mutable_view();
 
-  // A copy converted to another dtype (kF32 <-> kF64; kBool to either as 0/1).
+  // A copy converted to another dtype: between the real types (kF32, kF64, kBF16, kF16),
+  // rounding to nearest even when narrowing; kBool to any of them as 0/1.
   Tensor to(DType dtype) const;
 
   // Gives the same elements a new shape of the same size (C order); throws qkv::Error if the
@@ -98,7 +99,8 @@ class Tensor {
   std::string name_;
 };
 
-// Copies any view (any strides, any dtype) into a new contiguous tensor of `dtype`.
+// Copies any view (any strides, any dtype) into a new contiguous tensor of `dtype`, rounding to
+// nearest even when narrowing (as Tensor::to).
 Tensor contiguous_copy(const TensorView& view, DType dtype);
 
 }  // namespace qkv

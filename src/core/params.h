@@ -39,7 +39,7 @@ struct Strides4 {
 
 struct InputOperand {
   const void* data = nullptr;
-  DType dtype = DType::kF32;  // kF32 or kF64
+  DType dtype = DType::kF32;  // kF32, kF64, kBF16 or kF16
   Strides4 strides;           // h indexes this operand's own heads (hkv for K and V)
 };
 

@@ -1,5 +1,7 @@
 #include "qkv/tensor.h"
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -29,16 +31,29 @@ double read_as_double(const void* data, DType dtype, std::int64_t at) {
   return 0.0;
 }
 
+// A float holding `value` rounded to odd: truncated toward zero, its last bit set if that lost
+// anything. Rounding this float to nearest even at 16 bits gives the same result as rounding
+// `value` itself (float keeps more than two bits beyond bfloat16's and float16's precision, in
+// their subnormal ranges too), where the plain double -> float -> 16-bit route rounds twice and
+// can land on the wrong side of a tie. Past float's range it gives FLT_MAX, which still rounds
+// to infinity at 16 bits.
+float narrow_to_odd(double value) {
+  float f = static_cast<float>(value);
+  if (std::isnan(value) || static_cast<double>(f) == value) return f;
+  if (std::abs(static_cast<double>(f)) > std::abs(value)) f = std::nextafter(f, 0.0f);
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);
+}
+
 void write_from_double(void* data, DType dtype, std::int64_t at, double value) {
   switch (dtype) {
     case DType::kF32: static_cast<float*>(data)[at] = static_cast<float>(value); break;
     case DType::kF64: static_cast<double*>(data)[at] = value; break;
     case DType::kBool: static_cast<bool*>(data)[at] = value != 0.0; break;
     case DType::kBF16:
-      static_cast<std::uint16_t*>(data)[at] = core::float_to_bf16(static_cast<float>(value));
+      static_cast<std::uint16_t*>(data)[at] = core::float_to_bf16(narrow_to_odd(value));
       break;
     case DType::kF16:
-      static_cast<std::uint16_t*>(data)[at] = core::float_to_f16(static_cast<float>(value));
+      static_cast<std::uint16_t*>(data)[at] = core::float_to_f16(narrow_to_odd(value));
       break;
   }
 }

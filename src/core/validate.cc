@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/broadcast.h"
+#include "core/mask_rule.h"
 #include "core/parallel_for.h"
 #include "qkv/error.h"
 
@@ -17,27 +18,22 @@ namespace {
 
 std::string str(std::int64_t n) { return std::to_string(n); }
 
-// Calls visit(value, flat_index) for each element of a float view, in C order.
+// Calls visit(value, flat_index) for each element of a real view (float32, float64, bfloat16 or
+// float16: every value, NaN and infinity included, widens to double exactly), in C order.
 template <typename Visit>
 void for_each_real(const TensorView& view, Visit visit) {
   const std::size_t rank = view.shape.size();
   const std::int64_t count = view.numel();
   if (view.is_contiguous()) {  // the common case, without per-element index bookkeeping
     for (std::int64_t flat = 0; flat < count; ++flat) {
-      visit(view.dtype == DType::kF64
-                ? static_cast<const double*>(view.data)[flat]
-                : static_cast<double>(static_cast<const float*>(view.data)[flat]),
-            flat);
+      visit(load_real(view.data, view.dtype, flat), flat);
     }
     return;
   }
   std::vector<std::int64_t> index(rank, 0);
   std::int64_t offset = 0;
   for (std::int64_t flat = 0; flat < count; ++flat) {
-    const double value = view.dtype == DType::kF64
-                             ? static_cast<const double*>(view.data)[offset]
-                             : static_cast<double>(static_cast<const float*>(view.data)[offset]);
-    visit(value, flat);
+    visit(load_real(view.data, view.dtype, offset), flat);
     for (std::size_t axis = rank; axis-- > 0;) {
       offset += view.strides[axis];
       if (++index[axis] < view.shape[axis]) break;
@@ -55,10 +51,21 @@ void require_view_consistent(const TensorView& view) {
   if (view.data == nullptr && view.numel() > 0) throw Error(view.name, "has no data");
 }
 
+// Masks are float32 or float64 (or bool, checked before).
 void require_real(const TensorView& view) {
   if (view.dtype != DType::kF32 && view.dtype != DType::kF64) {
     throw Error(view.name, std::string("dtype ") + dtype_name(view.dtype) +
                                " is not supported (expected float32 or float64)");
+  }
+}
+
+// Q, K and V may also be stored in 16 bits: the kernels widen them to float32 as they read.
+void require_input_dtype(const TensorView& view) {
+  if (view.dtype != DType::kF32 && view.dtype != DType::kF64 && view.dtype != DType::kBF16 &&
+      view.dtype != DType::kF16) {
+    throw Error(view.name, std::string("dtype ") + dtype_name(view.dtype) +
+                               " is not supported (expected float32, float64, bfloat16 or "
+                               "float16)");
   }
 }
 
@@ -138,6 +145,12 @@ void for_each_row_offset(const TensorView& view, std::int64_t r0, std::int64_t r
 constexpr double kLargeMagnitude = 4294967296.0;  // 2^32
 constexpr std::int32_t kLargeBits32 = 0x4f800000;
 constexpr std::int64_t kLargeBits64 = 0x41f0000000000000;
+// bfloat16 reaches float32's range, so it is asked the same question (2^32 is 0x4f80 in its
+// bits). float16's finite values are below 65520: only its exponent mask (a NaN or an infinity)
+// needs finding, and a float16 view that passes is bounded by its largest finite value.
+constexpr std::int16_t kLargeBitsBF16 = 0x4f80;
+constexpr std::int16_t kNonFiniteBitsF16 = 0x7c00;
+constexpr double kF16Max = 65504.0;
 
 template <class Float, class Bits>
 bool any_large(const Float* x, std::int64_t count, Bits large) noexcept {
@@ -149,23 +162,41 @@ bool any_large(const Float* x, std::int64_t count, Bits large) noexcept {
   return found != 0;
 }
 
-// The fast scan: float views whose last dim has unit stride (contiguous tensors and column
+// The fast scan: real views whose last dim has unit stride (contiguous tensors and column
 // blocks of a wider matrix alike), row by row.
 bool has_fast_scan(const TensorView& view) {
-  const bool real = view.dtype == DType::kF32 || view.dtype == DType::kF64;
+  const bool real = view.dtype == DType::kF32 || view.dtype == DType::kF64 ||
+                    view.dtype == DType::kBF16 || view.dtype == DType::kF16;
   return real && (view.rank() == 0 || view.strides.back() == 1);
 }
 
-// Whether rows [r0, r1) of a fast-scan view hold a NaN, an infinity or a magnitude of at least
-// kLargeMagnitude.
+// The bound on a fast-scan view that the scan did not flag.
+double unflagged_bound(const TensorView& view) {
+  return view.dtype == DType::kF16 ? kF16Max : kLargeMagnitude;
+}
+
+// Whether rows [r0, r1) of a fast-scan view hold a NaN, an infinity or (but for float16) a
+// magnitude of at least kLargeMagnitude.
 bool any_large_rows(const TensorView& view, std::int64_t r0, std::int64_t r1) {
   bool large = false;
   const std::int64_t width = view.rank() == 0 ? 1 : view.shape.back();
   for_each_row_offset(view, r0, r1, [&](std::int64_t offset) {
-    if (view.dtype == DType::kF32) {
-      large |= any_large(static_cast<const float*>(view.data) + offset, width, kLargeBits32);
-    } else {
-      large |= any_large(static_cast<const double*>(view.data) + offset, width, kLargeBits64);
+    switch (view.dtype) {
+      case DType::kF32:
+        large |= any_large(static_cast<const float*>(view.data) + offset, width, kLargeBits32);
+        break;
+      case DType::kF64:
+        large |= any_large(static_cast<const double*>(view.data) + offset, width, kLargeBits64);
+        break;
+      case DType::kBF16:
+        large |=
+            any_large(static_cast<const std::uint16_t*>(view.data) + offset, width, kLargeBitsBF16);
+        break;
+      case DType::kF16:
+        large |= any_large(static_cast<const std::uint16_t*>(view.data) + offset, width,
+                           kNonFiniteBitsF16);
+        break;
+      case DType::kBool: break;
     }
   });
   return large;
@@ -220,8 +251,9 @@ std::vector<double> require_finite(std::initializer_list<const TensorView*> view
       }
     }
   });
-  // A view that the fast scan did not flag is bounded by kLargeMagnitude; any other is walked
-  // element by element, which names a bad element or gives its exact largest magnitude.
+  // A view that the fast scan did not flag is bounded by kLargeMagnitude (float16 by its
+  // largest finite value); any other is walked element by element, which names a bad element
+  // or gives its exact largest magnitude.
   std::vector<double> max_abs;
   std::size_t f = 0;  // fast[f] is the next fast-scan view in the order given
   for (const TensorView* view : views) {
@@ -233,7 +265,7 @@ std::vector<double> require_finite(std::initializer_list<const TensorView*> view
       }
       ++f;
     }
-    max_abs.push_back(walk ? throw_if_non_finite(*view) : kLargeMagnitude);
+    max_abs.push_back(walk ? throw_if_non_finite(*view) : unflagged_bound(*view));
   }
   return max_abs;
 }
@@ -244,7 +276,7 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
                                  const AttentionOptions& options) {
   for (const TensorView* t : {&q, &k, &v}) {
     require_view_consistent(*t);
-    require_real(*t);
+    require_input_dtype(*t);
   }
   if (q.rank() < 2 || q.rank() > 4) {
     throw Error(q.name, "expected 2, 3 or 4 dims ([Nq,D], [H,Nq,D] or [B,H,Nq,D]), got " +

@@ -38,7 +38,9 @@ void require_finite(const TensorView& view);
 // scanned on up to `threads` threads, with the same result for any count. Returns, for each
 // view in the order given, a bound on its elements' magnitude: the largest magnitude when some
 // element reaches 2^32 (or the view is not scanned row by row), else 2^32 itself (the fast scan
-// only asks whether an element reaches it; the float32 kernels' range checks pass below it).
+// only asks whether an element reaches it; the float32 kernels' range checks pass below it),
+// or 65504 for a float16 view (its largest finite value). Views may be float32, float64,
+// bfloat16 or float16.
 std::vector<double> require_finite(std::initializer_list<const TensorView*> views, int threads);
 
 }  // namespace qkv::core

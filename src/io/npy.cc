@@ -80,7 +80,8 @@ constexpr std::size_t kMaxRank = 64;
 // The data offset is a multiple of this, as NumPy writes it, so the data can be memory-mapped.
 constexpr std::size_t kAlignment = 64;
 constexpr std::size_t kQuoteLimit = 40;
-constexpr const char* kSupported = "qkv reads float32 ('<f4'), float64 ('<f8') and bool ('|b1')";
+constexpr const char* kSupported =
+    "qkv reads float32 ('<f4'), float64 ('<f8'), float16 ('<f2') and bool ('|b1')";
 
 // Text from the file, quoted as Python's repr would and made safe for a one-line message.
 std::string quote(std::string_view text) {
@@ -312,6 +313,7 @@ class HeaderParser {
 DType dtype_from_descr(const std::string& descr, const std::string& subject) {
   if (descr == "<f4") return DType::kF32;
   if (descr == "<f8") return DType::kF64;
+  if (descr == "<f2") return DType::kF16;  // kept as stored: the kernels widen it as they read
   // Byte order means nothing for one byte: NumPy writes '|b1', other writers may not.
   if (descr == "|b1" || descr == "<b1" || descr == ">b1" || descr == "=b1" || descr == "b1" ||
       descr == "?") {
@@ -330,17 +332,13 @@ DType dtype_from_descr(const std::string& descr, const std::string& subject) {
   std::string problem;
   switch (kind) {
     case 'f':
-      // These three have a one-call fix, which says more than the list of what we read.
-      if (size == "2") {
-        throw Error(subject,
-                    "float16 (" + shown + ") is not supported; convert with .astype(np.float32)");
-      }
-      if ((size == "4" || size == "8") && order == '>') {
+      // These two have a one-call fix, which says more than the list of what we read.
+      if ((size == "2" || size == "4" || size == "8") && order == '>') {
         throw Error(subject, "big-endian data (" + shown +
                                  ") is not supported; convert with .astype('<f" +
                                  std::string(size) + "')");
       }
-      if (size == "4" || size == "8") {
+      if (size == "2" || size == "4" || size == "8") {
         throw Error(subject, "dtype " + shown + " does not state little-endian byte order; " +
                                  "save it as '<f" + std::string(size) + "'");
       }
@@ -540,6 +538,9 @@ Tensor read_npy(const std::filesystem::path& path) {
 }
 
 std::vector<char> encode_npy(const TensorView& view, DType dtype) {
+  if (dtype == DType::kBF16) {
+    throw Error(view.name, "cannot be written as bfloat16 to .npy (NumPy has no bfloat16 dtype)");
+  }
   // A view already contiguous and of `dtype` (every output qkv writes) is copied straight into
   // the bytes; only a conversion or a strided view needs a contiguous copy first.
   Tensor converted;

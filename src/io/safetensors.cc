@@ -34,7 +34,6 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -69,9 +68,6 @@ constexpr std::size_t kMaxRank = 64;
 constexpr std::size_t kQuoteLimit = 60;
 constexpr const char* kSuffix = ".safetensors";
 constexpr const char* kSupported = "qkv reads F32, F64, F16, BF16 and BOOL";
-// F16 and BF16 values converted per chunk on the way into the float32 tensor: 64 KiB, a
-// buffer on the stack that keeps each read large enough to cost little more than one read.
-constexpr std::size_t kConvertChunk = 32768;
 
 // Text from the file in single quotes, made safe for a one-line message.
 std::string quote(std::string_view text) { return io::quote_from_file(text, '\'', kQuoteLimit); }
@@ -423,34 +419,6 @@ Index read_index(const InputFile& file, const std::string& subject) {
   return index;
 }
 
-// IEEE binary16 to binary32, exactly (every half is a float).
-float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  std::uint32_t mantissa = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // infinity or NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {
-    // Subnormal: normalise. The value is mantissa · 2^-24.
-    std::uint32_t e = 113;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      --e;
-    }
-    bits = sign | (e << 23) | ((mantissa & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
-float bfloat16_to_float(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
-
 std::string available_names(const std::vector<SafetensorsEntry>& entries,
                             const std::string& wanted) {
   // Names ending in the one asked for first (a missing "transformer." prefix, say).
@@ -478,8 +446,6 @@ struct Located {
   TensorInfo info;
   std::uint64_t offset = 0;      // of its data in the file
   std::uint64_t file_bytes = 0;  // of its data in the file
-  bool half = false;             // F16, converted to float32
-  bool bfloat16 = false;         // BF16, converted to float32
 };
 
 Located locate_tensor(const InputFile& file, const std::string& subject, const std::string& name) {
@@ -505,10 +471,13 @@ Located locate_tensor(const InputFile& file, const std::string& subject, const s
   }
   Located located;
   located.info.name = subject + ":" + shown_name;
-  located.half = entry.dtype == "F16";
-  located.bfloat16 = entry.dtype == "BF16";
-  if (entry.dtype == "F32" || located.half || located.bfloat16) {
+  // Kept as stored: F16 and BF16 stay 16-bit in memory; the kernels widen them as they read.
+  if (entry.dtype == "F32") {
     located.info.dtype = DType::kF32;
+  } else if (entry.dtype == "F16") {
+    located.info.dtype = DType::kF16;
+  } else if (entry.dtype == "BF16") {
+    located.info.dtype = DType::kBF16;
   } else if (entry.dtype == "F64") {
     located.info.dtype = DType::kF64;
   } else if (entry.dtype == "BOOL") {
@@ -520,10 +489,9 @@ Located locate_tensor(const InputFile& file, const std::string& subject, const s
   located.info.shape = entry.shape;
   located.offset = index.data_offset + entry.begin;
   located.file_bytes = entry.end - entry.begin;
-  // read_index has checked that the data span matches dtype and shape, so this cannot overflow:
-  // float32 from a 16-bit dtype is twice the span, any other dtype the span itself.
-  located.info.bytes =
-      located.half || located.bfloat16 ? located.file_bytes * 2 : located.file_bytes;
+  // read_index has checked that the data span matches dtype and shape: the tensor takes the
+  // span itself in memory.
+  located.info.bytes = located.file_bytes;
   return located;
 }
 
@@ -575,24 +543,7 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
     throw Error(info.name, "out of memory reading " + e.allocation());
   }
   const std::uint64_t bytes = located.file_bytes;
-  if (located.half || located.bfloat16) {
-    // A chunk at a time from the file straight into the float32 tensor: the peak is the tensor
-    // plus this buffer on the stack, not the tensor plus a raw copy of the data beside it.
-    std::array<std::uint16_t, kConvertChunk> raw;
-    float* out = tensor.data_as<float>();
-    const std::uint64_t count = bytes / 2;
-    for (std::uint64_t done = 0; done < count;) {
-      const std::size_t n =
-          static_cast<std::size_t>(std::min<std::uint64_t>(kConvertChunk, count - done));
-      file.read_at(located.offset + done * 2, raw.data(), n * 2);
-      for (std::size_t i = 0; i < n; ++i) {
-        out[done + i] = located.half ? half_to_float(raw[i]) : bfloat16_to_float(raw[i]);
-      }
-      done += n;
-    }
-  } else if (bytes > 0) {
-    file.read_at(located.offset, tensor.data(), bytes);
-  }
+  if (bytes > 0) file.read_at(located.offset, tensor.data(), bytes);
   if (info.dtype == DType::kBool) {
     const auto* values = static_cast<const unsigned char*>(tensor.data());
     for (std::uint64_t i = 0; i < bytes; ++i) {

@@ -134,6 +134,92 @@ HWY_INLINE void dot_rows(const float* HWY_RESTRICT q, std::int64_t dp, std::int6
   }
 }
 
+#if HWY_TARGET <= HWY_AVX3
+// The sums of 16 vectors, a[i] summed into lane kSumLane[i]... arranged so that lane j of the
+// result is the sum of a[kSlotOf[j]]: four rounds of shuffles and adds (15 adds, 30 shuffles
+// for 16 sums) instead of 16 horizontal sums of about 8 operations each.
+constexpr int kSlotOf[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+
+HWY_INLINE __m512 sum_16_vectors(const __m512* a) {
+  __m512 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], 0x44),
+                         _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88),
+                         _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[i], c[i + 2], 0x44),
+                         _mm512_shuffle_ps(c[i], c[i + 2], 0xEE));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+}
+
+// s[j] = scale · q·k_j for the 16 keys of a block (keys past the block's end repeat a valid
+// row; their scores are masked afterwards): 16 independent accumulators, one Q load per 16
+// FMAs, then one transposing reduction.
+HWY_INLINE void dot_block(const float* HWY_RESTRICT q, std::int64_t dl, const float* const* keys,
+                          float scale, float* HWY_RESTRICT s) {
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (std::int64_t c = 0; c < dl; c += 16) {
+    const __m512 qv = _mm512_load_ps(q + c);
+    for (int i = 0; i < 16; ++i) {
+      acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys[kSlotOf[i]] + c), acc[i]);
+    }
+  }
+  _mm512_store_ps(s, _mm512_mul_ps(sum_16_vectors(acc), _mm512_set1_ps(scale)));
+}
+#endif
+
+// o_g = alpha_g · o_g + sum_x p_gx v_x for G rows and U vectors of columns at c0: the G x U
+// accumulators stay in registers over the block's keys; each V vector is loaded once for all
+// G rows.
+template <std::size_t G, std::size_t U>
+HWY_INLINE void accumulate_block(float* const* o, const float* const* p, const float* alpha,
+                                 const float* const* values, std::int64_t xa, std::int64_t xe,
+                                 std::int64_t c0) {
+  const D df;
+  V acc[G][U];
+  for (std::size_t g = 0; g < G; ++g) {
+    const V va = hn::Set(df, alpha[g]);
+    for (std::size_t u = 0; u < U; ++u) acc[g][u] = hn::Mul(hn::Load(df, o[g] + c0 + static_cast<std::int64_t>(u) * kLanes), va);
+  }
+  for (std::int64_t x = xa; x < xe; ++x) {
+    V v[U];
+    for (std::size_t u = 0; u < U; ++u) v[u] = hn::LoadU(df, values[x] + c0 + static_cast<std::int64_t>(u) * kLanes);
+    for (std::size_t g = 0; g < G; ++g) {
+      const V pg = hn::Set(df, p[g][x]);
+      for (std::size_t u = 0; u < U; ++u) acc[g][u] = hn::MulAdd(pg, v[u], acc[g][u]);
+    }
+  }
+  for (std::size_t g = 0; g < G; ++g) {
+    for (std::size_t u = 0; u < U; ++u) hn::Store(acc[g][u], df, o[g] + c0 + static_cast<std::int64_t>(u) * kLanes);
+  }
+}
+
+// Vectors of columns per accumulate_block call: G x U accumulators, U values and a broadcast
+// fit the register file (32 vectors on AVX-512, 16 elsewhere).
+#if HWY_TARGET <= HWY_AVX3
+constexpr std::size_t kMaxColumnVectors = 4;
+#else
+constexpr std::size_t kMaxColumnVectors = 2;
+#endif
+
+template <std::size_t G>
+HWY_INLINE void accumulate_rows(float* const* o, const float* const* p, const float* alpha,
+                                const float* const* values, std::int64_t xa, std::int64_t xe,
+                                std::int64_t dvl) {
+  constexpr auto kColumns = static_cast<std::int64_t>(kMaxColumnVectors) * kLanes;
+  std::int64_t c0 = 0;
+  for (; c0 + kColumns <= dvl; c0 += kColumns) {
+    accumulate_block<G, kMaxColumnVectors>(o, p, alpha, values, xa, xe, c0);
+  }
+  for (; c0 < dvl; c0 += kLanes) accumulate_block<G, 1>(o, p, alpha, values, xa, xe, c0);
+}
+
 template <KVType T>
 class Chunk {
  public:
@@ -149,7 +235,8 @@ class Chunk {
         nk_(call.nk[static_cast<std::size_t>(task.b)]),
         scale_(static_cast<float>(call.scale)),
         row_lo_(scratch.ranges),
-        row_hi_(scratch.ranges + rows_) {}
+        row_hi_(scratch.ranges + rows_),
+        alpha_(scratch.alpha) {}
 
   // The keys of this chunk that any row may see, [first, last); empty when none.
   void key_ranges(std::int64_t& first, std::int64_t& last) const noexcept {
@@ -212,12 +299,17 @@ class Chunk {
           }
         }
         std::int64_t r = 0;
+#if HWY_TARGET <= HWY_AVX3
+        for (std::int64_t x = bk; x < kBlockKeys; ++x) keys_[x] = keys_[0];
+        for (; r < rows_; ++r) dot_block(scratch_.q + r * dp_, dl_, keys_, scale_, scratch_.s + r * kBlockKeys);
+#else
         for (; r + 4 <= rows_; r += 4) {
           dot_rows<4>(scratch_.q + r * dp_, dp_, dl_, keys_, bk, scale_, scratch_.s + r * kBlockKeys);
         }
         for (; r < rows_; ++r) {
           dot_rows<1>(scratch_.q + r * dp_, dp_, dl_, keys_, bk, scale_, scratch_.s + r * kBlockKeys);
         }
+#endif
         for (r = 0; r < rows_; ++r) mask_scores(r, jb, bk);
         block(jb, bk);
       }
@@ -238,19 +330,28 @@ class Chunk {
     if (first >= last) return;
     load_queries();
     for_each_block(first, last, true, [&](std::int64_t jb, std::int64_t bk) {
+      // Softmax row by row (p in place of s, 0 for masked keys), then P·V for 4 rows at a time
+      // over the union of their keys in the block.
+      std::int64_t xa = bk, xe = 0;
       for (std::int64_t r = 0; r < rows_; ++r) {
+        float* s = scratch_.s + r * kBlockKeys;
         const std::int64_t a = std::clamp<std::int64_t>(row_lo_[r] - jb, 0, bk);
         const std::int64_t e = std::clamp<std::int64_t>(row_hi_[r] - jb, a, bk);
-        if (a == e) continue;  // no key of this block for this row: its state stays
-        float* s = scratch_.s + r * kBlockKeys;
+        alpha_[r] = 1.0f;
         V block_max = hn::Set(df, -kInfF);
         for (std::int64_t x = 0; x < kBlockKeys; x += kLanes) {
           block_max = hn::Max(block_max, hn::Load(df, s + x));
         }
         const float m_old = out.m[r];
         const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, block_max)));
-        if (m_new == -kInfF) continue;  // every key so far masked
-        const float alpha = rescale_factor(m_old, m_new, [&](float t) {
+        if (a == e || m_new == -kInfF) {
+          // No allowed key here, or every key so far masked: the row's state stays.
+          std::fill(s, s + kBlockKeys, 0.0f);
+          continue;
+        }
+        xa = std::min(xa, a);
+        xe = std::max(xe, e);
+        alpha_[r] = rescale_factor(m_old, m_new, [&](float t) {
           return hn::GetLane(ExpNonPositive(df, hn::Set(df, t)));
         });
         const V vm = hn::Set(df, m_new);
@@ -261,16 +362,16 @@ class Chunk {
           sum = hn::Add(sum, p);
         }
         out.m[r] = m_new;
-        out.l[r] = alpha * out.l[r] + hn::GetLane(hn::SumOfLanes(df, sum));
-        float* o = out.o + r * dvp_;
-        const V va = hn::Set(df, alpha);
-        for (std::int64_t c = 0; c < dvl_; c += kLanes) {
-          V acc = hn::Mul(hn::Load(df, o + c), va);
-          for (std::int64_t x = a; x < e; ++x) {
-            acc = hn::MulAdd(hn::Set(df, s[x]), hn::LoadU(df, values_[x] + c), acc);
-          }
-          hn::Store(acc, df, o + c);
-        }
+        out.l[r] = alpha_[r] * out.l[r] + hn::GetLane(hn::SumOfLanes(df, sum));
+      }
+      if (xa >= xe) return;
+      std::int64_t r = 0;
+      for (; r + 4 <= rows_; r += 4) accumulate_group<4>(out, r, xa, xe);
+      switch (rows_ - r) {
+        case 3: accumulate_group<3>(out, r, xa, xe); break;
+        case 2: accumulate_group<2>(out, r, xa, xe); break;
+        case 1: accumulate_group<1>(out, r, xa, xe); break;
+        default: break;
       }
     });
   }
@@ -309,6 +410,18 @@ class Chunk {
  private:
   std::int64_t head(std::int64_t r) const noexcept { return task_.hk * call_.group() + r / call_.nq; }
 
+  template <std::size_t G>
+  void accumulate_group(const decode::Partial& out, std::int64_t r, std::int64_t xa,
+                        std::int64_t xe) noexcept {
+    float* o[G];
+    const float* p[G];
+    for (std::size_t g = 0; g < G; ++g) {
+      o[g] = out.o + (r + static_cast<std::int64_t>(g)) * dvp_;
+      p[g] = scratch_.s + (r + static_cast<std::int64_t>(g)) * kBlockKeys;
+    }
+    accumulate_rows<G>(o, p, alpha_ + r, values_, xa, xe, dvl_);
+  }
+
   void mask_scores(std::int64_t r, std::int64_t jb, std::int64_t bk) const noexcept {
     const std::int64_t a = std::clamp<std::int64_t>(row_lo_[r] - jb, 0, bk);
     const std::int64_t e = std::clamp<std::int64_t>(row_hi_[r] - jb, a, bk);
@@ -330,6 +443,7 @@ class Chunk {
   const float scale_;
   std::int64_t* row_lo_;
   std::int64_t* row_hi_;
+  float* alpha_;
   const float* keys_[kBlockKeys] = {};
   const float* values_[kBlockKeys] = {};
 };

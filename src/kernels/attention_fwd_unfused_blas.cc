@@ -41,7 +41,8 @@ namespace qkv::kernels {
 namespace {
 
 // A float32 matrix view of operand rows: direct when the operand already is row-major float32
-// with unit column stride, else a packed copy.
+// with unit column stride, else a packed float32 copy (float64, bfloat16 and float16 operands
+// are converted there: CBLAS sgemm reads float32 only).
 struct Matrix {
   const float* data = nullptr;
   int ld = 0;

@@ -110,6 +110,7 @@ struct Scratch {
   float* k = nullptr;   // kBlockKeys x dp
   float* v = nullptr;   // kBlockKeys x dvp
   float* s = nullptr;   // rows x kBlockKeys
+  float* alpha = nullptr;  // rows: each row's rescale factor for the block
 };
 
 // The per-target chunk loop. With finals == nullptr it fills `out` for `task`; else finals

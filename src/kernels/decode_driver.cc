@@ -60,7 +60,7 @@ std::int64_t scratch_floats(const DecodeCall& call) noexcept {
   const std::int64_t dvp = round_up(call.dv, kPadLanes);
   // The key ranges (2 x rows int64, 4 floats per row) first, padded to whole vectors.
   return round_up(4 * call.rows(), kPadLanes) + call.rows() * dp + kBlockKeys * (dp + dvp) +
-         call.rows() * kBlockKeys + 2 * call.rows() + dvp;
+         call.rows() * kBlockKeys + 3 * call.rows() + dvp;
 }
 
 std::int64_t task_count(const DecodeCall& call) noexcept {
@@ -68,6 +68,17 @@ std::int64_t task_count(const DecodeCall& call) noexcept {
   std::int64_t count = 0;
   for (std::int64_t nk : call.nk) count += call.hkv * ((nk + chunk_keys(nk) - 1) / chunk_keys(nk));
   return count;
+}
+
+// A worker's scratch in one buffer: the key ranges, Q rows, the block's K and V rows, the
+// scores, alpha, then (for finish_head) 2 x rows of finals and dvp of accumulator at the end.
+Scratch scratch_at(const DecodeCall& call, float* buffer) noexcept {
+  const std::int64_t dp = round_up(call.d, kPadLanes);
+  const std::int64_t dvp = round_up(call.dv, kPadLanes);
+  float* base = buffer + round_up(4 * call.rows(), kPadLanes);
+  float* s = base + call.rows() * dp + kBlockKeys * (dp + dvp);
+  return {reinterpret_cast<std::int64_t*>(buffer), base, base + call.rows() * dp,
+          base + call.rows() * dp + kBlockKeys * dp, s, s + call.rows() * kBlockKeys};
 }
 
 Partial partial_at(float* base, const DecodeCall& call, std::int64_t task) noexcept {
@@ -154,7 +165,7 @@ std::uint64_t workspace_bytes(std::int64_t rows, std::int64_t d, std::int64_t dv
   const std::uint64_t dp = u(round_up(d, kPadLanes)), dvp = u(round_up(dv, kPadLanes));
   const std::uint64_t partial = saturating_add(saturating_mul(u(rows), dvp + 2), u(kPadLanes));
   const std::uint64_t scratch = saturating_add(
-      saturating_mul(u(rows), 6 + dp + u(kBlockKeys)),
+      saturating_mul(u(rows), 7 + dp + u(kBlockKeys)),
       saturating_add(saturating_mul(u(kBlockKeys), dp + dvp), dvp + 2 * u(kPadLanes)));
   // With weights, each row's final (max, 1 / sum) too: 2 floats a row, under the partials'.
   const std::uint64_t floats = saturating_add(saturating_mul(u(tasks), partial + 2 * u(rows)),
@@ -179,7 +190,6 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
   Floats finals = allocate(weights ? heads_total * 2 * call.rows() : 1);
   if (!finals) return core::KernelStatus::kOutOfMemory;
 
-  const std::int64_t dp = round_up(call.d, kPadLanes);
   const std::int64_t dvp = round_up(call.dv, kPadLanes);
   const std::int64_t heads = call.rows() == 0 ? 0 : call.b * call.hkv;
   const int wanted = static_cast<int>(std::clamp<std::int64_t>(
@@ -203,10 +213,7 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
     Floats mine = allocate(scratch_floats(call));
     if (!mine) failed.store(true);
     if (mine) {
-      float* base = mine.get() + round_up(4 * call.rows(), kPadLanes);
-      const Scratch scratch{reinterpret_cast<std::int64_t*>(mine.get()), base,
-                            base + call.rows() * dp, base + call.rows() * dp + kBlockKeys * dp,
-                            base + call.rows() * dp + kBlockKeys * (dp + dvp)};
+      const Scratch scratch = scratch_at(call, mine.get());
       for (std::int64_t t; (t = next_task.fetch_add(1)) < count && !failed.load();) {
         chunk(call, tasks[static_cast<std::size_t>(t)], scratch,
               partial_at(partials.get(), call, t), nullptr);
@@ -215,7 +222,7 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
     team.sync();
     if (failed.load()) return;
     float* acc = mine.get() + scratch_floats(call) - dvp;
-    float* head_finals = acc - 2 * call.rows();
+    float* head_finals = acc - 2 * call.rows();  // below acc; alpha is below them
     for (std::int64_t x; (x = next_head.fetch_add(1)) < heads;) {
       const std::int64_t f = first[static_cast<std::size_t>(x)];
       finish_head(call, partials.get(), f, first[static_cast<std::size_t>(x) + 1] - f,
@@ -224,10 +231,7 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
     }
     if (!weights) return;
     team.sync();
-    float* base = mine.get() + round_up(4 * call.rows(), kPadLanes);
-    const Scratch scratch{reinterpret_cast<std::int64_t*>(mine.get()), base,
-                          base + call.rows() * dp, base + call.rows() * dp + kBlockKeys * dp,
-                          base + call.rows() * dp + kBlockKeys * (dp + dvp)};
+    const Scratch scratch = scratch_at(call, mine.get());
     for (std::int64_t t; (t = next_weights.fetch_add(1)) < count;) {
       const Task& task = tasks[static_cast<std::size_t>(t)];
       chunk(call, task, scratch, partial_at(partials.get(), call, t),

@@ -1,7 +1,7 @@
 // The ISA-independent half of the fused kernels: tiling plan, task order, which key tiles a
 // query tile needs and which of them need per-element mask checks, packing of operand tiles to
-// contiguous float32, the per-element mask path and the strided stores. The loop nest itself is
-// in fused_driver-inl.h; see the comment there.
+// contiguous float32 (from float32, float64, bfloat16 or float16), the per-element mask path
+// and the strided stores. The loop nest itself is in fused_driver-inl.h; see the comment there.
 #pragma once
 
 #include <algorithm>
@@ -131,6 +131,22 @@ inline bool tile_fully_allowed(const core::Masking& m, const core::AttentionShap
   return bottom.first <= j0 && j1 <= top.last;
 }
 
+// One element of a float64 (rounded), bfloat16 or float16 (exact) operand as float; the float32
+// operands take the paths beside each caller.
+inline float load_float(const core::InputOperand& op, std::int64_t at) noexcept {
+  switch (op.dtype) {
+    case DType::kF64:
+      return static_cast<float>(static_cast<const double*>(op.data)[at]);
+    case DType::kBF16:
+      return core::bf16_to_float(static_cast<const std::uint16_t*>(op.data)[at]);
+    case DType::kF16:
+      return core::f16_to_float(static_cast<const std::uint16_t*>(op.data)[at]);
+    case DType::kF32:
+    case DType::kBool: break;
+  }
+  return static_cast<const float*>(op.data)[at];
+}
+
 // dst[r * dst_stride + c] = operand[b, h, row0 + r, c] for r < rows, c < cols, as float.
 inline void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h,
                       std::int64_t row0, std::int64_t rows, std::int64_t cols, float* dst,
@@ -147,8 +163,7 @@ inline void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t
         for (std::int64_t c = 0; c < cols; ++c) out[c] = in[c * st.col];
       }
     } else {
-      const double* in = static_cast<const double*>(op.data) + base;
-      for (std::int64_t c = 0; c < cols; ++c) out[c] = static_cast<float>(in[c * st.col]);
+      for (std::int64_t c = 0; c < cols; ++c) out[c] = load_float(op, base + c * st.col);
     }
   }
 }
@@ -181,9 +196,8 @@ inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::i
       const float* in = static_cast<const float*>(op.data) + base;
       for (std::int64_t c = 0; c < cols; ++c) dst[c * dst_stride + r] = in[c * st.col];
     } else {
-      const double* in = static_cast<const double*>(op.data) + base;
       for (std::int64_t c = 0; c < cols; ++c) {
-        dst[c * dst_stride + r] = static_cast<float>(in[c * st.col]);
+        dst[c * dst_stride + r] = load_float(op, base + c * st.col);
       }
     }
   }

@@ -27,13 +27,19 @@ void require_rank(const TensorView& t, int rank, const char* what) {
   }
 }
 
+// bfloat16 and float16 (as safetensors weights often are) are taken too: every operand is copied
+// into the compute dtype before its CBLAS call (as_matrix), which widens them exactly.
 void require_real_finite(const TensorView& t) {
-  if (t.dtype != DType::kF32 && t.dtype != DType::kF64) {
+  if (t.dtype != DType::kF32 && t.dtype != DType::kF64 && t.dtype != DType::kBF16 &&
+      t.dtype != DType::kF16) {
     throw Error(t.name, std::string("dtype ") + dtype_name(t.dtype) +
-                            " is not supported (expected float32 or float64)");
+                            " is not supported (expected float32, float64, bfloat16 or float16)");
   }
   core::require_finite(t);
 }
+
+// float32 unless some operand is float64 (16-bit operands widen to float32 exactly).
+bool computes_in_f32(const TensorView& t) { return t.dtype != DType::kF64; }
 
 // Checks that W is [rows, cols] with `rows` given and returns cols.
 std::int64_t check_matrix(const TensorView& w, std::int64_t rows, const std::string& rows_source) {
@@ -97,11 +103,11 @@ Tensor linear(const TensorView& x, const TensorView& w, const std::optional<Tens
   bool all_f32 = true;
   for (const TensorView* t : {&x, &w}) {
     require_real_finite(*t);
-    all_f32 = all_f32 && t->dtype == DType::kF32;
+    all_f32 = all_f32 && computes_in_f32(*t);
   }
   if (bias) {
     require_real_finite(*bias);
-    all_f32 = all_f32 && bias->dtype == DType::kF32;
+    all_f32 = all_f32 && computes_in_f32(*bias);
   }
   const DType compute = all_f32 ? DType::kF32 : DType::kF64;
   Tensor out = layer::project(as_matrix(x, compute), as_matrix(w, compute), as_bias(bias, compute),
@@ -192,7 +198,7 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   bool all_f32 = options.attention.out_dtype == DType::kF32;
   for (const TensorView* t : inputs) {
     require_real_finite(*t);
-    all_f32 = all_f32 && t->dtype == DType::kF32;
+    all_f32 = all_f32 && computes_in_f32(*t);
   }
   const DType compute = all_f32 ? DType::kF32 : DType::kF64;
   const int threads = core::resolve_thread_count(options.attention.threads);

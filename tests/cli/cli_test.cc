@@ -15,6 +15,7 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
+#include "io/safetensors_builder.h"
 #include "support/command_runner.h"
 #include "support/test_support.h"
 
@@ -121,6 +122,87 @@ TEST_F(CliTest, CheckReportsErrorsAgainstTheReferenceAndVerboseNamesTheKernel) {
   unsetenv("QKV_VERBOSE");
   ASSERT_EQ(verbose.status, 0) << verbose.err;
   EXPECT_NE(verbose.err.find("reference: chosen (--kernel)"), std::string::npos) << verbose.err;
+}
+
+// float16 .npy inputs are kept as stored and run by the fused kernel; the output matches a
+// float64 attention computed here from the same (exactly widened) values. A float16 mask from a
+// safetensors file is widened to float32 by the command.
+TEST(CliSixteenBit, Float16NpyInputsRunFusedAndMatchTheFloat64Reference) {
+  testing::ScratchDir dir;
+  constexpr std::int64_t kH = 2, kN = 37, kNk = 70, kD = 16, kDv = 24;
+  const Tensor q = testing::random_tensor(DType::kF16, {kH, kN, kD}, 41);
+  const Tensor k = testing::random_tensor(DType::kF16, {kH, kNk, kD}, 42);
+  const Tensor v = testing::random_tensor(DType::kF16, {kH, kNk, kDv}, 43);
+  write_npy(dir / "q.npy", q.view(), DType::kF16);
+  write_npy(dir / "k.npy", k.view(), DType::kF16);
+  write_npy(dir / "v.npy", v.view(), DType::kF16);
+  EXPECT_EQ(read_npy(dir / "q.npy").dtype(), DType::kF16);
+
+  setenv("QKV_VERBOSE", "1", 1);
+  const CommandRun run =
+      run_qkv(dir.path(), {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--causal",
+                           "--out", "o.npy", "--lse", "l.npy", "--check"});
+  unsetenv("QKV_VERBOSE");
+  ASSERT_EQ(run.status, 0) << run.err;
+  // fused_hwy, or fused_scalar in a build without SIMD.
+  EXPECT_TRUE(run.err.find("fused_hwy: chosen") != std::string::npos ||
+              run.err.find("fused_scalar: chosen") != std::string::npos)
+      << run.err;
+  EXPECT_NE(run.out.find("check: kernel fused_"), std::string::npos) << run.out;
+
+  // softmax(q·k / sqrt(D), causal, bottom-right aligned)·v in float64.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kD));
+  const Tensor out = read_npy(dir / "o.npy");
+  const Tensor lse = read_npy(dir / "l.npy");
+  ASSERT_EQ(out.dtype(), DType::kF32);
+  ASSERT_EQ(out.shape(), (Shape{kH, kN, kDv}));
+  double worst = 0.0, worst_lse = 0.0;
+  for (std::int64_t h = 0; h < kH; ++h) {
+    for (std::int64_t i = 0; i < kN; ++i) {
+      const std::int64_t last = i + (kNk - kN);
+      std::vector<double> s(static_cast<std::size_t>(last + 1));
+      double m = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = 0; j <= last; ++j) {
+        double dot = 0.0;
+        for (std::int64_t c = 0; c < kD; ++c) {
+          dot += testing::element(q.view(), (h * kN + i) * kD + c) *
+                 testing::element(k.view(), (h * kNk + j) * kD + c);
+        }
+        s[static_cast<std::size_t>(j)] = dot * scale;
+        m = std::max(m, dot * scale);
+      }
+      double sum = 0.0;
+      for (double& x : s) sum += (x = std::exp(x - m));
+      for (std::int64_t c = 0; c < kDv; ++c) {
+        double o = 0.0;
+        for (std::int64_t j = 0; j <= last; ++j) {
+          o += s[static_cast<std::size_t>(j)] / sum *
+               testing::element(v.view(), (h * kNk + j) * kDv + c);
+        }
+        worst = std::max(worst, std::abs(o - testing::element(out.view(), (h * kN + i) * kDv + c)));
+      }
+      worst_lse = std::max(worst_lse,
+                           std::abs(m + std::log(sum) - testing::element(lse.view(), h * kN + i)));
+    }
+  }
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_LT(worst_lse, 1e-5);
+
+  // A float16 additive mask from a safetensors file: the same as its float32 values.
+  Tensor mask32 = testing::random_tensor(DType::kF32, {kN, kNk}, 44, -2.0, 2.0);
+  mask32.data_as<float>()[5] = -std::numeric_limits<float>::infinity();
+  const Tensor mask16 = mask32.to(DType::kF16);
+  testing::write_bytes(dir / "m.safetensors",
+                       testing::safetensors_bytes({testing::safetensors_item("m", mask32, "F16")}));
+  const CommandRun masked =
+      run_qkv(dir.path(), {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--mask",
+                           "m.safetensors:m", "--out", "om.npy"});
+  ASSERT_EQ(masked.status, 0) << masked.err;
+  const Tensor widened = mask16.to(DType::kF32);
+  AttentionOptions o;
+  o.mask = widened.view();
+  const AttentionResult expected = attention(q.view(), k.view(), v.view(), o);
+  EXPECT_EQ(testing::max_abs_diff(read_npy(dir / "om.npy").view(), expected.out.view()), 0.0);
 }
 
 TEST_F(CliTest, BadInputFailsCleanlyAndLeavesExistingOutputsAlone) {

@@ -75,7 +75,7 @@ TEST_P(ModelFiles, Gpt2StyleFusedProjection) {
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_TRUE(run.err.empty()) << run.err;
 
-  // The same layer from the weights as stored (after the reader's conversion), split by hand.
+  // The same layer from the weights as the reader keeps them (16-bit ones too), split by hand.
   const auto stored = [&](const char* name) {
     return read_safetensors_tensor(dir / "model.safetensors", std::string("h.0.attn.") + name);
   };

@@ -36,6 +36,7 @@ def f32(values):
 
 
 GOOD8 = f32([0.5] * 8)
+GOOD16 = struct.pack("<8H", *([0x3800] * 8))  # eight float16 0.5s
 
 NPY = {
     "empty": b"",
@@ -53,7 +54,14 @@ NPY = {
     "missing_fortran_order": npy("{'descr': '<f4', 'shape': (2, 4), }", GOOD8),
     "duplicate_key": npy("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (2, 4), }", GOOD8),
     "unknown_key": npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), 'x': 1, }", GOOD8),
-    "float16": npy(hdr("<f2"), b"\x00" * 16),
+    "float16_truncated": npy(hdr("<f2"), GOOD16[:15]),
+    "float16_extra_bytes": npy(hdr("<f2"), GOOD16 + b"\x00\x00"),
+    "float16_sized_as_float32": npy(hdr("<f2"), GOOD8),
+    "float16_big_endian": npy(hdr(">f2"), GOOD16),
+    "float16_native_order": npy(hdr("=f2"), GOOD16),
+    "float16_nan": npy(hdr("<f2"), struct.pack("<8H", *([0x3800, 0x7E00] * 4))),
+    "float16_inf": npy(hdr("<f2"), struct.pack("<8H", *([0x3800, 0xFC00] * 4))),
+    "float16_bytes_overflow": npy(hdr("<f2", shape="(4611686018427387904, 1)"), GOOD16),
     "big_endian": npy(hdr(">f4"), GOOD8),
     "int64": npy(hdr("<i8"), b"\x00" * 64),
     "object_array": npy(hdr("|O"), b"\x00" * 64),
@@ -147,6 +155,8 @@ SAFETENSORS = {
     "no_such_tensor": st({"k": entry()}, GOOD32),
     "int64_tensor": st({"q": entry(dtype="I64", offsets=(0, 64))}, b"\x00" * 64),
     "bool_byte_2": st({"q": entry(dtype="BOOL", offsets=(0, 8))}, bytes([1, 0, 2, 1, 0, 1, 1, 0])),
+    "f16_sized_as_f32": st({"q": entry(dtype="F16", offsets=(0, 32))}, GOOD32),
+    "bf16_past_end_of_file": st({"q": entry(dtype="BF16", offsets=(0, 16)), "k": entry(dtype="BF16", offsets=(16, 32))}, b"\x80\x3f" * 8),
     "f16_nan": st({"q": entry(dtype="F16", offsets=(0, 16))}, struct.pack("<8H", *([0x3C00, 0x7E00] * 4))),
     "bf16_inf": st({"q": entry(dtype="BF16", offsets=(0, 16))}, struct.pack("<8H", *([0x3F80, 0x7F80] * 4))),
     "f32_nan": st({"q": entry()}, f32([0.5, float("nan")] * 4)),

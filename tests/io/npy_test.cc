@@ -157,6 +157,49 @@ TEST(NpyRoundTrip, ConvertsOnWrite) {
   expect_round_trip(testing::random_tensor(DType::kBool, {4}, 6).view(), DType::kF32);
 }
 
+// float16 is kept as stored: '<f2' reads into a kF16 tensor, and a kF16 tensor (or any view
+// converted to it) writes '<f2', bit for bit.
+TEST(NpyRoundTrip, Float16KeptAsStored) {
+  Tensor all(DType::kF16, {256, 256}, "all");
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    all.data_as<std::uint16_t>()[i] = static_cast<std::uint16_t>(i);
+  }
+  expect_round_trip(all.view(), DType::kF16);
+  TensorView transposed = all.view();
+  transposed.strides = {1, 256};
+  expect_round_trip(transposed, DType::kF16);
+  expect_round_trip(all.view(), DType::kF32);  // widened on write, exactly
+  const Tensor wide = testing::random_tensor(DType::kF64, {3, 5}, 7);
+  expect_round_trip(wide.view(), DType::kF16);  // narrowed on write, to nearest even
+
+  // The bytes NumPy writes for np.array([1, -2, 65504, 2**-24], dtype='<f2').
+  const std::string numpy_f16 =
+      npy_v1(header_for("<f2", "(4,)"), std::string("\x00\x3c\x00\xc0\xff\x7b\x01\x00", 8));
+  ScratchDir dir;
+  write_file(dir / "h.npy", numpy_f16);
+  EXPECT_EQ(inspect_npy(dir / "h.npy").dtype, DType::kF16);
+  EXPECT_EQ(inspect_npy(dir / "h.npy").bytes, 8u);
+  const Tensor h = read_npy(dir / "h.npy");
+  ASSERT_EQ(h.dtype(), DType::kF16);
+  const double expected[4] = {1.0, -2.0, 65504.0, std::ldexp(1.0, -24)};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(testing::element(h.view(), i), expected[i]) << i;
+  const std::vector<char> bytes = encode_npy(h.view(), DType::kF16);
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()).substr(bytes.size() - 8),
+            numpy_f16.substr(numpy_f16.size() - 8));
+  EXPECT_NE(std::string(bytes.begin(), bytes.end()).find("'descr': '<f2'"), std::string::npos);
+}
+
+TEST(EncodeNpy, BFloat16IsRefusedNamingTheTensor) {
+  const Tensor t = testing::random_tensor(DType::kBF16, {2}, 1);
+  try {
+    encode_npy(t.view(), DType::kBF16);
+    ADD_FAILURE() << "bfloat16 has no .npy dtype";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), "random");
+    EXPECT_NE(e.problem().find("NumPy has no bfloat16"), std::string::npos) << e.what();
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // The bytes encode_npy writes.
 
@@ -373,7 +416,15 @@ std::vector<HostileCase> hostile_cases() {
       {"NativeOrderF4", npy_v1(header_for("=f4", "(3,)"), f32_data(3)), "little-endian"},
       {"Int32", npy_v1(header_for("<i4", "(3,)"), f32_data(3)), "integer dtype '<i4'"},
       {"UInt8", npy_v1(header_for("|u1", "(4,)"), "abcd"), "integer"},
-      {"Float16", npy_v1(header_for("<f2", "(2,)"), "abcd"), "float16"},
+      {"BigEndianF2", npy_v1(header_for(">f2", "(2,)"), "abcd"),
+       "big-endian data ('>f2') is not supported; convert with .astype('<f2')"},
+      {"NativeOrderF2", npy_v1(header_for("=f2", "(2,)"), "abcd"), "save it as '<f2'"},
+      {"TruncatedF2", npy_v1(header_for("<f2", "(3,)"), "abcde"),
+       "header claims 3 float16 values (6 bytes) but the file holds 5 bytes of data"},
+      {"F2SizedAsF4", npy_v1(header_for("<f2", "(3,)"), f32_data(3)),
+       "file has 6 extra bytes after the data that its header describes (3 float16 values)"},
+      {"F2ByteCountOverflows", npy_v1(header_for("<f2", "(4611686018427387904,)"), "abcd"),
+       "size in bytes does not fit in 64 bits"},
       {"LongDouble", npy_v1(header_for("<f16", "(1,)"), std::string(16, '\0')),
        "floating-point dtype '<f16'"},
       {"Object", npy_v1(header_for("|O", "(1,)"), std::string(8, '\0')), "object arrays"},

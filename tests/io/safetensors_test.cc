@@ -1,6 +1,6 @@
 // read_safetensors_tensor, list_safetensors and read_tensor: round trips in every dtype qkv
-// converts, the exact F16/BF16 conversions, what the format tolerates, and a hostile set in
-// which every file must be refused with an error naming the file.
+// reads (F16 and BF16 kept as stored, bit for bit), what the format tolerates, and a hostile set
+// in which every file must be refused with an error naming the file.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -36,7 +36,7 @@ std::string raw_file(const std::string& header, const std::string& data) {
   return le64(header.size()) + header + data;
 }
 
-TEST(Safetensors, RoundTripsEveryConvertedDtype) {
+TEST(Safetensors, RoundTripsEveryDtype) {
   ScratchDir dir;
   const Tensor a = testing::random_tensor(DType::kF32, {3, 5}, 1);
   const Tensor b = testing::random_tensor(DType::kF64, {2, 2, 3}, 2);
@@ -59,10 +59,19 @@ TEST(Safetensors, RoundTripsEveryConvertedDtype) {
   EXPECT_EQ(rb.dtype(), DType::kF64);
   EXPECT_EQ(testing::max_abs_diff(rb.view(), b.view()), 0.0);
 
+  // F16 and BF16 are kept as stored: the values written (c and d rounded to nearest even by the
+  // builder), bit for bit, with their 16-bit size in memory.
   const Tensor rc = read_tensor(path + ":c");
-  EXPECT_EQ(rc.dtype(), DType::kF32);
+  EXPECT_EQ(rc.dtype(), DType::kF16);
+  EXPECT_EQ(rc.nbytes(), 7u * 2);
+  EXPECT_EQ(inspect_tensor(path + ":c").dtype, DType::kF16);
+  EXPECT_EQ(inspect_tensor(path + ":c").bytes, 7u * 2);
+  EXPECT_EQ(testing::max_abs_diff(rc.view(), c.to(DType::kF16).view()), 0.0);
   EXPECT_LE(testing::max_abs_diff(rc.view(), c.view()), 1.0 / 2048);  // half: 11-bit mantissa
   const Tensor rd = read_tensor(path + ":d");
+  EXPECT_EQ(rd.dtype(), DType::kBF16);
+  EXPECT_EQ(inspect_tensor(path + ":d").dtype, DType::kBF16);
+  EXPECT_EQ(testing::max_abs_diff(rd.view(), d.to(DType::kBF16).view()), 0.0);
   EXPECT_LE(testing::max_abs_diff(rd.view(), d.view()), 1.0 / 256);  // bfloat16: 8 bits
 
   const std::vector<SafetensorsEntry> entries = list_safetensors(path);
@@ -75,9 +84,10 @@ TEST(Safetensors, RoundTripsEveryConvertedDtype) {
   EXPECT_EQ(entries[1].end, 60u + 96u);
 }
 
-TEST(Safetensors, HalfConversionIsExactForEveryBitPattern) {
-  // Every binary16 value, converted by the reader, equals (-1)^s · 2^(e-15) · (1 + m/1024)
-  // (or the subnormal, infinite and NaN cases), computed here in double.
+TEST(Safetensors, HalfValuesAreExactForEveryBitPattern) {
+  // Every binary16 value, kept as stored and widened (Tensor::to), equals
+  // (-1)^s · 2^(e-15) · (1 + m/1024) (or the subnormal, infinite and NaN cases), computed here
+  // in double; the stored bits are the file's.
   std::string bytes;
   for (std::uint32_t h = 0; h < 65536; ++h) {
     const auto v = static_cast<std::uint16_t>(h);
@@ -87,8 +97,14 @@ TEST(Safetensors, HalfConversionIsExactForEveryBitPattern) {
   testing::write_bytes(
       dir / "h.safetensors",
       safetensors_bytes({{"h", "F16", {65536}, bytes, ""}, {"b", "BF16", {65536}, bytes, ""}}));
-  const Tensor half = read_safetensors_tensor(dir / "h.safetensors", "h");
-  const Tensor bf = read_safetensors_tensor(dir / "h.safetensors", "b");
+  const Tensor half16 = read_safetensors_tensor(dir / "h.safetensors", "h");
+  const Tensor bf16 = read_safetensors_tensor(dir / "h.safetensors", "b");
+  ASSERT_EQ(half16.dtype(), DType::kF16);
+  ASSERT_EQ(bf16.dtype(), DType::kBF16);
+  ASSERT_EQ(std::memcmp(half16.data(), bytes.data(), bytes.size()), 0);
+  ASSERT_EQ(std::memcmp(bf16.data(), bytes.data(), bytes.size()), 0);
+  const Tensor half = half16.to(DType::kF32);
+  const Tensor bf = bf16.to(DType::kF32);
   for (std::uint32_t h = 0; h < 65536; ++h) {
     const double sign = (h & 0x8000u) ? -1.0 : 1.0;
     const int e = static_cast<int>((h >> 10) & 0x1fu);

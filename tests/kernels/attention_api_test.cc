@@ -94,17 +94,19 @@ TEST(AttentionApi, NonFiniteValuesAreFoundInColumnBlocksAndOnlyThere) {
   // Heads 0 and 2 of a [N, 3·d] matrix as a strided view [2, N, d] (column blocks 0 and 2):
   // a non-finite value in block 1 lies outside the view and must not be reported; one inside
   // is named with the view's flat index, in float32 and float64 alike.
-  for (const DType dtype : {DType::kF32, DType::kF64}) {
+  for (const DType dtype : {DType::kF32, DType::kF64, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
     Tensor wide = rnd({5, 3 * 8}, 1, "wide", dtype);
     const TensorView q{wide.data(), dtype, {2, 5, 8}, {16, 24, 1}, "q.npy"};
     const Tensor k = rnd({2, 6, 8}, 2, "k.npy");
     const Tensor v = rnd({2, 6, 3}, 3, "v.npy");
     const auto set = [&](std::int64_t element, double value) {
-      if (dtype == DType::kF32) {
-        wide.data_as<float>()[element] = static_cast<float>(value);
-      } else {
-        wide.data_as<double>()[element] = value;
-      }
+      Tensor one(DType::kF64, {1}, "one");
+      one.data_as<double>()[0] = value;
+      const Tensor x = one.to(dtype);
+      std::memcpy(
+          static_cast<char*>(wide.data()) + static_cast<std::size_t>(element) * dtype_size(dtype),
+          x.data(), dtype_size(dtype));
     };
     set(2 * 24 + 8 + 3, std::numeric_limits<double>::infinity());  // row 2, block 1
     EXPECT_NO_THROW(attention(q, k.view(), v.view()));
@@ -112,6 +114,36 @@ TEST(AttentionApi, NonFiniteValuesAreFoundInColumnBlocksAndOnlyThere) {
     set(3 * 24 + 16 + 5, std::numeric_limits<double>::quiet_NaN());
     expect_error(q, k.view(), v.view(), {}, "q.npy", "NaN at flat index 69");
   }
+}
+
+// Q, K and V may be stored in 16 bits (any mix with float32 and float64); masks may not, and
+// other dtypes are named.
+TEST(AttentionApi, SixteenBitInputsAreAcceptedAndMasksStayWide) {
+  const Tensor q = rnd({2, 5, 8}, 1, "q.npy", DType::kF16);
+  const Tensor k = rnd({2, 6, 8}, 2, "k.npy", DType::kBF16);
+  const Tensor v = rnd({2, 6, 3}, 3, "v.npy", DType::kF16);
+  AttentionOptions o;
+  o.return_lse = true;
+  const AttentionResult r = attention(q.view(), k.view(), v.view(), o);
+  EXPECT_EQ(r.out.dtype(), DType::kF32);
+  EXPECT_EQ(r.out.shape(), (Shape{2, 5, 3}));
+  // The same call on the values widened to float64 gives the same reference result.
+  AttentionOptions ref = o;
+  ref.kernel = "reference";
+  ref.out_dtype = DType::kF64;
+  const AttentionResult a = attention(q.view(), k.view(), v.view(), ref);
+  const AttentionResult b =
+      attention(q.to(DType::kF64).view(), k.to(DType::kF64).view(), v.to(DType::kF64).view(), ref);
+  EXPECT_EQ(testing::max_abs_diff(a.out.view(), b.out.view()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(a.lse.view(), b.lse.view()), 0.0);
+
+  const Tensor mask = rnd({6}, 4, "mask.npy", DType::kF16);
+  o.mask = mask.view();
+  expect_error(q.view(), k.view(), v.view(), o, "mask.npy",
+               "dtype float16 is not supported (expected float32 or float64)");
+  const Tensor flags = rnd({2, 6, 3}, 5, "flags.npy", DType::kBool);
+  expect_error(q.view(), k.view(), flags.view(), {}, "flags.npy",
+               "dtype bool is not supported (expected float32, float64, bfloat16 or float16)");
 }
 
 TEST(AttentionApi, TheThreadedScanNamesTheSameFirstBadValueForAnyThreadCount) {

@@ -29,7 +29,8 @@ struct KernelCase {
   MaskKind mask = MaskKind::kNone;
   double magnitude = 1.0;  // inputs uniform in [-magnitude, magnitude)
   std::optional<double> scale;
-  DType in_dtype = DType::kF32;
+  DType in_dtype = DType::kF32;           // Q's dtype, and K's and V's unless given below
+  std::optional<DType> k_dtype, v_dtype;  // mixed-dtype calls
   bool strided = false;  // Q, K, V (and the output) as head column blocks of wider matrices
 };
 
@@ -59,17 +60,19 @@ inline TensorView head_blocks(const Tensor& store, std::int64_t b, std::int64_t 
 inline CaseInputs make_inputs(const KernelCase& c, std::uint64_t seed) {
   CaseInputs in;
   const double m = c.magnitude;
+  const DType kd = c.k_dtype.value_or(c.in_dtype);
+  const DType vd = c.v_dtype.value_or(c.in_dtype);
   if (c.strided) {
     in.q_store = random_tensor(c.in_dtype, {c.b, c.nq, c.h * c.d + 3}, seed + 1, -m, m);
-    in.k_store = random_tensor(c.in_dtype, {c.b, c.nk, c.hkv * c.d + 3}, seed + 2, -m, m);
-    in.v_store = random_tensor(c.in_dtype, {c.b, c.nk, c.hkv * c.dv + 3}, seed + 3, -1.0, 1.0);
+    in.k_store = random_tensor(kd, {c.b, c.nk, c.hkv * c.d + 3}, seed + 2, -m, m);
+    in.v_store = random_tensor(vd, {c.b, c.nk, c.hkv * c.dv + 3}, seed + 3, -1.0, 1.0);
     in.q = head_blocks(in.q_store, c.b, c.h, c.nq, c.d, "Q");
     in.k = head_blocks(in.k_store, c.b, c.hkv, c.nk, c.d, "K");
     in.v = head_blocks(in.v_store, c.b, c.hkv, c.nk, c.dv, "V");
   } else {
     in.q_store = random_tensor(c.in_dtype, {c.b, c.h, c.nq, c.d}, seed + 1, -m, m);
-    in.k_store = random_tensor(c.in_dtype, {c.b, c.hkv, c.nk, c.d}, seed + 2, -m, m);
-    in.v_store = random_tensor(c.in_dtype, {c.b, c.hkv, c.nk, c.dv}, seed + 3, -1.0, 1.0);
+    in.k_store = random_tensor(kd, {c.b, c.hkv, c.nk, c.d}, seed + 2, -m, m);
+    in.v_store = random_tensor(vd, {c.b, c.hkv, c.nk, c.dv}, seed + 3, -1.0, 1.0);
     in.q = in.q_store.view();
     in.k = in.k_store.view();
     in.v = in.v_store.view();

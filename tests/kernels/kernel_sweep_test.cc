@@ -144,6 +144,57 @@ std::vector<KernelCase> sweep_cases() {
     c.strided = true;
     c.in_dtype = DType::kF64;
   });
+  // 16-bit storage: every kernel widens it to float32 exactly (the reference reads it exactly
+  // too, so the float32 criterion applies unchanged). Contiguous and head column blocks, GQA
+  // (Q packed for several heads), and mixed dtypes.
+  add("f16_inputs", [](KernelCase& c) {
+    c.in_dtype = DType::kF16;
+    c.mask = MaskKind::kFloatFull;
+  });
+  add("bf16_inputs", [](KernelCase& c) {
+    c.in_dtype = DType::kBF16;
+    c.causal = true;
+  });
+  add("f16_gqa", [](KernelCase& c) {
+    c.in_dtype = DType::kF16;
+    c.h = 6;
+    c.hkv = 2;
+    c.dv = 64;  // V rows of whole vectors: the case where float32 V is read in place
+  });
+  add("bf16_huge_logits", [](KernelCase& c) {
+    c.in_dtype = DType::kBF16;
+    c.magnitude = 30.0;
+    c.scale = 1.0;
+  });
+  add("strided_f16", [](KernelCase& c) {
+    c.strided = true;
+    c.in_dtype = DType::kF16;
+    c.h = 4;
+    c.hkv = 2;
+    c.causal = true;
+  });
+  add("strided_bf16", [](KernelCase& c) {
+    c.strided = true;
+    c.in_dtype = DType::kBF16;
+  });
+  add("mixed_f32_f16_bf16", [](KernelCase& c) {
+    c.k_dtype = DType::kF16;
+    c.v_dtype = DType::kBF16;
+    c.d = 64;  // Q read in place: float32, unit column stride, one head per kv head
+    c.dv = 64;
+  });
+  add("mixed_bf16_f32_f16", [](KernelCase& c) {
+    c.in_dtype = DType::kBF16;
+    c.k_dtype = DType::kF32;
+    c.v_dtype = DType::kF16;
+    c.mask = MaskKind::kBoolFull;
+  });
+  add("mixed_f16_f64_f32_strided", [](KernelCase& c) {
+    c.strided = true;
+    c.in_dtype = DType::kF16;
+    c.k_dtype = DType::kF64;
+    c.v_dtype = DType::kF32;
+  });
   // Long rows, where a sum taken one element at a time loses accuracy.
   add("long_rows_65536", [](KernelCase& c) {
     c.h = c.hkv = 1;

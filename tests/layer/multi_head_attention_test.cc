@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "qkv/error.h"
+#include "qkv/layer.h"
 #include "support/test_support.h"
 
 // OpenBLAS's, when the CBLAS is OpenBLAS.
@@ -133,6 +134,42 @@ TEST(MultiHeadAttention, Float32PathMatchesFloat64WithinFloat32Accuracy) {
   o.attention.out_dtype = DType::kF64;
   const LayerResult dbl = multi_head_attention(x.view(), w, o);
   EXPECT_LT(testing::max_abs_diff(single.out.view(), dbl.out.view()), 2e-6);
+}
+
+// 16-bit X and weights (as safetensors checkpoints hold them) are widened exactly into the
+// float32 compute path: the same result as the same values given in float32, bit for bit. A
+// bool input is still refused by name.
+TEST(MultiHeadAttention, SixteenBitInputsComputeInFloat32) {
+  const Tensor x = rnd({9, 12}, 30, "x", DType::kF16);
+  const Tensor wq = rnd({12, 12}, 31, "wq", DType::kBF16);
+  const Tensor wk = rnd({12, 12}, 32, "wk", DType::kF16);
+  const Tensor wv = rnd({12, 12}, 33, "wv", DType::kF32);
+  const Tensor bq = rnd({12}, 34, "bq", DType::kBF16);
+  LayerWeights w16{wq.view(), wk.view(), wv.view()};
+  w16.bq = bq.view();
+  const Tensor wq32 = wq.to(DType::kF32), wk32 = wk.to(DType::kF32), bq32 = bq.to(DType::kF32);
+  LayerWeights w32{wq32.view(), wk32.view(), wv.view()};
+  w32.bq = bq32.view();
+  LayerOptions o;
+  o.heads = 3;
+  o.attention.causal = true;
+  const LayerResult got = multi_head_attention(x.view(), w16, o);
+  const LayerResult expected = multi_head_attention(x.to(DType::kF32).view(), w32, o);
+  EXPECT_EQ(got.out.dtype(), DType::kF32);
+  EXPECT_EQ(testing::max_abs_diff(got.out.view(), expected.out.view()), 0.0);
+  const Tensor y16 = linear(x.view(), wk.view(), std::nullopt);
+  const Tensor y32 = linear(x.to(DType::kF32).view(), wk32.view(), std::nullopt);
+  EXPECT_EQ(y16.dtype(), DType::kF32);
+  EXPECT_EQ(testing::max_abs_diff(y16.view(), y32.view()), 0.0);
+
+  const Tensor flags = rnd({9, 12}, 35, "flags.npy", DType::kBool);
+  try {
+    multi_head_attention(flags.view(), w16, o);
+    ADD_FAILURE() << "a bool input was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), "flags.npy");
+    EXPECT_NE(e.problem().find("dtype bool is not supported"), std::string::npos) << e.what();
+  }
 }
 
 // Threads of this process now (Linux: /proc/self/task).

@@ -6,6 +6,8 @@
 #include <random>
 #include <stdexcept>
 
+#include "core/half.h"
+
 namespace qkv::testing {
 
 Tensor random_tensor(DType dtype, const Shape& shape, std::uint64_t seed, double lo, double hi) {
@@ -15,9 +17,21 @@ Tensor random_tensor(DType dtype, const Shape& shape, std::uint64_t seed, double
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     const double x = dist(rng);
     switch (dtype) {
-      case DType::kF32: t.data_as<float>()[i] = static_cast<float>(x); break;
-      case DType::kF64: t.data_as<double>()[i] = x; break;
-      case DType::kBool: t.data_as<bool>()[i] = x > (lo + hi) / 2; break;
+      case DType::kF32:
+        t.data_as<float>()[i] = static_cast<float>(x);
+        break;
+      case DType::kF64:
+        t.data_as<double>()[i] = x;
+        break;
+      case DType::kBool:
+        t.data_as<bool>()[i] = x > (lo + hi) / 2;
+        break;
+      case DType::kBF16:
+        t.data_as<std::uint16_t>()[i] = core::float_to_bf16(static_cast<float>(x));
+        break;
+      case DType::kF16:
+        t.data_as<std::uint16_t>()[i] = core::float_to_f16(static_cast<float>(x));
+        break;
     }
   }
   return t;
@@ -31,9 +45,16 @@ double element(const TensorView& view, std::int64_t flat_index) {
     flat_index /= view.shape[a];
   }
   switch (view.dtype) {
-    case DType::kF32: return static_cast<const float*>(view.data)[offset];
-    case DType::kF64: return static_cast<const double*>(view.data)[offset];
-    case DType::kBool: return static_cast<const bool*>(view.data)[offset] ? 1.0 : 0.0;
+    case DType::kF32:
+      return static_cast<const float*>(view.data)[offset];
+    case DType::kF64:
+      return static_cast<const double*>(view.data)[offset];
+    case DType::kBool:
+      return static_cast<const bool*>(view.data)[offset] ? 1.0 : 0.0;
+    case DType::kBF16:
+      return core::bf16_to_float(static_cast<const std::uint16_t*>(view.data)[offset]);
+    case DType::kF16:
+      return core::f16_to_float(static_cast<const std::uint16_t*>(view.data)[offset]);
   }
   return 0.0;
 }

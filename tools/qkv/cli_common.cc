@@ -104,13 +104,15 @@ std::uint64_t check_input_sizes(const AttentionFlags& flags,
   const std::uint64_t budget = memory_budget(flags);
   if (budget == 0) return 0;
   std::uint64_t bytes = 0;
-  const auto count = [&](const std::string& spec) {
+  const auto count = [&](const std::string& spec, bool mask) {
     if (spec.empty()) return;
     const TensorInfo info = reading(spec, [&] { return inspect_tensor(spec); });
-    bytes = core::saturating_add(bytes, info.bytes);
+    // A 16-bit mask is held as float32 (load_mask): twice its stored size.
+    const bool widened = mask && (info.dtype == DType::kF16 || info.dtype == DType::kBF16);
+    bytes = core::saturating_add(bytes, widened ? core::saturating_mul(info.bytes, 2) : info.bytes);
   };
-  for (const std::string& spec : specs) count(spec);
-  count(flags.mask_path);
+  for (const std::string& spec : specs) count(spec, false);
+  count(flags.mask_path, true);
   if (bytes >= budget) throw_inputs_too_large(bytes, budget);
   return bytes;
 }
@@ -174,9 +176,15 @@ std::optional<TensorView> view_of(const std::optional<Tensor>& tensor) {
   return tensor->view();
 }
 
+// Masks are bool, float32 or float64 in the library; a float16 or bfloat16 mask file (as a
+// safetensors F16 tensor is kept) is widened to float32 here, exactly.
 std::optional<Tensor> load_mask(const AttentionFlags& flags) {
   if (flags.mask_path.empty()) return std::nullopt;
-  return read_input(flags.mask_path);
+  Tensor mask = read_input(flags.mask_path);
+  if (mask.dtype() == DType::kF16 || mask.dtype() == DType::kBF16) {
+    return reading(flags.mask_path, [&] { return mask.to(DType::kF32); });
+  }
+  return mask;
 }
 
 AttentionOptions attention_options(const AttentionFlags& flags, const std::optional<Tensor>& mask) {

@@ -75,6 +75,7 @@ void register_attention_command(CLI::App& app) {
       "  qkv attention --q q.npy --k k.npy --v v.npy --causal --out o.npy --weights w.npy\n"
       "Query head h uses kv head h / (H/Hkv). A row with no allowed key gives zeros and "
       "lse = -inf.\n"
+      ".npy inputs are float32, float64 or float16 (kept as stored), masks also bool.\n"
       "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL).\n"
       "QKV_VERBOSE=1 prints which kernel ran and why the others declined, and whether the "
       "system refused threads (stderr). Every dimension may be 0.");

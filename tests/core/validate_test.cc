@@ -1,0 +1,80 @@
+// Validation of 16-bit inputs: the finiteness scan finds a NaN or an infinity in bfloat16 and
+// float16 views (contiguous, column blocks, and strided views walked element by element), names
+// the tensor and the element, and bounds the magnitudes as the float32 kernels expect.
+#include "core/validate.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/half.h"
+#include "qkv/error.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+std::string message_of(const TensorView& view) {
+  try {
+    core::require_finite(view);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), view.name);
+    return e.problem();
+  }
+  return "";
+}
+
+TEST(ValidateSixteenBit, NonFiniteElementsAreNamedWithTheirIndex) {
+  struct Bad {
+    DType dtype;
+    std::uint16_t bits;
+    const char* what;
+  };
+  const Bad cases[] = {{DType::kBF16, 0x7fc0, "NaN"},         {DType::kBF16, 0x7f80, "an infinity"},
+                       {DType::kBF16, 0xff80, "an infinity"}, {DType::kBF16, 0xff81, "NaN"},
+                       {DType::kF16, 0x7e00, "NaN"},          {DType::kF16, 0x7c00, "an infinity"},
+                       {DType::kF16, 0xfc00, "an infinity"},  {DType::kF16, 0x7c01, "NaN"}};
+  for (const Bad& bad : cases) {
+    SCOPED_TRACE(std::string(dtype_name(bad.dtype)) + " " + std::to_string(bad.bits));
+    Tensor t = testing::random_tensor(bad.dtype, {3, 5, 7}, 1);
+    const TensorView clean{t.data(), bad.dtype, t.shape(), contiguous_strides(t.shape()), "x.npy"};
+    EXPECT_EQ(message_of(clean), "");
+    t.data_as<std::uint16_t>()[52] = bad.bits;
+    EXPECT_EQ(message_of(clean),
+              std::string("holds ") + bad.what + " at flat index 52 (inputs must be finite)");
+    // A column block (the row-by-row scan) and a transposed view (the element walk): the index
+    // is the view's own C-order index of element 52 = [1, 2, 3].
+    const TensorView block{
+        t.data_as<std::uint16_t>() + 1, bad.dtype, {3, 5, 5}, {35, 7, 1}, "block"};
+    EXPECT_EQ(message_of(block), std::string("holds ") + bad.what + " at flat index " +
+                                     std::to_string(1 * 25 + 2 * 5 + 2) +
+                                     " (inputs must be finite)");
+    const TensorView transposed{t.data(), bad.dtype, {7, 5, 3}, {1, 7, 35}, "t"};
+    EXPECT_EQ(message_of(transposed), std::string("holds ") + bad.what + " at flat index " +
+                                          std::to_string(3 * 15 + 2 * 3 + 1) +
+                                          " (inputs must be finite)");
+  }
+}
+
+TEST(ValidateSixteenBit, MagnitudeBounds) {
+  // float16: its largest finite value bounds a view that passes the scan.
+  Tensor h = testing::random_tensor(DType::kF16, {4, 64}, 2);
+  h.data_as<std::uint16_t>()[9] = 0xfbff;  // -65504
+  const TensorView hv = h.view();
+  EXPECT_EQ(core::require_finite({&hv}, 1), std::vector<double>{65504.0});
+  // bfloat16 below 2^32: the float32 path's bound; at or above it, the exact largest magnitude.
+  Tensor b = testing::random_tensor(DType::kBF16, {4, 64}, 3);
+  const TensorView bv = b.view();
+  EXPECT_EQ(core::require_finite({&bv}, 1), std::vector<double>{4294967296.0});
+  b.data_as<std::uint16_t>()[200] = core::float_to_bf16(-3.0e38f);
+  const double big = static_cast<double>(core::bf16_to_float(core::float_to_bf16(3.0e38f)));
+  for (const int threads : {1, 3}) {
+    EXPECT_EQ(core::require_finite({&hv, &bv}, threads), (std::vector<double>{65504.0, big}));
+  }
+  b.data_as<std::uint16_t>()[200] = 0x7f7f;  // bfloat16's largest finite value
+  EXPECT_EQ(core::require_finite({&bv}, 1)[0], static_cast<double>(core::bf16_to_float(0x7f7f)));
+}
+
+}  // namespace
+}  // namespace qkv
