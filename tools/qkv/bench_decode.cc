@@ -194,7 +194,6 @@ void run_decode_bench(BenchCommand c) {
   });
   const double gbs = kv_bytes / (cached.ms * 1e-3) * 1e-9;
   const double best_gbs = kv_bytes / (cached.min_ms * 1e-3) * 1e-9;
-  const double rss_cached = peak_rss_mib();
 
   // Same-run baselines on the gathered float32 K/V, when the sequences form one [B, ...] tensor.
   std::vector<Baseline> baselines;
@@ -249,12 +248,12 @@ void run_decode_bench(BenchCommand c) {
     std::printf(
         "], \"total_rows\": %lld,\n  \"simd_target\": \"%s\", \"openblas_env_set\": %s, "
         "\"openblas_core\": \"%s\",\n  \"triad_gbs\": %.2f, \"triad_measured\": %s, "
-        "\"kv_bytes_per_call\": %.0f, \"cache_bytes_in_use\": %llu, \"peak_rss_mib\": %.1f,\n"
+        "\"kv_bytes_per_call\": %.0f, \"cache_bytes_in_use\": %llu,\n"
         "  \"cached\": {\"kernel\": \"%s\", \"ms\": %.4f, \"min_ms\": %.4f, \"cpu_ms\": %.4f, "
         "\"runs\": %d, \"gbs\": %.3f, \"best_gbs\": %.3f, \"fraction_of_triad\": %.4f}",
         static_cast<long long>(total_rows), simd.c_str(), blas_env ? "true" : "false",
         blas_core.c_str(), triad, triad_measured ? "true" : "false", kv_bytes,
-        static_cast<unsigned long long>(cache.bytes_in_use()), rss_cached, cached.kernel.c_str(),
+        static_cast<unsigned long long>(cache.bytes_in_use()), cached.kernel.c_str(),
         cached.ms, cached.min_ms, cached.cpu_ms, cached.runs, gbs, best_gbs, fraction);
     for (const Baseline& b : baselines) {
       std::printf(",\n  \"baseline_%s\": ", b.kernel.c_str());
@@ -283,10 +282,10 @@ void run_decode_bench(BenchCommand c) {
     std::printf("lengths: %lld .. %lld rows", static_cast<long long>(*shortest),
                 static_cast<long long>(*longest));
   }
-  std::printf("; K/V read per call %.1f MiB; cache %.1f MiB in %lld pages; peak RSS %.0f MiB\n",
+  std::printf("; K/V read per call %.1f MiB; cache %.1f MiB in %lld pages\n",
               kv_bytes / (1024.0 * 1024.0),
               static_cast<double>(cache.bytes_in_use()) / (1024.0 * 1024.0),
-              static_cast<long long>(cache.pages_in_use()), rss_cached);
+              static_cast<long long>(cache.pages_in_use()));
   std::printf("memory bandwidth (STREAM triad) %.1f GB/s on %d thread(s)%s\n", triad, threads,
               triad_measured ? "" : " (given by --bandwidth-gbs)");
   std::printf(
