@@ -43,10 +43,11 @@ std::string json_object(const std::string& json, const std::string& key) {
 
 TEST(DecodeCli, BenchDecodeReportsBytesBandwidthAndBaselines) {
   // One length for both sequences: the baselines run on the gathered float32 K/V.
-  const CommandRun run =
-      run_qkv({"bench", "--decode", "--nk", "2048", "--batch", "2", "--heads", "4", "--kv-heads",
-               "2", "--d", "32", "--dv", "16", "--threads", "2", "--repeats", "3", "--warmup", "1",
-               "--bandwidth-gbs", "10", "--json"});
+  const CommandRun run = run_qkv(
+      {"bench",     "--decode",   "--nk",      "2048", "--batch",  "2",    "--heads",
+       "4",         "--kv-heads", "2",         "--d",  "32",       "--dv", "16",
+       "--threads", "2",          "--repeats", "3",    "--warmup", "1",    "--bandwidth-gbs",
+       "10",        "--json"});
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_TRUE(run.err.empty()) << run.err;
   EXPECT_EQ(json_number(run.out, "batch"), 2.0) << run.out;
@@ -77,10 +78,31 @@ TEST(DecodeCli, BenchDecodeReportsBytesBandwidthAndBaselines) {
 
 TEST(DecodeCli, BenchDecodeCountsInt8ScalesAndMixedLengths) {
   // d = 40 is two int8 blocks per K row, dv = 24 one per V row: 64 values + 3 scales a row.
-  const CommandRun run =
-      run_qkv({"bench", "--decode", "--lengths", "100,300,7", "--heads", "2", "--kv-heads", "1",
-               "--d", "40", "--dv", "24", "--dtype", "int8", "--page-rows", "16", "--threads", "1",
-               "--repeats", "2", "--warmup", "0", "--bandwidth-gbs", "5", "--json"});
+  const CommandRun run = run_qkv({"bench",
+                                  "--decode",
+                                  "--lengths",
+                                  "100,300,7",
+                                  "--heads",
+                                  "2",
+                                  "--kv-heads",
+                                  "1",
+                                  "--d",
+                                  "40",
+                                  "--dv",
+                                  "24",
+                                  "--dtype",
+                                  "int8",
+                                  "--page-rows",
+                                  "16",
+                                  "--threads",
+                                  "1",
+                                  "--repeats",
+                                  "2",
+                                  "--warmup",
+                                  "0",
+                                  "--bandwidth-gbs",
+                                  "5",
+                                  "--json"});
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_EQ(json_number(run.out, "batch"), 3.0) << run.out;  // B from the lengths
   EXPECT_NE(run.out.find("\"dtype\": \"int8\""), std::string::npos) << run.out;
@@ -90,10 +112,12 @@ TEST(DecodeCli, BenchDecodeCountsInt8ScalesAndMixedLengths) {
       << run.out;
   EXPECT_GT(json_number(json_object(run.out, "cached"), "gbs"), 0.0) << run.out;
 
-  const CommandRun mixed =
-      run_qkv({"bench", "--decode", "--mixed-lengths", "10,1000", "--batch", "5", "--heads", "2",
-               "--d", "16", "--dtype", "bf16", "--threads", "1", "--repeats", "1", "--warmup", "0",
-               "--bandwidth-gbs", "5", "--no-baseline", "--json"});
+  const CommandRun mixed = run_qkv({"bench",         "--decode", "--mixed-lengths", "10,1000",
+                                    "--batch",       "5",        "--heads",         "2",
+                                    "--d",           "16",       "--dtype",         "bf16",
+                                    "--threads",     "1",        "--repeats",       "1",
+                                    "--warmup",      "0",        "--bandwidth-gbs", "5",
+                                    "--no-baseline", "--json"});
   ASSERT_EQ(mixed.status, 0) << mixed.err;
   const std::size_t at = mixed.out.find("\"lengths\": [");
   ASSERT_NE(at, std::string::npos) << mixed.out;
@@ -101,18 +125,20 @@ TEST(DecodeCli, BenchDecodeCountsInt8ScalesAndMixedLengths) {
   EXPECT_EQ(std::count(list.begin(), list.end(), ','), 4) << list;
   EXPECT_EQ(mixed.out.find("baseline"), std::string::npos) << mixed.out;
   // The same lengths on every run.
-  const CommandRun again =
-      run_qkv({"bench", "--decode", "--mixed-lengths", "10,1000", "--batch", "5", "--heads", "2",
-               "--d", "16", "--dtype", "bf16", "--threads", "1", "--repeats", "1", "--warmup", "0",
-               "--bandwidth-gbs", "5", "--no-baseline", "--json"});
+  const CommandRun again = run_qkv({"bench",         "--decode", "--mixed-lengths", "10,1000",
+                                    "--batch",       "5",        "--heads",         "2",
+                                    "--d",           "16",       "--dtype",         "bf16",
+                                    "--threads",     "1",        "--repeats",       "1",
+                                    "--warmup",      "0",        "--bandwidth-gbs", "5",
+                                    "--no-baseline", "--json"});
   ASSERT_EQ(again.status, 0) << again.err;
   EXPECT_NE(again.out.find("\"lengths\": [" + list + "]"), std::string::npos) << again.out;
 }
 
 TEST(DecodeCli, BenchDecodeTextNamesTheEnvironmentAndTheTriad) {
   const CommandRun run =
-      run_qkv({"bench", "--decode", "--nk", "1000", "--heads", "2", "--d", "16", "--threads",
-               "1", "--repeats", "1", "--warmup", "0", "--bandwidth-gbs", "7.5"});
+      run_qkv({"bench", "--decode", "--nk", "1000", "--heads", "2", "--d", "16", "--threads", "1",
+               "--repeats", "1", "--warmup", "0", "--bandwidth-gbs", "7.5"});
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_NE(run.out.find("1 thread(s), SIMD "), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("memory bandwidth (STREAM triad) 7.5 GB/s"), std::string::npos) << run.out;
@@ -124,9 +150,9 @@ TEST(DecodeCli, DecodeCheckPassesForEveryStorage) {
   for (const char* dtype : {"f32", "bf16", "f16", "int8"}) {
     SCOPED_TRACE(dtype);
     const CommandRun run =
-        run_qkv({"decode", "--prompt", "40", "--tokens", "6", "--heads", "4", "--kv-heads", "2",
-                 "--d", "40", "--dv", "24", "--batch", "2", "--page-rows", "16", "--dtype", dtype,
-                 "--threads", "2", "--check", "--json"});
+        run_qkv({"decode", "--prompt", "40",  "--tokens",  "6",  "--heads", "4",     "--kv-heads",
+                 "2",      "--d",      "40",  "--dv",      "24", "--batch", "2",     "--page-rows",
+                 "16",     "--dtype",  dtype, "--threads", "2",  "--check", "--json"});
     ASSERT_EQ(run.status, 0) << run.err << run.out;
     EXPECT_TRUE(run.err.empty()) << run.err;
     const std::string check = json_object(run.out, "check");
@@ -151,9 +177,9 @@ TEST(DecodeCli, DecodeWindowKeepsOnlyTheWindowsPages) {
   // 100 + 20 rows, window 24: the last query (row 119) attends rows 96..119, pages of 8 rows:
   // rows before 96 are forgotten and pages 12, 13 and 14 stay, for each of the 2 sequences.
   const CommandRun run =
-      run_qkv({"decode", "--prompt", "100", "--tokens", "20", "--window", "24", "--page-rows", "8",
-               "--batch", "2", "--heads", "2", "--d", "16", "--dtype", "f16", "--threads", "2",
-               "--check", "--json"});
+      run_qkv({"decode",      "--prompt", "100",     "--tokens",  "20",      "--window", "24",
+               "--page-rows", "8",        "--batch", "2",         "--heads", "2",        "--d",
+               "16",          "--dtype",  "f16",     "--threads", "2",       "--check",  "--json"});
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_EQ(json_number(run.out, "first_stored_row"), 96.0) << run.out;
   EXPECT_EQ(json_number(run.out, "pages_in_use"), 6.0) << run.out;
@@ -170,8 +196,8 @@ TEST(DecodeCli, DecodeWithNoTokensReportsNone) {
 }
 
 TEST(DecodeCli, BadFlagsAreUsageErrorsNamingTheFlag) {
-  const std::vector<std::string> bench = {"bench", "--decode", "--heads", "4", "--d", "8",
-                                          "--threads", "1", "--bandwidth-gbs", "5"};
+  const std::vector<std::string> bench = {
+      "bench", "--decode", "--heads", "4", "--d", "8", "--threads", "1", "--bandwidth-gbs", "5"};
   const auto with = [](std::vector<std::string> base, const std::vector<std::string>& extra) {
     base.insert(base.end(), extra.begin(), extra.end());
     return base;

@@ -29,7 +29,7 @@ namespace {
 
 struct CallTiming {
   std::string kernel;
-  double ms = 0.0;      // median
+  double ms = 0.0;  // median
   double min_ms = 0.0;
   double cpu_ms = 0.0;  // median process CPU time per call, all threads
   int runs = 0;
@@ -87,7 +87,8 @@ std::vector<std::int64_t> sequence_lengths(BenchCommand& c) {
                                    std::to_string(c.batch) + " (one length per sequence)");
     }
     for (std::int64_t length : lengths) {
-      if (length < 1) usage_error("--lengths", "every length must be >= 1, got '" + c.lengths + "'");
+      if (length < 1)
+        usage_error("--lengths", "every length must be >= 1, got '" + c.lengths + "'");
     }
     c.batch = count;
     return lengths;
@@ -101,8 +102,9 @@ std::vector<std::int64_t> sequence_lengths(BenchCommand& c) {
     return mixed_lengths(range[0], range[1], c.batch);
   }
   if (c.nk <= 0) {
-    usage_error("--nk", "keys per sequence (> 0) are required with --decode, or --lengths or "
-                        "--mixed-lengths");
+    usage_error("--nk",
+                "keys per sequence (> 0) are required with --decode, or --lengths or "
+                "--mixed-lengths");
   }
   return std::vector<std::int64_t>(static_cast<std::size_t>(c.batch), c.nk);
 }
@@ -113,8 +115,8 @@ void check_decode_flags(BenchCommand& c) {
   if (c.kv_heads < 0) usage_error("--kv-heads", "must be >= 1");
   if (c.kv_heads == 0) c.kv_heads = c.heads;
   if (c.heads % c.kv_heads != 0) {
-    usage_error("--kv-heads", std::to_string(c.kv_heads) + " does not divide --heads " +
-                                  std::to_string(c.heads));
+    usage_error("--kv-heads",
+                std::to_string(c.kv_heads) + " does not divide --heads " + std::to_string(c.heads));
   }
   if (c.dv < 0) usage_error("--dv", "must be >= 1");
   if (c.dv == 0) c.dv = c.d;
@@ -122,8 +124,8 @@ void check_decode_flags(BenchCommand& c) {
   if (c.warmup < 0) usage_error("--warmup", "must be >= 0");
   if (!c.kernel.empty() && c.kernel != "decode_hwy" && c.kernel != "decode_scalar" &&
       c.kernel != "reference") {
-    usage_error("--kernel", "with --decode: decode_hwy, decode_scalar or reference, got '" +
-                                c.kernel + "'");
+    usage_error("--kernel",
+                "with --decode: decode_hwy, decode_scalar or reference, got '" + c.kernel + "'");
   }
   if (c.kernel == "decode_hwy" && kernels::simd_targets().empty()) {
     usage_error("--kernel", "decode_hwy is not in this build (portable, no SIMD)");
@@ -189,9 +191,8 @@ void run_decode_bench(BenchCommand c) {
   options.causal = true;  // one new row at the end of each sequence: it sees every cached row
   options.threads = threads;
   options.kernel = c.kernel;
-  const CallTiming cached = time_calls(c.repeats, c.warmup, [&] {
-    return attention_cached(q.view(), cache, ids, options).kernel;
-  });
+  const CallTiming cached = time_calls(
+      c.repeats, c.warmup, [&] { return attention_cached(q.view(), cache, ids, options).kernel; });
   const double gbs = kv_bytes / (cached.ms * 1e-3) * 1e-9;
   const double best_gbs = kv_bytes / (cached.min_ms * 1e-3) * 1e-9;
 
@@ -253,8 +254,8 @@ void run_decode_bench(BenchCommand c) {
         "\"runs\": %d, \"gbs\": %.3f, \"best_gbs\": %.3f, \"fraction_of_triad\": %.4f}",
         static_cast<long long>(total_rows), simd.c_str(), blas_env ? "true" : "false",
         blas_core.c_str(), triad, triad_measured ? "true" : "false", kv_bytes,
-        static_cast<unsigned long long>(cache.bytes_in_use()), cached.kernel.c_str(),
-        cached.ms, cached.min_ms, cached.cpu_ms, cached.runs, gbs, best_gbs, fraction);
+        static_cast<unsigned long long>(cache.bytes_in_use()), cached.kernel.c_str(), cached.ms,
+        cached.min_ms, cached.cpu_ms, cached.runs, gbs, best_gbs, fraction);
     for (const Baseline& b : baselines) {
       std::printf(",\n  \"baseline_%s\": ", b.kernel.c_str());
       if (b.timing) {
@@ -272,9 +273,8 @@ void run_decode_bench(BenchCommand c) {
       "decode B=%lld H=%lld Hkv=%lld d=%lld dv=%lld, cache %s in pages of %lld rows, %d "
       "thread(s), SIMD %s\n",
       static_cast<long long>(c.batch), static_cast<long long>(c.heads),
-      static_cast<long long>(c.kv_heads), static_cast<long long>(c.d),
-      static_cast<long long>(c.dv), cache_storage_name(storage),
-      static_cast<long long>(c.page_rows), threads, simd.c_str());
+      static_cast<long long>(c.kv_heads), static_cast<long long>(c.d), static_cast<long long>(c.dv),
+      cache_storage_name(storage), static_cast<long long>(c.page_rows), threads, simd.c_str());
   const auto [shortest, longest] = std::minmax_element(lengths.begin(), lengths.end());
   if (one_length) {
     std::printf("lengths: %lld rows per sequence", static_cast<long long>(lengths[0]));
@@ -295,9 +295,10 @@ void run_decode_bench(BenchCommand c) {
       100.0 * fraction);
   for (const Baseline& b : baselines) {
     if (b.timing) {
-      std::printf("baseline  %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %6.2fx the cached call\n",
-                  b.kernel.c_str(), b.timing->ms, b.timing->min_ms, b.timing->cpu_ms,
-                  b.timing->runs, b.timing->ms / cached.ms);
+      std::printf(
+          "baseline  %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %6.2fx the cached call\n",
+          b.kernel.c_str(), b.timing->ms, b.timing->min_ms, b.timing->cpu_ms, b.timing->runs,
+          b.timing->ms / cached.ms);
     } else {
       std::printf("baseline  %-13s not run (%s)\n", b.kernel.c_str(), b.note.c_str());
     }

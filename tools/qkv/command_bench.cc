@@ -13,9 +13,9 @@
 
 #include "bench.h"
 #include "commands.h"
-#include "decode_support.h"
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
+#include "decode_support.h"
 #include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
 #include "qkv/attention.h"
@@ -258,7 +258,8 @@ void register_bench_command(CLI::App& app) {
   auto command = std::make_shared<BenchCommand>();
   CLI::App* sub = app.add_subcommand(
       "bench", "time attention in-process: the chosen kernel against the unfused CBLAS baseline");
-  CLI::Option* n_option = sub->add_option("--n", command->n, "query rows (and key rows unless --nk)");
+  CLI::Option* n_option =
+      sub->add_option("--n", command->n, "query rows (and key rows unless --nk)");
   CLI::Option* nk_option =
       sub->add_option("--nk", command->nk, "key rows (default n); with --decode: keys per sequence")
           ->check(at_least(0));
@@ -267,7 +268,8 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--heads", command->heads, "query heads H");
   sub->add_option("--kv-heads", command->kv_heads, "key/value heads (default H)");
   command->batch_option = sub->add_option("--batch", command->batch, "batch size B (default 1)");
-  CLI::Option* causal_option = sub->add_flag("--causal", command->causal, "bottom-right causal mask");
+  CLI::Option* causal_option =
+      sub->add_flag("--causal", command->causal, "bottom-right causal mask");
   sub->add_option("--threads", command->threads, "threads (default: one per hardware thread)")
       ->check(at_least(0));
   sub->add_option("--kernel", command->kernel,
@@ -287,8 +289,10 @@ void register_bench_command(CLI::App& app) {
       "--decode", command->decode,
       "time attention_cached: one query row per sequence against a KV cache of --nk rows (or "
       "--lengths, --mixed-lengths), against the memory bandwidth");
-  decode_option->excludes(n_option)->excludes(causal_option)->excludes(peak_option)->excludes(
-      peak_gflops_option);
+  decode_option->excludes(n_option)
+      ->excludes(causal_option)
+      ->excludes(peak_option)
+      ->excludes(peak_gflops_option);
   sub->add_option("--dtype", command->dtype,
                   "with --decode: the cache's storage, f32, bf16, f16 or int8 (default f32)")
       ->needs(decode_option);
@@ -303,7 +307,8 @@ void register_bench_command(CLI::App& app) {
       ->needs(decode_option)
       ->excludes(nk_option)
       ->excludes(lengths_option);
-  sub->add_option("--page-rows", command->page_rows, "with --decode: rows per cache page (default 256)")
+  sub->add_option("--page-rows", command->page_rows,
+                  "with --decode: rows per cache page (default 256)")
       ->check(at_least(1))
       ->needs(decode_option);
   sub->add_option("--bandwidth-gbs", command->bandwidth_gbs,

@@ -61,8 +61,8 @@ TensorView slice(const Tensor& t, std::int64_t b) {
 void check_flags(DecodeCommand& c) {
   if (c.kv_heads == 0) c.kv_heads = c.heads;
   if (c.heads % c.kv_heads != 0) {
-    usage_error("--kv-heads", std::to_string(c.kv_heads) + " does not divide --heads " +
-                                  std::to_string(c.heads));
+    usage_error("--kv-heads",
+                std::to_string(c.kv_heads) + " does not divide --heads " + std::to_string(c.heads));
   }
   if (c.dv == 0) c.dv = c.d;
   if (!c.kernel.empty() && c.kernel != "decode_hwy" && c.kernel != "decode_scalar" &&
@@ -146,7 +146,8 @@ void run_decode(DecodeCommand c) {
     for (std::int64_t b = 0; b < c.batch; ++b) {
       const SequenceId id = ids[static_cast<std::size_t>(b)];
       cache.append(id, slice(k, b), slice(v, b));
-      if (c.window > 0) cache.forget_before(id, std::max<std::int64_t>(0, cache.length(id) - c.window));
+      if (c.window > 0)
+        cache.forget_before(id, std::max<std::int64_t>(0, cache.length(id) - c.window));
     }
     const AttentionResult result = attention_cached(q.view(), cache, ids, options);
     const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
@@ -186,9 +187,10 @@ void run_decode(DecodeCommand c) {
         static_cast<long long>(cache.pages_in_use()),
         static_cast<unsigned long long>(cache.bytes_in_use()));
     if (c.check) {
-      std::printf(", \"check\": {\"max_abs_error\": %.3e, \"max_abs_v\": %.6g, \"tolerance\": %.3e, "
-                  "\"ok\": %s}",
-                  check.max_abs_error, check.max_abs_v, tolerance, failed ? "false" : "true");
+      std::printf(
+          ", \"check\": {\"max_abs_error\": %.3e, \"max_abs_v\": %.6g, \"tolerance\": %.3e, "
+          "\"ok\": %s}",
+          check.max_abs_error, check.max_abs_v, tolerance, failed ? "false" : "true");
     }
     std::printf("}\n");
   } else {
@@ -229,22 +231,20 @@ void run_decode(DecodeCommand c) {
 
 void register_decode_command(CLI::App& app) {
   auto command = std::make_shared<DecodeCommand>();
-  CLI::App* sub = app.add_subcommand(
-      "decode", "simulate a generation loop against a KV cache on random data: tokens/s, "
-                "pages in use, and with --check the error against the float64 reference");
+  CLI::App* sub =
+      app.add_subcommand("decode",
+                         "simulate a generation loop against a KV cache on random data: tokens/s, "
+                         "pages in use, and with --check the error against the float64 reference");
   sub->add_option("--prompt", command->prompt, "rows appended to each sequence first (default 0)")
       ->check(at_least(0));
   sub->add_option("--tokens", command->tokens,
                   "generation steps (default 64; 0 runs none and reports 0 tokens)")
       ->check(at_least(0));
-  sub->add_option("--heads", command->heads, "query heads H (default 8)")
-      ->check(at_least(1));
+  sub->add_option("--heads", command->heads, "query heads H (default 8)")->check(at_least(1));
   sub->add_option("--kv-heads", command->kv_heads, "key/value heads, dividing H (default H)")
       ->check(at_least(1));
-  sub->add_option("--d", command->d, "head dimension of q and K (default 64)")
-      ->check(at_least(1));
-  sub->add_option("--dv", command->dv, "head dimension of V (default d)")
-      ->check(at_least(1));
+  sub->add_option("--d", command->d, "head dimension of q and K (default 64)")->check(at_least(1));
+  sub->add_option("--dv", command->dv, "head dimension of V (default d)")->check(at_least(1));
   sub->add_option("--dtype", command->dtype,
                   "the cache's storage: f32, bf16, f16 or int8 (blocks of 32 values with a "
                   "float scale) (default f32)");

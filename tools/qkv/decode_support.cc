@@ -63,9 +63,13 @@ void append_random_rows(KVCache& cache, SequenceId sequence, std::int64_t rows,
 double kv_bytes_read(const KVCacheOptions& o, std::int64_t rows) {
   double per_row = 0.0;
   switch (o.storage) {
-    case CacheStorage::kF32: per_row = 4.0 * static_cast<double>(o.d + o.dv); break;
+    case CacheStorage::kF32:
+      per_row = 4.0 * static_cast<double>(o.d + o.dv);
+      break;
     case CacheStorage::kBF16:
-    case CacheStorage::kF16: per_row = 2.0 * static_cast<double>(o.d + o.dv); break;
+    case CacheStorage::kF16:
+      per_row = 2.0 * static_cast<double>(o.d + o.dv);
+      break;
     case CacheStorage::kInt8: {
       const std::int64_t blocks = (o.d + kCacheInt8Block - 1) / kCacheInt8Block +
                                   (o.dv + kCacheInt8Block - 1) / kCacheInt8Block;
