@@ -86,5 +86,9 @@ double measure_fma_peak_gflops(int threads);
 // The same FMAs fed from L1 as the fused kernel's micro-kernels feed them (vector and
 // broadcast loads, a 6 x 4 accumulator block on AVX-512): the ceiling of those kernels.
 double measure_fma_from_l1_gflops(int threads);
+// The memory bandwidth in GB/s on `threads` threads: STREAM's triad over 3 x 128 MiB
+// (bandwidth_probe.cc), 12 bytes per element, best of 5; 0 when the arrays cannot be allocated.
+// Compiled in every build.
+double measure_triad_gbs(int threads);
 
 }  // namespace qkv::kernels

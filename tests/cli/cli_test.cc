@@ -275,7 +275,7 @@ double json_number(const std::string& json, const std::string& key) {
   return std::stod(json.substr(at + key.size() + 4));
 }
 
-TEST_F(CliTest, BenchPeakReportsThePeakAndTheMicroKernelCeiling) {
+TEST_F(CliTest, BenchPeakReportsThePeakTheMicroKernelCeilingAndTheTriad) {
   // Both probes are timings, and a loaded machine (ctest -j, CI) can slow either one: the test
   // holds the report's form, not a relation between the two figures.
   const CommandRun run = run_qkv(dir_.path(), {"bench", "--peak", "--threads", "1", "--json"});
@@ -284,6 +284,7 @@ TEST_F(CliTest, BenchPeakReportsThePeakAndTheMicroKernelCeiling) {
   const double l1_fed = json_number(run.out, "l1_fed_gflops");
   ASSERT_FALSE(std::isnan(peak)) << run.out;
   ASSERT_FALSE(std::isnan(l1_fed)) << run.out;
+  EXPECT_GT(json_number(run.out, "triad_gbs"), 0.0) << run.out;  // in every build
   if (run.out.find("\"simd_target\": \"none") == std::string::npos) {  // not a portable build
     EXPECT_GT(peak, 0.0) << run.out;
     EXPECT_GT(l1_fed, 0.0) << run.out;
@@ -292,6 +293,8 @@ TEST_F(CliTest, BenchPeakReportsThePeakAndTheMicroKernelCeiling) {
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_NE(text.out.find("fp32 FMA peak: "), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("FMAs fed from L1 as in the fused micro-kernels: "), std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("memory bandwidth (STREAM triad, 3 x 128 MiB"), std::string::npos)
       << text.out;
 }
 

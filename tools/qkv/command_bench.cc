@@ -11,39 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
 #include "commands.h"
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
+#include "decode_support.h"
 #include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 
 namespace qkv::cli {
-namespace {
-
-struct BenchCommand {
-  std::int64_t n = 0, nk = 0, d = 0, dv = 0, heads = 0, kv_heads = 0, batch = 1;
-  bool causal = false;
-  int threads = 0;
-  std::string kernel;
-  bool json = false;
-  bool peak_only = false;
-  bool no_baseline = false;
-  double peak_gflops = 0.0;
-  int repeats = 0;
-  int warmup = 1;
-};
-
-struct Timing {
-  std::string kernel;
-  double ms = 0.0;      // median
-  double cpu_ms = 0.0;  // median process CPU time per run, all threads (robust to a busy host)
-  double min_ms = 0.0;
-  int runs = 0;
-  double gflops = 0.0;
-  double peak_rss_mib = 0.0;  // process peak RSS after this kernel's runs
-};
 
 double process_cpu_ms() {
   timespec t{};
@@ -56,6 +34,22 @@ double peak_rss_mib() {
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
+
+bool openblas_env_set() {
+  return std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("OPENBLAS_L2_SIZE") != nullptr;
+}
+
+namespace {
+
+struct Timing {
+  std::string kernel;
+  double ms = 0.0;      // median
+  double cpu_ms = 0.0;  // median process CPU time per run, all threads (robust to a busy host)
+  double min_ms = 0.0;
+  int runs = 0;
+  double gflops = 0.0;
+  double peak_rss_mib = 0.0;  // process peak RSS after this kernel's runs
+};
 
 // Fills a tensor with a cheap deterministic pattern in [-1, 1).
 Tensor pattern_tensor(const Shape& shape, std::uint64_t seed, const char* name) {
@@ -136,11 +130,12 @@ void run_bench(BenchCommand c) {
     const double peak = kernels::measure_fma_peak_gflops(threads);
     const double l1_fed = kernels::measure_fma_from_l1_gflops(threads);
     const double share = peak > 0 ? 100.0 * l1_fed / peak : 0.0;
+    const double triad = kernels::measure_triad_gbs(threads);
     if (c.json) {
       std::printf(
           "{\"threads\": %d, \"simd_target\": \"%s\", \"peak_gflops\": %.2f, "
-          "\"l1_fed_gflops\": %.2f, \"openblas_core\": \"%s\"}\n",
-          threads, kernels::simd_target_name().c_str(), peak, l1_fed,
+          "\"l1_fed_gflops\": %.2f, \"triad_gbs\": %.2f, \"openblas_core\": \"%s\"}\n",
+          threads, kernels::simd_target_name().c_str(), peak, l1_fed, triad,
           kernels::blas_core_name().c_str());
     } else {
       std::printf("fp32 FMA peak: %.1f GFLOP/s on %d thread(s) (%s)\n", peak, threads,
@@ -149,7 +144,15 @@ void run_bench(BenchCommand c) {
           "FMAs fed from L1 as in the fused micro-kernels: %.1f GFLOP/s (%.1f %% of the peak, "
           "the ceiling of those micro-kernels)\n",
           l1_fed, share);
+      std::printf(
+          "memory bandwidth (STREAM triad, 3 x 128 MiB, 12 bytes per element): %.1f GB/s on %d "
+          "thread(s), the ceiling of decoding from a KV cache\n",
+          triad, threads);
     }
+    return;
+  }
+  if (c.decode) {
+    run_decode_bench(c);
     return;
   }
   if (c.n <= 0 || c.d <= 0 || c.heads <= 0)
@@ -187,9 +190,7 @@ void run_bench(BenchCommand c) {
       base_note = e.what();
     }
   }
-  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  const char* l2 = std::getenv("OPENBLAS_L2_SIZE");
-  const bool blas_env = coretype != nullptr || l2 != nullptr;
+  const bool blas_env = openblas_env_set();
   const std::string blas_core = kernels::blas_core_name();
 
   if (c.json) {
@@ -257,27 +258,77 @@ void register_bench_command(CLI::App& app) {
   auto command = std::make_shared<BenchCommand>();
   CLI::App* sub = app.add_subcommand(
       "bench", "time attention in-process: the chosen kernel against the unfused CBLAS baseline");
-  sub->add_option("--n", command->n, "query rows (and key rows unless --nk)");
-  sub->add_option("--nk", command->nk, "key rows (default n)");
+  CLI::Option* n_option =
+      sub->add_option("--n", command->n, "query rows (and key rows unless --nk)");
+  CLI::Option* nk_option =
+      sub->add_option("--nk", command->nk, "key rows (default n); with --decode: keys per sequence")
+          ->check(at_least(0));
   sub->add_option("--d", command->d, "head dimension of Q and K");
   sub->add_option("--dv", command->dv, "head dimension of V (default d)");
   sub->add_option("--heads", command->heads, "query heads H");
   sub->add_option("--kv-heads", command->kv_heads, "key/value heads (default H)");
-  sub->add_option("--batch", command->batch, "batch size B (default 1)");
-  sub->add_flag("--causal", command->causal, "bottom-right causal mask");
-  sub->add_option("--threads", command->threads, "threads (default: one per hardware thread)");
-  sub->add_option("--kernel", command->kernel, "force a kernel (default: the library's choice)");
+  command->batch_option = sub->add_option("--batch", command->batch, "batch size B (default 1)");
+  CLI::Option* causal_option =
+      sub->add_flag("--causal", command->causal, "bottom-right causal mask");
+  sub->add_option("--threads", command->threads, "threads (default: one per hardware thread)")
+      ->check(at_least(0));
+  sub->add_option("--kernel", command->kernel,
+                  "force a kernel (default: the library's choice); with --decode: decode_hwy, "
+                  "decode_scalar or reference");
   sub->add_option("--repeats", command->repeats, "timed runs (default: >= 3 and ~1 s)");
   sub->add_option("--warmup", command->warmup, "untimed runs first (default 1)");
-  sub->add_option("--peak-gflops", command->peak_gflops, "use this peak instead of measuring");
-  sub->add_flag("--no-baseline", command->no_baseline, "skip the unfused CBLAS baseline");
+  CLI::Option* peak_gflops_option =
+      sub->add_option("--peak-gflops", command->peak_gflops, "use this peak instead of measuring");
+  sub->add_flag("--no-baseline", command->no_baseline, "skip the baselines");
   sub->add_flag("--json", command->json, "print one JSON object");
-  sub->add_flag("--peak", command->peak_only,
-                "only measure the fp32 FMA peak and the fused micro-kernels' ceiling");
+  CLI::Option* peak_option = sub->add_flag(
+      "--peak", command->peak_only,
+      "only measure the fp32 FMA peak, the fused micro-kernels' ceiling and the memory "
+      "bandwidth (STREAM triad)");
+  CLI::Option* decode_option = sub->add_flag(
+      "--decode", command->decode,
+      "time attention_cached: one query row per sequence against a KV cache of --nk rows (or "
+      "--lengths, --mixed-lengths), against the memory bandwidth");
+  decode_option->excludes(n_option)
+      ->excludes(causal_option)
+      ->excludes(peak_option)
+      ->excludes(peak_gflops_option);
+  sub->add_option("--dtype", command->dtype,
+                  "with --decode: the cache's storage, f32, bf16, f16 or int8 (default f32)")
+      ->needs(decode_option);
+  CLI::Option* lengths_option =
+      sub->add_option("--lengths", command->lengths,
+                      "with --decode: L1,L2,... rows of each sequence (B entries; B defaults to "
+                      "their count)")
+          ->needs(decode_option)
+          ->excludes(nk_option);
+  sub->add_option("--mixed-lengths", command->mixed_lengths,
+                  "with --decode: LO,HI: B lengths drawn log-uniform in [LO, HI] (deterministic)")
+      ->needs(decode_option)
+      ->excludes(nk_option)
+      ->excludes(lengths_option);
+  sub->add_option("--page-rows", command->page_rows,
+                  "with --decode: rows per cache page (default 256)")
+      ->check(at_least(1))
+      ->needs(decode_option);
+  sub->add_option("--bandwidth-gbs", command->bandwidth_gbs,
+                  "with --decode: use this memory bandwidth (GB/s) instead of measuring the triad")
+      ->check(positive_number())
+      ->needs(decode_option);
   sub->footer(
-      "Example:\n"
+      "Examples:\n"
       "  qkv bench --n 4096 --d 64 --heads 8 --causal --threads 2\n"
-      "GFLOP/s count the useful work 2·(d+dv) per allowed (query, key) pair and head.");
+      "  qkv bench --decode --nk 32768 --heads 8 --d 128 --dtype bf16 --threads 2\n"
+      "  qkv bench --peak --threads 2\n"
+      "GFLOP/s count the useful work 2·(d+dv) per allowed (query, key) pair and head.\n"
+      "--decode counts the K/V bytes one call must read: rows · Hkv · (d + dv) values of the\n"
+      "storage type (int8: plus a 4-byte scale per 32 values), and compares the rate with the\n"
+      "STREAM triad measured in the same run on the same threads (12 bytes per element). With\n"
+      "one length for every sequence it also times attention() on the same K/V gathered as\n"
+      "float32, with unfused_blas and fused_hwy (--no-baseline skips them).\n"
+      "Some hosts export OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, which can make OpenBLAS pick\n"
+      "slow kernels for the baselines; bench leaves them alone, so run benchmarks as\n"
+      "  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE qkv bench ...");
   sub->callback([command] { run_bench(*command); });
 }
 

@@ -10,5 +10,6 @@ void register_attention_command(CLI::App& app);
 void register_layer_command(CLI::App& app);
 void register_explain_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
+void register_decode_command(CLI::App& app);
 
 }  // namespace qkv::cli
