@@ -149,7 +149,8 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   call.nq = nq;
   call.d = d;
   call.dv = co.dv;
-  call.type = kv_type(co.storage);
+  call.k_type = kv_type(co.storage);
+  call.v_type = call.k_type;
   call.q = {q.data, q.dtype, core::canonical_strides(q.strides)};
   call.layout = &impl.layout;
   call.scale = scale;

@@ -112,6 +112,18 @@ HWY_INLINE void widen_row(const void* src, const float* scales, std::int64_t cou
   for (; c < padded; ++c) dst[c] = 0.0f;
 }
 
+// widen_row for a type known at run time (plain V may be stored unlike K).
+HWY_INLINE void widen_any(KVType type, const void* src, const float* scales, std::int64_t count,
+                          std::int64_t col, std::int64_t padded, float* HWY_RESTRICT dst) {
+  switch (type) {
+    case KVType::kF32: return widen_row<KVType::kF32>(src, scales, count, col, padded, dst);
+    case KVType::kBF16: return widen_row<KVType::kBF16>(src, scales, count, col, padded, dst);
+    case KVType::kF16: return widen_row<KVType::kF16>(src, scales, count, col, padded, dst);
+    case KVType::kInt8: return widen_row<KVType::kInt8>(src, scales, count, col, padded, dst);
+    case KVType::kF64: return widen_row<KVType::kF64>(src, scales, count, col, padded, dst);
+  }
+}
+
 // s[x · kBlockKeys + j] = scale · q_x·k_j for G rows, one K vector load shared by all G.
 template <int G>
 HWY_INLINE void dot_rows(const float* HWY_RESTRICT q, std::int64_t dp, std::int64_t dl,
@@ -270,9 +282,10 @@ class Chunk {
   // each row's range and where the mask forbids; a row whose range misses the block is left).
   template <class F>
   void for_each_block(std::int64_t first, std::int64_t last, bool need_values, F&& block) noexcept {
-    const std::int64_t elem = decode::storage_bytes(T);
+    const std::int64_t k_elem = decode::storage_bytes(T);
+    const std::int64_t v_elem = decode::storage_bytes(call_.v_type);
     const bool k_in_place = T == KVType::kF32 && call_.d % kLanes == 0;
-    const bool v_in_place = T == KVType::kF32 && call_.dv % kLanes == 0;
+    const bool v_in_place = call_.v_type == KVType::kF32 && call_.dv % kLanes == 0;
     for (std::int64_t j = first; j < last;) {
       const decode::KVRun run = call_.run_at(task_.b, task_.hk, j);
       const std::int64_t run_end = std::min(last, j + run.rows);
@@ -280,7 +293,7 @@ class Chunk {
         const std::int64_t bk = std::min(kBlockKeys, run_end - jb);
         for (std::int64_t x = 0; x < bk; ++x) {
           const std::int64_t at = jb - j + x;
-          const auto* k_row = static_cast<const std::byte*>(run.k) + at * run.k_row * elem;
+          const auto* k_row = static_cast<const std::byte*>(run.k) + at * run.k_row * k_elem;
           if (k_in_place && run.k_col == 1) {
             keys_[x] = reinterpret_cast<const float*>(k_row);
           } else {
@@ -289,12 +302,12 @@ class Chunk {
             keys_[x] = scratch_.k + x * dp_;
           }
           if (!need_values) continue;
-          const auto* v_row = static_cast<const std::byte*>(run.v) + at * run.v_row * elem;
+          const auto* v_row = static_cast<const std::byte*>(run.v) + at * run.v_row * v_elem;
           if (v_in_place && run.v_col == 1) {
             values_[x] = reinterpret_cast<const float*>(v_row);
           } else {
-            widen_row<T>(v_row, run.v_scales + at * run.v_scale_row, call_.dv, run.v_col, dvp_,
-                         scratch_.v + x * dvp_);
+            widen_any(call_.v_type, v_row, run.v_scales + at * run.v_scale_row, call_.dv,
+                      run.v_col, dvp_, scratch_.v + x * dvp_);
             values_[x] = scratch_.v + x * dvp_;
           }
         }
@@ -463,7 +476,7 @@ void chunk(const decode::DecodeCall& call, const decode::Task& task,
 void DecodeChunk(const decode::DecodeCall& call, const decode::Task& task,
                  const decode::Scratch& scratch, const decode::Partial& out,
                  const float* finals) noexcept {
-  switch (call.type) {
+  switch (call.k_type) {
     case KVType::kF32: return chunk<KVType::kF32>(call, task, scratch, out, finals);
     case KVType::kBF16: return chunk<KVType::kBF16>(call, task, scratch, out, finals);
     case KVType::kF16: return chunk<KVType::kF16>(call, task, scratch, out, finals);

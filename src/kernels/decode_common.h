@@ -57,7 +57,8 @@ struct KVRun {
 // K/V tensors, or row first_row + j of sequence b's pages.
 struct DecodeCall {
   std::int64_t b = 0, h = 0, hkv = 1, nq = 0, d = 0, dv = 0;
-  KVType type = KVType::kF32;
+  KVType k_type = KVType::kF32;  // plain tensors may mix types; pages share one
+  KVType v_type = KVType::kF32;
   core::InputOperand q;
   // Plain tensors (pages empty): K and V as validation described them, column stride 1.
   core::InputOperand k, v;

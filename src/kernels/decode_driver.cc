@@ -121,10 +121,11 @@ void finish_head(const DecodeCall& call, float* partials, std::int64_t first, st
 KVRun DecodeCall::run_at(std::int64_t ib, std::int64_t hk, std::int64_t j) const noexcept {
   KVRun run;
   const std::int64_t left = nk[static_cast<std::size_t>(ib)] - j;
-  const std::int64_t elem = storage_bytes(type);
+  const std::int64_t elem = storage_bytes(k_type);
   if (layout == nullptr) {
     run.k = static_cast<const std::byte*>(k.data) + k.strides.at(ib, hk, j, 0) * elem;
-    run.v = static_cast<const std::byte*>(v.data) + v.strides.at(ib, hk, j, 0) * elem;
+    run.v = static_cast<const std::byte*>(v.data) +
+            v.strides.at(ib, hk, j, 0) * storage_bytes(v_type);
     run.k_row = k.strides.row;
     run.v_row = v.strides.row;
     run.k_col = k.strides.col;
@@ -241,13 +242,7 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
   return failed.load() ? core::KernelStatus::kOutOfMemory : core::KernelStatus::kOk;
 }
 
-std::string plain_declines(const core::AttentionParams& p) {
-  if (p.k.dtype != p.v.dtype) {
-    return std::string("K and V in different types (") + dtype_name(p.k.dtype) + ", " +
-           dtype_name(p.v.dtype) + "): one storage type per call";
-  }
-  return float32_declines(p);
-}
+std::string plain_declines(const core::AttentionParams& p) { return float32_declines(p); }
 
 std::string plain_passes(const core::AttentionParams& p) {
   const std::int64_t rows = p.shape.group() * p.shape.nq;
@@ -268,10 +263,14 @@ DecodeCall plain_call(const core::AttentionParams& p) noexcept {
   call.nq = s.nq;
   call.d = s.d;
   call.dv = s.dv;
-  call.type = p.k.dtype == DType::kBF16  ? KVType::kBF16
-              : p.k.dtype == DType::kF16 ? KVType::kF16
-              : p.k.dtype == DType::kF64 ? KVType::kF64
-                                         : KVType::kF32;
+  const auto type_of = [](DType t) {
+    return t == DType::kBF16  ? KVType::kBF16
+           : t == DType::kF16 ? KVType::kF16
+           : t == DType::kF64 ? KVType::kF64
+                              : KVType::kF32;
+  };
+  call.k_type = type_of(p.k.dtype);
+  call.v_type = type_of(p.v.dtype);
   call.q = p.q;
   call.k = p.k;
   call.v = p.v;

@@ -50,15 +50,17 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
                                                 saturating_mul(reference, reference_workers)),
                                        packed);
 
-  if (kernel.empty() || kernel.starts_with("decode")) {
-    // Decode: per task a partial state, per worker its scratch.
+  const std::int64_t decode_rows_per_head = shape.hkv > 0 ? shape.h / shape.hkv * shape.nq : 0;
+  if ((kernel.empty() && decode_rows_per_head <= decode::kMaxPlainRows) ||
+      kernel.starts_with("decode")) {
+    // Decode (by default only for the shapes it does not pass over): per task a partial
+    // state, per worker its scratch.
     const std::int64_t step = decode::chunk_keys(shape.nk);
     const std::uint64_t tasks = saturating_mul(saturating_mul(u(shape.b), u(shape.hkv)),
                                                (nk + u(step) - 1) / u(step));
-    const std::int64_t decode_rows = shape.hkv > 0 ? shape.h / shape.hkv * shape.nq : 0;
     const auto task_count = static_cast<std::int64_t>(
         std::min<std::uint64_t>(tasks, std::uint64_t{1} << 62));
-    bytes = std::max(bytes, decode::workspace_bytes(decode_rows, shape.d, shape.dv, task_count, threads));
+    bytes = std::max(bytes, decode::workspace_bytes(decode_rows_per_head, shape.d, shape.dv, task_count, threads));
   }
   if (kernel.empty() || kernel == "unfused_blas") {
     // Unfused, per worker: a block of scores and outputs, row state, and packed Q, K and V.

@@ -345,10 +345,10 @@ namespace {
 TEST(CachedAttentionRange, BeyondFloat32GoesToTheReference) {
   KVCache cache(KVCacheOptions{1, 4, 4, CacheStorage::kF32, 8, 0, 0});
   const SequenceId id = cache.add_sequence();
-  Tensor k = random_tensor(DType::kF64, {1, 5, 4}, 1, 1e18, 2e18);
+  Tensor k = random_tensor(DType::kF64, {1, 5, 4}, 1, 1e19, 2e19);
   const Tensor v = random_tensor(DType::kF64, {1, 5, 4}, 2);
   cache.append(id, k.view(), v.view());
-  const Tensor q = random_tensor(DType::kF64, {1, 1, 1, 4}, 3, 1e18, 2e18);
+  const Tensor q = random_tensor(DType::kF64, {1, 1, 1, 4}, 3, 1e19, 2e19);
   const std::vector<SequenceId> ids{id};
   AttentionOptions options;
   options.scale = 1.0;
