@@ -133,10 +133,12 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   const double scale = options.scale.value_or(d == 0 ? 1.0 : 1.0 / std::sqrt(static_cast<double>(d)));
   if (!std::isfinite(scale)) throw Error("scale", "must be a finite number");
   const std::string& kernel = options.kernel;
+  // Asked once: hwy's target query was 5 % of a short call.
+  static const bool have_simd = !kernels::simd_targets().empty();
   if (!kernel.empty() && kernel != "decode_scalar" && kernel != "reference" &&
-      !(kernel == "decode_hwy" && !kernels::simd_targets().empty())) {
+      !(kernel == "decode_hwy" && have_simd)) {
     throw Error("kernel " + kernel, "cannot run a cached call (available: " +
-                                        std::string(kernels::simd_targets().empty() ? "" : "decode_hwy, ") +
+                                        std::string(have_simd ? "decode_hwy, " : "") +
                                         "decode_scalar, reference)");
   }
   const int threads = core::resolve_thread_count(options.threads);
@@ -219,7 +221,7 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   }
   core::bind_output(call.out, result.out.mutable_view(), out_shape);
   if (options.return_lse) core::bind_output(call.lse, result.lse.mutable_view(), lse_shape, false);
-  const bool scalar = kernel == "decode_scalar" || kernels::simd_targets().empty();
+  const bool scalar = kernel == "decode_scalar" || !have_simd;
   const core::KernelStatus status =
       scalar ? kernels::decode::decode_run_scalar(call) : kernels::decode::decode_run_hwy(call);
   if (status == core::KernelStatus::kOutOfMemory) {
