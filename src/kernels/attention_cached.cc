@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "cache/kv_cache_impl.h"
 #include "core/mask_rule.h"
@@ -31,6 +32,19 @@ kernels::decode::KVType kv_type(CacheStorage storage) noexcept {
   return kernels::decode::KVType::kF32;
 }
 
+// Sequence s's part of a [S, ...] view (the view itself when rank4 is false: one sequence):
+// `per_sequence` elements further on, without the first dim.
+template <class View>
+View sequence_slice(View view, std::size_t s, std::int64_t per_sequence, bool rank4) {
+  if (!rank4) return view;
+  using Byte = std::conditional_t<std::is_same_v<View, TensorView>, const std::byte, std::byte>;
+  view.data = static_cast<Byte*>(view.data) + static_cast<std::int64_t>(s) * per_sequence *
+                                                  static_cast<std::int64_t>(dtype_size(view.dtype));
+  view.shape.erase(view.shape.begin());
+  view.strides.erase(view.strides.begin());
+  return view;
+}
+
 // The reference twin: each sequence's gathered rows through the float64 reference kernel,
 // written into that sequence's slice of the outputs.
 void run_reference(const TensorView& q, const KVCache& cache,
@@ -40,41 +54,18 @@ void run_reference(const TensorView& q, const KVCache& cache,
   per.kernel = "reference";
   per.return_lse = false;
   per.max_memory = 0;  // the whole call's budget was checked
-  const std::int64_t lse_stride = result.lse.empty() ? 0 : result.lse.numel() /
-                                  static_cast<std::int64_t>(sequences.size());
+  const auto count = static_cast<std::int64_t>(sequences.size());
   for (std::size_t s = 0; s < sequences.size(); ++s) {
     const Tensor k = cache.gather(sequences[s], false, DType::kF64);
     const Tensor v = cache.gather(sequences[s], true, DType::kF64);
-    TensorView qs = q;
-    if (rank4) {
-      qs.data = static_cast<const std::byte*>(q.data) +
-                static_cast<std::int64_t>(s) * q.strides[0] *
-                    static_cast<std::int64_t>(dtype_size(q.dtype));
-      qs.shape.erase(qs.shape.begin());
-      qs.strides.erase(qs.strides.begin());
-    }
-    MutableTensorView out = result.out.mutable_view();
-    const std::int64_t out_stride = result.out.numel() / static_cast<std::int64_t>(sequences.size());
-    out.data = static_cast<std::byte*>(out.data) +
-               static_cast<std::int64_t>(s) * out_stride *
-                   static_cast<std::int64_t>(dtype_size(out.dtype));
-    if (rank4) {
-      out.shape.erase(out.shape.begin());
-      out.strides.erase(out.strides.begin());
-    }
-    AttentionOutputs outputs{out, std::nullopt, std::nullopt};
+    AttentionOutputs outputs{
+        sequence_slice(result.out.mutable_view(), s, result.out.numel() / count, rank4),
+        std::nullopt, std::nullopt};
     if (!result.lse.empty()) {
-      MutableTensorView lse = result.lse.mutable_view();
-      lse.data = static_cast<std::byte*>(lse.data) +
-                 static_cast<std::int64_t>(s) * lse_stride *
-                     static_cast<std::int64_t>(dtype_size(lse.dtype));
-      if (rank4) {
-        lse.shape.erase(lse.shape.begin());
-        lse.strides.erase(lse.strides.begin());
-      }
-      outputs.lse = lse;
+      outputs.lse = sequence_slice(result.lse.mutable_view(), s, result.lse.numel() / count, rank4);
     }
-    attention_into(qs, k.view(), v.view(), per, outputs);
+    attention_into(sequence_slice(q, s, rank4 ? q.strides[0] : 0, rank4), k.view(), v.view(),
+                   per, outputs);
   }
 }
 

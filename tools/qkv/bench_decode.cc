@@ -166,13 +166,7 @@ void run_decode_bench(BenchCommand c) {
   const bool triad_measured = c.bandwidth_gbs <= 0.0;
   const double triad = triad_measured ? kernels::measure_triad_gbs(threads) : c.bandwidth_gbs;
 
-  KVCacheOptions cache_options;
-  cache_options.kv_heads = c.kv_heads;
-  cache_options.d = c.d;
-  cache_options.dv = c.dv;
-  cache_options.storage = storage;
-  cache_options.page_rows = c.page_rows;
-  KVCache cache(cache_options);
+  KVCache cache(KVCacheOptions{c.kv_heads, c.d, c.dv, storage, c.page_rows, 0, 0});
   std::vector<SequenceId> ids;
   UniformFloats kv_random(2);
   std::int64_t total_rows = 0;
@@ -181,7 +175,7 @@ void run_decode_bench(BenchCommand c) {
     ids.push_back(cache.add_sequence());
     append_random_rows(cache, ids.back(), length, kv_random);
     total_rows += length;
-    kv_bytes += kv_bytes_read(cache_options, length);
+    kv_bytes += kv_bytes_read(cache.options(), length);
   }
   Tensor q(DType::kF32, {c.batch, c.heads, 1, c.d}, "q");
   UniformFloats q_random(1);

@@ -110,13 +110,7 @@ void run_decode(DecodeCommand c) {
   const CacheStorage storage = cache_storage_flag(c.dtype, "--dtype");
   const int threads = core::resolve_thread_count(c.threads);
 
-  KVCacheOptions cache_options;
-  cache_options.kv_heads = c.kv_heads;
-  cache_options.d = c.d;
-  cache_options.dv = c.dv;
-  cache_options.storage = storage;
-  cache_options.page_rows = c.page_rows;
-  KVCache cache(cache_options);
+  KVCache cache(KVCacheOptions{c.kv_heads, c.d, c.dv, storage, c.page_rows, 0, 0});
   UniformFloats random(static_cast<std::uint64_t>(c.seed));
   std::vector<SequenceId> ids;
   for (std::int64_t b = 0; b < c.batch; ++b) {
