@@ -10,6 +10,7 @@
 
 #include "qkv/attention.h"
 #include "qkv/error.h"
+#include "qkv/kv_cache.h"
 #include "qkv/layer.h"
 #include "support/test_support.h"
 
@@ -79,6 +80,43 @@ TEST(ThreadsLayer, LayerIsBitwiseIdenticalForOneToEightThreadsOverFiftyRepeats) 
     const LayerResult again = multi_head_attention(x.view(), weights, options);
     ASSERT_TRUE(same_bits(again.out, first.out)) << "threads " << options.attention.threads;
     ASSERT_TRUE(same_bits(again.weights, first.weights)) << "threads " << options.attention.threads;
+  }
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// Split-KV: sequences of several chunks (>= 1024 keys each) merged in key order, from a KV
+// cache and from plain tensors, give the same bits on 1 to 8 threads.
+TEST(ThreadsDecode, SplitKvIsBitwiseIdenticalForOneToEightThreads) {
+  KVCache cache(KVCacheOptions{2, 32, 24, CacheStorage::kInt8, 64, 0, 0});
+  std::vector<SequenceId> ids;
+  for (std::int64_t length : {2500, 1100}) {
+    ids.push_back(cache.add_sequence());
+    const Tensor k = testing::random_tensor(DType::kF32, {2, length, 32}, 10 + length);
+    const Tensor v = testing::random_tensor(DType::kF32, {2, length, 24}, 20 + length);
+    cache.append(ids.back(), k.view(), v.view());
+  }
+  const Tensor q = testing::random_tensor(DType::kF32, {2, 8, 1, 32}, 5);
+  const Tensor k = testing::random_tensor(DType::kF32, {2, 2, 3000, 32}, 6);
+  const Tensor v = testing::random_tensor(DType::kF32, {2, 2, 3000, 24}, 7);
+  AttentionOptions options;
+  options.causal = true;
+  options.return_lse = true;
+  options.threads = 1;
+  const AttentionResult cached = attention_cached(q.view(), cache, ids, options);
+  const AttentionResult plain = attention(q.view(), k.view(), v.view(), options);
+  for (int repeat = 0; repeat < 16; ++repeat) {
+    options.threads = 1 + repeat % kMaxThreads;
+    const AttentionResult cached_again = attention_cached(q.view(), cache, ids, options);
+    ASSERT_TRUE(same_bits(cached_again.out, cached.out)) << "threads " << options.threads;
+    ASSERT_TRUE(same_bits(cached_again.lse, cached.lse)) << "threads " << options.threads;
+    const AttentionResult plain_again = attention(q.view(), k.view(), v.view(), options);
+    EXPECT_EQ(plain_again.kernel, plain.kernel);
+    ASSERT_TRUE(same_bits(plain_again.out, plain.out)) << "threads " << options.threads;
   }
 }
 
