@@ -151,7 +151,9 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags) {
   command.add_option("--threads", flags.threads, "threads to use (default: all cores)")
       ->check(CLI::NonNegativeNumber);
   command.add_option("--kernel", flags.kernel,
-                     "force a kernel (default: the fastest that supports the call)");
+                     "force a kernel: decode_hwy, fused_hwy, decode_scalar, unfused_blas, "
+                     "fused_scalar or reference (default: the fastest that supports the call; "
+                     "the decode kernels for up to 16 query rows per kv head)");
   command.add_option("--max-memory", flags.max_memory,
                      "memory budget: refuse, before allocating, a run that needs more (e.g. 8G, "
                      "512MiB, 25%; 0: no limit; default 75% of physical memory)");

@@ -77,8 +77,8 @@ void register_attention_command(CLI::App& app) {
       "lse = -inf.\n"
       ".npy inputs are float32, float64 or float16 (kept as stored), masks also bool.\n"
       "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL).\n"
-      "QKV_VERBOSE=1 prints which kernel ran and why the others declined, and whether the "
-      "system refused threads (stderr). Every dimension may be 0.");
+      "QKV_VERBOSE=1 prints which kernel ran and why the others declined or were passed over, "
+      "and whether the system refused threads (stderr). Every dimension may be 0.");
   sub->callback([command] { run_attention(*command); });
 }
 
