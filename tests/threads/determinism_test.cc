@@ -96,8 +96,8 @@ TEST(ThreadsDecode, SplitKvIsBitwiseIdenticalForOneToEightThreads) {
   std::vector<SequenceId> ids;
   for (std::int64_t length : {2500, 1100}) {
     ids.push_back(cache.add_sequence());
-    const Tensor k = testing::random_tensor(DType::kF32, {2, length, 32}, 10 + length);
-    const Tensor v = testing::random_tensor(DType::kF32, {2, length, 24}, 20 + length);
+    const Tensor k = testing::random_tensor(DType::kF32, {2, length, 32}, static_cast<std::uint64_t>(10 + length));
+    const Tensor v = testing::random_tensor(DType::kF32, {2, length, 24}, static_cast<std::uint64_t>(20 + length));
     cache.append(ids.back(), k.view(), v.view());
   }
   const Tensor q = testing::random_tensor(DType::kF32, {2, 8, 1, 32}, 5);
