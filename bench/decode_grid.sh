@@ -3,20 +3,15 @@
 # at nk = 32768 and 131072, H = Hkv = 8 and H = 32 / Hkv = 8, d = 128, every cache type, 2
 # threads, and a batch of 16 mixed lengths 1k..32k; one JSON object per line to OUT
 # (bench/decode_median.py makes the table). The baselines use OpenBLAS, so the OpenBLAS variables
-# are unset for these runs only (see run_grid.sh for why, and for the Prescott fallback).
+# are unset for these runs only (bench/openblas_run.sh says why, and handles the Prescott
+# fallback).
 #
 #   bench/decode_grid.sh [path/to/qkv] [decode.jsonl]
 set -euo pipefail
 QKV=${1:-build/qkv}
 OUT=${2:-decode.jsonl}
-RUN=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$QKV")
-echo "note: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset for these runs" >&2
-core=$("${RUN[@]}" bench --peak --threads 1 --json | sed -E 's/.*"openblas_core": "([^"]*)".*/\1/')
-if [ "$core" = "Prescott" ]; then
-  if grep -qw avx512f /proc/cpuinfo; then pick=SkylakeX; else pick=Haswell; fi
-  RUN=(env -u OPENBLAS_L2_SIZE OPENBLAS_CORETYPE=$pick "$QKV")
-  echo "note: OpenBLAS picked its Prescott fallback on this CPU; the runs set OPENBLAS_CORETYPE=$pick" >&2
-fi
+# shellcheck source=bench/openblas_run.sh
+source "$(dirname "$0")/openblas_run.sh"
 : > "$OUT"
 for round in 1 2 3; do
   triad=$("${RUN[@]}" bench --peak --threads 2 --json | sed -E 's/.*"triad_gbs": ([0-9.]+).*/\1/')

@@ -272,6 +272,26 @@ std::vector<double> require_finite(std::initializer_list<const TensorView*> view
 
 void require_finite(const TensorView& view) { require_finite({&view}, 1); }
 
+void apply_call_options(const AttentionOptions& options, std::int64_t d, AttentionParams& p) {
+  // With D = 0 every q·k is an empty sum, 0 whatever the scale: the default is then 1 rather
+  // than 1/sqrt(0), and the weights are uniform over the allowed keys.
+  const double default_scale = d > 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0;
+  const double scale = options.scale.value_or(default_scale);
+  if (!std::isfinite(scale)) throw Error("scale", "must be a finite number");
+  p.scale = scale;
+
+  p.masking.causal = options.causal;
+  if (options.window) {
+    if (options.window->left < -1 || options.window->right < -1) {
+      throw Error("window", "L and R must be >= 0, or -1 for unbounded");
+    }
+    p.masking.window_left = options.window->left;
+    p.masking.window_right = options.window->right;
+  }
+  if (options.threads < 0) throw Error("threads", "must be >= 0 (0: one per hardware thread)");
+  p.threads = resolve_thread_count(options.threads);
+}
+
 AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const AttentionOptions& options) {
   for (const TensorView* t : {&q, &k, &v}) {
@@ -342,23 +362,7 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
   p.v = {v.data, v.dtype, canonical_strides(v.strides)};
   p.magnitudes = {magnitudes[0], magnitudes[1], magnitudes[2], 0.0};
 
-  // With D = 0 every q·k is an empty sum, 0 whatever the scale: the default is then 1 rather
-  // than 1/sqrt(0), and the weights are uniform over the allowed keys.
-  const double default_scale = shape.d > 0 ? 1.0 / std::sqrt(static_cast<double>(shape.d)) : 1.0;
-  const double scale = options.scale.value_or(default_scale);
-  if (!std::isfinite(scale)) throw Error("scale", "must be a finite number");
-  p.scale = scale;
-
-  p.masking.causal = options.causal;
-  if (options.window) {
-    if (options.window->left < -1 || options.window->right < -1) {
-      throw Error("window", "L and R must be >= 0, or -1 for unbounded");
-    }
-    p.masking.window_left = options.window->left;
-    p.masking.window_right = options.window->right;
-  }
-  if (options.threads < 0) throw Error("threads", "must be >= 0 (0: one per hardware thread)");
-  p.threads = resolve_thread_count(options.threads);
+  apply_call_options(options, shape.d, p);
 
   const Shape leading(q.shape.begin(), q.shape.end() - 2);
   call.out_shape = leading;

@@ -24,6 +24,10 @@ struct AttentionCall {
 AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const AttentionOptions& options);
 
+// The options every attention call shares (scale, its default from the head dimension d,
+// causal, window, threads), checked and set in p; throws qkv::Error naming the option.
+void apply_call_options(const AttentionOptions& options, std::int64_t d, AttentionParams& p);
+
 // Points `slot` at `view` after checking its dtype and that its shape is `expected`.
 // has_columns is false for the lse, whose last dim is the query row.
 void bind_output(OutputOperand& slot, const MutableTensorView& view, const Shape& expected,

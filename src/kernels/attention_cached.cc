@@ -117,12 +117,10 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64) {
     throw Error("out_dtype", "must be float32 or float64");
   }
-  if (options.threads < 0) throw Error("threads", "must be >= 0 (0: one per hardware thread)");
-  if (options.window && (options.window->left < -1 || options.window->right < -1)) {
-    throw Error("window", "L and R must be >= 0, or -1 for unbounded");
-  }
-  const double scale = options.scale.value_or(d == 0 ? 1.0 : 1.0 / std::sqrt(static_cast<double>(d)));
-  if (!std::isfinite(scale)) throw Error("scale", "must be a finite number");
+  // Scale, causal, window and threads as attention() checks them; `checked` also carries the
+  // float32 range check's inputs below.
+  core::AttentionParams checked;
+  core::apply_call_options(options, d, checked);
   const std::string& kernel = options.kernel;
   // Asked once: hwy's target query was 5 % of a short call.
   static const bool have_simd = !kernels::simd_targets().empty();
@@ -132,7 +130,7 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
                                         std::string(have_simd ? "decode_hwy, " : "") +
                                         "decode_scalar, reference)");
   }
-  const int threads = core::resolve_thread_count(options.threads);
+  const int threads = checked.threads;
   const double q_bound = core::require_finite({&q}, threads).front();
 
   kernels::decode::DecodeCall call;
@@ -146,12 +144,8 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   call.v_type = call.k_type;
   call.q = {q.data, q.dtype, core::canonical_strides(q.strides)};
   call.layout = &impl.layout;
-  call.scale = scale;
-  call.masking.causal = options.causal;
-  if (options.window) {
-    call.masking.window_left = options.window->left;
-    call.masking.window_right = options.window->right;
-  }
+  call.scale = checked.scale;
+  call.masking = checked.masking;
   call.threads = threads;
   for (SequenceId id : sequences) {
     const cache::SequenceSnapshot snap = impl.snapshot(id);
@@ -176,16 +170,14 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   // The float32 range checks of the other kernels, with the cache's bounds on what it holds
   // (stored values are within 1 % of the largest appended): a call float32 cannot represent
   // goes to the float64 reference.
-  core::AttentionParams range;
-  range.shape = {count, h, co.kv_heads, nq, 0, d, co.dv};
-  for (std::int64_t nk : call.nk) range.shape.nk = std::max(range.shape.nk, nk);
-  range.scale = scale;
-  range.q.dtype = q.dtype;
-  range.magnitudes.q = q_bound;
-  impl.magnitudes(range.magnitudes.k, range.magnitudes.v);
-  range.magnitudes.k *= 1.01;
-  range.magnitudes.v *= 1.01;
-  const std::string float32_reason = kernels::float32_declines(range);
+  checked.shape = {count, h, co.kv_heads, nq, 0, d, co.dv};
+  for (std::int64_t nk : call.nk) checked.shape.nk = std::max(checked.shape.nk, nk);
+  checked.q.dtype = q.dtype;
+  checked.magnitudes.q = q_bound;
+  impl.magnitudes(checked.magnitudes.k, checked.magnitudes.v);
+  checked.magnitudes.k *= 1.01;
+  checked.magnitudes.v *= 1.01;
+  const std::string float32_reason = kernels::float32_declines(checked);
   if (!float32_reason.empty() && !kernel.empty() && kernel != "reference") {
     throw Error("kernel " + kernel, "cannot run this call: " + float32_reason);
   }
