@@ -34,9 +34,11 @@ Floats allocate(std::int64_t count) noexcept {
   return Floats(p);
 }
 
-// Tasks in (batch, kv head, chunk) order: a row's chunks are consecutive tasks.
-std::vector<Task> make_tasks(const DecodeCall& call) {
+// Tasks in (batch, kv head, chunk) order: a row's chunks are consecutive tasks, and
+// first[x] .. first[x + 1] are those of (b, kv head) x = b · hkv + hk.
+std::vector<Task> make_tasks(const DecodeCall& call, std::vector<std::int64_t>& first) {
   std::vector<Task> tasks;
+  first.assign(1, 0);
   if (call.rows() == 0) return tasks;
   for (std::int64_t ib = 0; ib < call.b; ++ib) {
     const std::int64_t nk = call.nk[static_cast<std::size_t>(ib)];
@@ -45,6 +47,7 @@ std::vector<Task> make_tasks(const DecodeCall& call) {
       for (std::int64_t j0 = 0; j0 < nk; j0 += step) {
         tasks.push_back({ib, hk, j0, std::min(nk, j0 + step)});
       }
+      first.push_back(static_cast<std::int64_t>(tasks.size()));
     }
   }
   return tasks;
@@ -177,8 +180,9 @@ std::uint64_t workspace_bytes(std::int64_t rows, std::int64_t d, std::int64_t dv
 
 core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
   std::vector<Task> tasks;
+  std::vector<std::int64_t> first;
   try {
-    tasks = make_tasks(call);
+    tasks = make_tasks(call, first);
   } catch (...) {
     return core::KernelStatus::kOutOfMemory;
   }
@@ -186,29 +190,18 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
   Floats partials = allocate(count * partial_floats(call));
   if (!partials) return core::KernelStatus::kOutOfMemory;
   const bool weights = call.weights.data != nullptr;
-  const std::int64_t heads_total = call.rows() == 0 ? 0 : call.b * call.hkv;
+  const auto heads = static_cast<std::int64_t>(first.size()) - 1;  // (b, kv head) pairs
   // Each row's merged (max, 1 / sum), kept for the weights sweep.
-  Floats finals = allocate(weights ? heads_total * 2 * call.rows() : 1);
+  Floats finals = allocate(weights ? heads * 2 * call.rows() : 1);
   if (!finals) return core::KernelStatus::kOutOfMemory;
 
   const std::int64_t dvp = round_up(call.dv, kPadLanes);
-  const std::int64_t heads = call.rows() == 0 ? 0 : call.b * call.hkv;
   const int wanted = static_cast<int>(std::clamp<std::int64_t>(
       std::max(count, heads), 1, std::max(1, call.threads)));
   std::atomic<std::int64_t> next_task{0};
   std::atomic<std::int64_t> next_head{0};
   std::atomic<std::int64_t> next_weights{0};
   std::atomic<bool> failed{false};
-  // First chunk task of each (b, hk): its tasks are consecutive.
-  std::vector<std::int64_t> first(static_cast<std::size_t>(heads) + 1, 0);
-  for (std::int64_t t = 0, x = 0; x < heads; ++x) {
-    first[static_cast<std::size_t>(x)] = t;
-    while (t < count && tasks[static_cast<std::size_t>(t)].b * call.hkv +
-                                tasks[static_cast<std::size_t>(t)].hk == x) {
-      ++t;
-    }
-    first[static_cast<std::size_t>(x) + 1] = t;
-  }
 
   core::run_team(wanted, [&](int, core::Team& team) {
     Floats mine = allocate(scratch_floats(call));
