@@ -31,8 +31,39 @@ struct AttentionOptions {
   // by NumPy rules to the score shape [.., Nq, Nk] whose leading dims are Q's.
   std::optional<TensorView> mask;
   bool return_weights = false;  // [.., Nq, Nk], leading dims as Q's
-  bool return_lse = false;      // log-sum-exp of the scaled, masked scores, [.., Nq]
+  bool return_lse = false;      // log-sum-exp of the scores the softmax sees, [.., Nq]
+  // kF32, kF64 or kF16 (computed in float32, rounded to nearest even once at the end).
   DType out_dtype = DType::kF32;
+
+  // The storage type of Q, K and V for the computation (kF64, kF32, kBF16, kF16); values are
+  // rounded to it (nearest even) as the kernels read them, never copied. f32 and f16: float32
+  // products and sums; bf16: q·k and P·V on bf16 operands (P rounded to bf16) with float32
+  // accumulation and a float32 softmax; f64: float64 throughout (the reference kernel).
+  // Default: bf16 or f16 when Q, K and V are all stored in it, else f32.
+  std::optional<DType> dtype;
+
+  // Score modifiers. What the softmax sees is
+  //   s_ij = softcap(scale · q_i·k_j) + alibi_ij + float mask_ij
+  // (a bool mask, causal and window remove keys).
+  // Logit soft-capping (Gemma 2): softcap(x) = C·tanh(x / C), C > 0.
+  std::optional<double> softcap;
+  // ALiBi (Press et al.): alibi_ij = -slope_h · |i + Nk - Nq - j|. `alibi` takes the standard
+  // slopes for H query heads (alibi_slopes() below); `alibi_slopes` gives them (float, [H]).
+  bool alibi = false;
+  std::optional<TensorView> alibi_slopes;
+  // Attention sinks (StreamingLLM, gpt-oss): one logit per query head in the denominator with
+  // no value (float, [H]): w_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)), and
+  // lse = log(exp(sink_h) + sum_j exp(s_ij)); a row with no allowed key gives lse = sink_h.
+  std::optional<TensorView> sinks;
+
+  // A packed batch of sequences of different lengths (int32 or int64, [B+1], from 0,
+  // non-decreasing, ending at the row count): sequence b is query rows cu_seqlens_q[b] ..
+  // cu_seqlens_q[b+1] against key rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]. Q is then
+  // [H, total_q, D] or [total_q, D], K and V [Hkv, total_k, .]; causal, window and ALiBi count
+  // positions within each sequence. Both or neither; not with a mask or the weights output.
+  std::optional<TensorView> cu_seqlens_q;
+  std::optional<TensorView> cu_seqlens_k;
+
   int threads = 0;       // 0: one per hardware thread
   std::string kernel;    // empty: the fastest kernel that supports the call
   // Bytes the call may allocate (outputs it returns and kernel workspace); 0: no limit. A call
@@ -47,7 +78,12 @@ struct AttentionResult {
   std::string kernel;  // the kernel that ran
 };
 
-// A query row with no allowed key gives a zero output row, zero weights and lse = -inf.
+// The standard ALiBi slopes for `heads` query heads: 2^(-8(h+1)/H) when H is a power of two,
+// else those of the power of two n below H followed by every other slope of 2n.
+std::vector<double> alibi_slopes(std::int64_t heads);
+
+// A query row with no allowed key gives a zero output row, zero weights and lse = -inf (with
+// sinks: lse = sink_h).
 // Throws qkv::Error naming the offending tensor or option on bad input.
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options = {});

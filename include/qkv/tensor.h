@@ -10,11 +10,12 @@
 namespace qkv {
 
 // kBF16 (bfloat16) and kF16 (IEEE binary16) are storage types: kept as stored, widened to
-// float32 in registers by the kernels that read them.
-enum class DType : std::uint8_t { kF32, kF64, kBool, kBF16, kF16 };
+// float32 in registers by the kernels that read them. kI32 and kI64 serve index tensors only
+// (the sequence offsets of a packed batch); no kernel reads them as values.
+enum class DType : std::uint8_t { kF32, kF64, kBool, kBF16, kF16, kI32, kI64 };
 
 std::size_t dtype_size(DType dtype) noexcept;
-// "float32", "float64", "bool", "bfloat16", "float16"
+// "float32", "float64", "bool", "bfloat16", "float16", "int32", "int64"
 const char* dtype_name(DType dtype) noexcept;
 
 using Shape = std::vector<std::int64_t>;
@@ -81,7 +82,8 @@ class Tensor {
   MutableTensorView mutable_view();
 
   // A copy converted to another dtype: between the real types (kF32, kF64, kBF16, kF16),
-  // rounding to nearest even when narrowing; kBool to any of them as 0/1.
+  // rounding to nearest even when narrowing; kBool to any of them as 0/1; the integer types
+  // to and from the real ones by value (toward zero when narrowing to an integer).
   Tensor to(DType dtype) const;
 
   // Gives the same elements a new shape of the same size (C order); throws qkv::Error if the

@@ -46,6 +46,8 @@ inline double mask_bias(const Masking& m, std::int64_t b, std::int64_t h, std::i
     case DType::kBF16:
     case DType::kF16:
       return load_real(m.mask, m.mask_dtype, at);
+    case DType::kI32:
+    case DType::kI64: break;  // validation admits no integer mask
   }
   return 0.0;
 }

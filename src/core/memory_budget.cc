@@ -45,15 +45,17 @@ MemoryEstimate attention_memory(const AttentionCall& call, const AttentionOption
                                 bool allocates_outputs, std::uint64_t workspace) noexcept {
   MemoryEstimate estimate;
   if (allocates_outputs) {
-    estimate.outputs = tensor_bytes(call.out_shape, options.out_dtype);
+    // float16 outputs are computed in float32 and converted: both are held at the end.
+    const auto held = [&](const Shape& shape) {
+      const std::uint64_t bytes = tensor_bytes(shape, options.out_dtype);
+      if (options.out_dtype != DType::kF16) return bytes;
+      return saturating_add(bytes, tensor_bytes(shape, DType::kF32));
+    };
+    estimate.outputs = held(call.out_shape);
     if (options.return_weights) {
-      estimate.outputs =
-          saturating_add(estimate.outputs, tensor_bytes(call.weights_shape, options.out_dtype));
+      estimate.outputs = saturating_add(estimate.outputs, held(call.weights_shape));
     }
-    if (options.return_lse) {
-      estimate.outputs =
-          saturating_add(estimate.outputs, tensor_bytes(call.lse_shape, options.out_dtype));
-    }
+    if (options.return_lse) estimate.outputs = saturating_add(estimate.outputs, held(call.lse_shape));
   }
   estimate.workspace = workspace;
   return estimate;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "qkv/tensor.h"
 
@@ -63,12 +64,24 @@ struct Masking {
   }
 };
 
+// What the softmax sees beyond scale · q·k and the mask (attention.h):
+//   s_ij = softcap(scale · q_i·k_j) + alibi_ij + float mask_ij, and the sinks' extra logits.
+// The vectors are empty when the call has none, else have one entry per query head.
+struct ScoreModifiers {
+  double softcap = 0.0;              // > 0: softcap(x) = softcap · tanh(x / softcap); 0: none
+  std::vector<double> alibi_slopes;  // alibi_ij = -slope_h · |i + nk - nq - j|
+  std::vector<double> sinks;         // exp(sink_h) joins each row's denominator
+
+  bool any() const noexcept { return softcap > 0.0 || !alibi_slopes.empty() || !sinks.empty(); }
+};
+
 // A bound on the magnitude of each input's elements (all finite: validation has checked), from
 // the finiteness scan: the largest magnitude where some element reaches 2^32, else 2^32 (see
 // require_finite). The float32 kernels bound their scores and accumulators with them.
 struct Magnitudes {
   double q = 0, k = 0, v = 0;
   double mask = 0;  // of a float mask's finite values; 0 for a bool mask or none
+  double sink = 0;  // of the sinks; 0 without
 };
 
 // What a kernel reports. Kernels never throw; the one thing they cannot rule out in advance
@@ -79,6 +92,11 @@ struct AttentionParams {
   AttentionShape shape;
   InputOperand q, k, v;
   double scale = 1.0;
+  // The storage type Q, K and V are rounded to as they are read (kF64, kF32, kBF16, kF16):
+  // kF32 leaves float32 (and 16-bit) inputs as they are; a kernel that computes in float32
+  // declines kF64.
+  DType compute = DType::kF32;
+  ScoreModifiers modifiers;
   Magnitudes magnitudes;
   Masking masking;
   OutputOperand out;      // [b, h, nq, dv]

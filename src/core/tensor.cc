@@ -27,6 +27,8 @@ double read_as_double(const void* data, DType dtype, std::int64_t at) {
       return static_cast<double>(core::bf16_to_float(static_cast<const std::uint16_t*>(data)[at]));
     case DType::kF16:
       return static_cast<double>(core::f16_to_float(static_cast<const std::uint16_t*>(data)[at]));
+    case DType::kI32: return static_cast<double>(static_cast<const std::int32_t*>(data)[at]);
+    case DType::kI64: return static_cast<double>(static_cast<const std::int64_t*>(data)[at]);
   }
   return 0.0;
 }
@@ -41,6 +43,12 @@ void write_from_double(void* data, DType dtype, std::int64_t at, double value) {
       break;
     case DType::kF16:
       static_cast<std::uint16_t*>(data)[at] = core::float_to_f16(core::narrow_to_odd(value));
+      break;
+    case DType::kI32:
+      static_cast<std::int32_t*>(data)[at] = static_cast<std::int32_t>(value);
+      break;
+    case DType::kI64:
+      static_cast<std::int64_t*>(data)[at] = static_cast<std::int64_t>(value);
       break;
   }
 }
@@ -69,6 +77,8 @@ std::size_t dtype_size(DType dtype) noexcept {
     case DType::kBool: return 1;
     case DType::kBF16:
     case DType::kF16: return 2;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
   }
   return 0;
 }
@@ -80,6 +90,8 @@ const char* dtype_name(DType dtype) noexcept {
     case DType::kBool: return "bool";
     case DType::kBF16: return "bfloat16";
     case DType::kF16: return "float16";
+    case DType::kI32: return "int32";
+    case DType::kI64: return "int64";
   }
   return "?";
 }

@@ -18,7 +18,15 @@ struct AttentionCall {
   Shape out_shape;
   Shape weights_shape;
   Shape lse_shape;
+  // A packed batch (options.cu_seqlens_q/k): the B+1 offsets of each side, else empty. The
+  // params then describe the whole packed rows as one sequence (nq = total_q, nk = total_k)
+  // and sequence_params() cuts out each sequence.
+  std::vector<std::int64_t> cu_q, cu_k;
 };
+
+// Sequence `s` of a packed call whose outputs are bound: its rows of Q, K, V and the outputs,
+// positions counted from its own start.
+AttentionParams sequence_params(const AttentionCall& call, std::size_t s);
 
 // Throws qkv::Error naming the offending tensor or option.
 AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -392,6 +392,10 @@ const char* descr_of(DType dtype) {
       return "|b1";
     case DType::kF16:
       return "<f2";
+    case DType::kI32:
+      return "<i4";
+    case DType::kI64:
+      return "<i8";
     case DType::kBF16:
       return "?";  // NumPy has no bfloat16
   }

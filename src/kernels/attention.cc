@@ -51,7 +51,17 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
   // Whichever kernel runs: unfused_blas needs one-thread BLAS calls on its threads, and an
   // idle OpenBLAS pool spins beside any kernel.
   kernels::single_threaded_blas();
-  if (kernel.run(params) == core::KernelStatus::kOutOfMemory) {
+  // A packed batch runs sequence by sequence, each as a call of its own rows: no work crosses
+  // sequences, and every kernel serves packed batches with its own per-call tasks.
+  core::KernelStatus status = core::KernelStatus::kOk;
+  if (call.cu_q.empty()) {
+    status = kernel.run(params);
+  } else {
+    for (std::size_t s = 0; s + 1 < call.cu_q.size() && status == core::KernelStatus::kOk; ++s) {
+      status = kernel.run(core::sequence_params(call, s));
+    }
+  }
+  if (status == core::KernelStatus::kOutOfMemory) {
     throw Error("attention", "out of memory: kernel " + std::string(kernel.name) +
                                  " could not allocate its workspace (about " +
                                  core::format_bytes(kernels::attention_workspace_bytes(
@@ -66,30 +76,42 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options) {
   core::AttentionCall call = core::validate_attention(q, k, v, options);
-  if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64) {
-    throw Error("out_dtype", "must be float32 or float64");
+  if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64 &&
+      options.out_dtype != DType::kF16) {
+    throw Error("out_dtype", "must be float32, float64 or float16");
   }
+  // float16 outputs are computed in float32 and rounded once at the end.
+  const DType computed = options.out_dtype == DType::kF16 ? DType::kF32 : options.out_dtype;
   core::check_memory_budget(
       core::attention_memory(call, options, true, workspace_bytes(call, options)),
       options.max_memory, "attention");
   AttentionResult result;
-  result.out = Tensor(options.out_dtype, call.out_shape, "output");
+  result.out = Tensor(computed, call.out_shape, "output");
   AttentionOutputs outputs{result.out.mutable_view(), std::nullopt, std::nullopt};
   if (options.return_weights) {
-    result.weights = Tensor(options.out_dtype, call.weights_shape, "weights");
+    result.weights = Tensor(computed, call.weights_shape, "weights");
     outputs.weights = result.weights.mutable_view();
   }
   if (options.return_lse) {
-    result.lse = Tensor(options.out_dtype, call.lse_shape, "lse");
+    result.lse = Tensor(computed, call.lse_shape, "lse");
     outputs.lse = result.lse.mutable_view();
   }
   result.kernel = bind_and_run(call, options, outputs);
+  if (computed != options.out_dtype) {
+    result.out = result.out.to(options.out_dtype);
+    if (!result.weights.empty()) result.weights = result.weights.to(options.out_dtype);
+    if (!result.lse.empty()) result.lse = result.lse.to(options.out_dtype);
+  }
   return result;
 }
 
 std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionOptions& options, const AttentionOutputs& outputs) {
   core::AttentionCall call = core::validate_attention(q, k, v, options);
+  if (!call.cu_q.empty() && outputs.weights) {
+    throw Error(outputs.weights->name, "the weights output cannot be combined with a packed "
+                                       "batch (cu_seqlens)");
+  }
   core::check_memory_budget(
       core::attention_memory(call, options, false, workspace_bytes(call, options)),
       options.max_memory, "attention");

@@ -252,7 +252,8 @@ namespace qkv::kernels {
 HWY_EXPORT(FusedForward);
 
 std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& p) {
-  return float32_declines(p);
+  if (std::string why = float32_declines(p); !why.empty()) return why;
+  return plain_only_declines(p);
 }
 
 // QKV_SIMD_MAX=AVX2 (or SSE4, SSSE3, ...: a Highway target name) caps the targets dispatch may

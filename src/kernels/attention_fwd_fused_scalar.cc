@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "core/score_modifiers.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 
@@ -123,7 +124,16 @@ std::string float32_declines(const core::AttentionParams& p) {
   if (p.masking.mask != nullptr && p.masking.mask_dtype == DType::kF64 && mag.mask > kFloatMax) {
     return "the float64 mask holds finite values beyond the float32 range";
   }
+  if (p.compute == DType::kF64) return "it computes in float32; the call asks for float64 (dtype)";
   if (std::abs(p.scale) > kFloatMax) return "the scale " + sci(p.scale) + " is beyond float32";
+  // ALiBi's term reaches max|slope| · nk; a sink is one more score.
+  double slope = 0.0;
+  for (const double x : p.modifiers.alibi_slopes) slope = std::max(slope, std::abs(x));
+  const double alibi = slope * static_cast<double>(std::max(s.nk, s.nq));
+  if (alibi > kFloatLimit / 4 || mag.sink > kFloatLimit / 4) {
+    return "the ALiBi term (max|slope|·N up to " + sci(alibi) + ") or a sink (up to " +
+           sci(mag.sink) + ") is beyond float32's range";
+  }
   // q·k may be summed before it is scaled: bound both.
   const double dot = static_cast<double>(s.d) * mag.q * mag.k;
   const double score = std::max(1.0, std::abs(p.scale)) * dot;
@@ -140,8 +150,21 @@ std::string float32_declines(const core::AttentionParams& p) {
   return {};
 }
 
+std::string plain_only_declines(const core::AttentionParams& p) {
+  const core::ScoreModifiers& mod = p.modifiers;
+  if (mod.softcap > 0) return "it has no softcap";
+  if (!mod.alibi_slopes.empty()) return "it has no ALiBi";
+  if (!mod.sinks.empty()) return "it has no attention sinks";
+  if (core::inputs_round(p)) {
+    return std::string("it reads Q, K and V as stored and cannot round them to ") +
+           dtype_name(p.compute) + " (dtype)";
+  }
+  return {};
+}
+
 std::string attention_fwd_fused_scalar_declines(const core::AttentionParams& p) {
-  return float32_declines(p);
+  if (std::string why = float32_declines(p); !why.empty()) return why;
+  return plain_only_declines(p);
 }
 
 core::KernelStatus attention_fwd_fused_scalar(const core::AttentionParams& p) noexcept {

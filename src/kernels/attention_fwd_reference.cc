@@ -1,13 +1,20 @@
 // The reference attention kernel: the seed's formulas, one query row at a time, in float64.
 //
 //   for each batch b, query head h (reading kv head h / (H/Hkv)), query row i:
-//     r_ij = scale · (q_i · k_j) + bias_ij     for every key j that causal/window allow,
-//            where bias is the float mask's value, or 0 / -inf for a bool mask
-//     m    = max_j r_ij                         (subtracted so exp never overflows)
-//     w_ij = exp(r_ij - m) / sum_j exp(r_ij - m)
+//     q, k, v      read as stored, or rounded to the call's storage type (bf16/f16) first
+//     r_ij = softcap(scale · (q_i · k_j)) + alibi_ij + bias_ij
+//                  for every key j that causal/window allow, where
+//                  softcap(x) = C·tanh(x/C) (without a softcap, x),
+//                  alibi_ij = -slope_h · |i + nk - nq - j| (0 without ALiBi),
+//                  bias is the float mask's value, or 0 / -inf for a bool mask
+//     m    = max(max_j r_ij, sink_h)            (subtracted so exp never overflows; without
+//                                              sinks, sink_h = -inf)
+//     den  = exp(sink_h - m) + sum_j exp(r_ij - m)
+//     w_ij = exp(r_ij - m) / den
 //     O_i  = sum_j w_ij · v_j
-//     lse_i = m + log(sum_j exp(r_ij - m))
-//   A row with no allowed key (every r_ij = -inf) gives O_i = 0, w_i = 0, lse_i = -inf.
+//     lse_i = m + log(den)
+//   A row with no allowed key (every r_ij = -inf) gives O_i = 0, w_i = 0 and lse_i = -inf, or
+//   with a sink, lse_i = sink_h (the sink alone is the denominator).
 //
 // Every later kernel is tested against this one, so it stays simple: no tiling, no SIMD,
 // float64 accumulation, one pass per row over an Nk-long scratch of scores. Rows are
@@ -19,6 +26,7 @@
 #include <vector>
 
 #include "core/mask_rule.h"
+#include "core/score_modifiers.h"
 #include "core/parallel_for.h"
 #include "kernels/kernel.h"
 
@@ -32,8 +40,14 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 void reference_row(const AttentionParams& p, std::int64_t b, std::int64_t h, std::int64_t i,
                    std::vector<double>& scores, std::vector<double>& acc) {
   const core::AttentionShape& s = p.shape;
+  const core::ScoreModifiers& mod = p.modifiers;
   const std::int64_t hk = h / s.group();
   const std::int64_t diag = i + s.diagonal_offset();
+  const auto load = [&](const core::InputOperand& op, std::int64_t at) {
+    return core::round_to_storage(core::load_real(op.data, op.dtype, at), p.compute);
+  };
+  const auto hs = static_cast<std::size_t>(h);
+  const double slope = mod.alibi_slopes.empty() ? 0.0 : mod.alibi_slopes[hs];
 
   double max_score = -kInf;
   for (std::int64_t j = 0; j < s.nk; ++j) {
@@ -43,31 +57,33 @@ void reference_row(const AttentionParams& p, std::int64_t b, std::int64_t h, std
       if (bias != -kInf) {
         double dot = 0.0;
         for (std::int64_t c = 0; c < s.d; ++c) {
-          dot += core::load_real(p.q.data, p.q.dtype, p.q.strides.at(b, h, i, c)) *
-                 core::load_real(p.k.data, p.k.dtype, p.k.strides.at(b, hk, j, c));
+          dot += load(p.q, p.q.strides.at(b, h, i, c)) * load(p.k, p.k.strides.at(b, hk, j, c));
         }
-        r = p.scale * dot + bias;
+        r = core::softcap(p.scale * dot, mod.softcap) + core::alibi_bias(slope, diag, j) + bias;
       }
     }
     scores[static_cast<std::size_t>(j)] = r;
     max_score = std::max(max_score, r);
   }
+  // A sink is one more logit in the denominator, with no value.
+  const double sink = mod.sinks.empty() ? -kInf : mod.sinks[hs];
+  const double m = std::max(max_score, sink);
 
   // Turn scores into unnormalised weights exp(r - m). A score that overflowed to +inf (finite
   // inputs, astronomically large products) takes all the weight, shared with its equals.
-  double sum = 0.0;
+  double sum = m == -kInf || m == kInf ? 0.0 : std::exp(sink - m);
   for (double& r : scores) {
-    if (max_score == -kInf) {
+    if (m == -kInf) {
       r = 0.0;
-    } else if (max_score == kInf) {
+    } else if (m == kInf) {
       r = r == kInf ? 1.0 : 0.0;
     } else {
-      r = std::exp(r - max_score);
+      r = std::exp(r - m);
     }
     sum += r;
   }
   const bool empty = max_score == -kInf;
-  const double lse = empty ? -kInf : (max_score == kInf ? kInf : max_score + std::log(sum));
+  const double lse = m == -kInf ? -kInf : (m == kInf ? kInf : m + std::log(sum));
 
   std::fill(acc.begin(), acc.end(), 0.0);
   for (std::int64_t j = 0; j < s.nk; ++j) {
@@ -76,7 +92,7 @@ void reference_row(const AttentionParams& p, std::int64_t b, std::int64_t h, std
     if (w == 0.0) continue;
     for (std::int64_t c = 0; c < s.dv; ++c) {
       acc[static_cast<std::size_t>(c)] +=
-          w * core::load_real(p.v.data, p.v.dtype, p.v.strides.at(b, hk, j, c));
+          w * load(p.v, p.v.strides.at(b, hk, j, c));
     }
   }
 

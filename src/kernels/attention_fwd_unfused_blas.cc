@@ -114,6 +114,7 @@ std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) 
     return "a dimension exceeds CBLAS's int range";
   }
   if (std::string why = float32_declines(p); !why.empty()) return why;
+  if (std::string why = plain_only_declines(p); !why.empty()) return why;
   return blas_address_space_shortfall(unfused_workers(s, p.threads));
 }
 

@@ -235,7 +235,10 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
   return failed.load() ? core::KernelStatus::kOutOfMemory : core::KernelStatus::kOk;
 }
 
-std::string plain_declines(const core::AttentionParams& p) { return float32_declines(p); }
+std::string plain_declines(const core::AttentionParams& p) {
+  if (std::string why = float32_declines(p); !why.empty()) return why;
+  return plain_only_declines(p);
+}
 
 std::string plain_passes(const core::AttentionParams& p) {
   const std::int64_t rows = p.shape.group() * p.shape.nq;

@@ -142,7 +142,9 @@ inline float load_float(const core::InputOperand& op, std::int64_t at) noexcept 
     case DType::kF16:
       return core::f16_to_float(static_cast<const std::uint16_t*>(op.data)[at]);
     case DType::kF32:
-    case DType::kBool: break;
+    case DType::kBool:
+    case DType::kI32:
+    case DType::kI64: break;
   }
   return static_cast<const float*>(op.data)[at];
 }

@@ -68,6 +68,10 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
 
 // Shared by the float32 kernels: why float32 cannot represent these inputs, or empty.
 std::string float32_declines(const core::AttentionParams& params);
+// Shared by the kernels that read operands as they are stored and compute plain softmax
+// attention: why they decline a call with score modifiers (softcap, ALiBi, sinks) or operands
+// to round to a narrower storage type, or empty.
+std::string plain_only_declines(const core::AttentionParams& params);
 
 // The SIMD targets compiled into the fused kernel that this CPU supports, best first (empty in
 // a portable build); forcing one (0 restores the CPU's best) is for tests, which run every

@@ -32,6 +32,12 @@ Tensor random_tensor(DType dtype, const Shape& shape, std::uint64_t seed, double
       case DType::kF16:
         t.data_as<std::uint16_t>()[i] = core::float_to_f16(static_cast<float>(x));
         break;
+      case DType::kI32:
+        t.data_as<std::int32_t>()[i] = static_cast<std::int32_t>(x);
+        break;
+      case DType::kI64:
+        t.data_as<std::int64_t>()[i] = static_cast<std::int64_t>(x);
+        break;
     }
   }
   return t;
@@ -55,6 +61,10 @@ double element(const TensorView& view, std::int64_t flat_index) {
       return core::bf16_to_float(static_cast<const std::uint16_t*>(view.data)[offset]);
     case DType::kF16:
       return core::f16_to_float(static_cast<const std::uint16_t*>(view.data)[offset]);
+    case DType::kI32:
+      return static_cast<const std::int32_t*>(view.data)[offset];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const std::int64_t*>(view.data)[offset]);
   }
   return 0.0;
 }
