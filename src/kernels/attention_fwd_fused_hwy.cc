@@ -29,6 +29,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
@@ -172,6 +173,39 @@ struct HwyMicro {
     }
   }
 
+  // s_j := cap·tanh(s_j / cap) (cap > 0) - slope·|offset - j| (slope != 0), offset being the
+  // row's diagonal minus the tile's first key: the score modifiers, a vector at a time (a scalar
+  // tanh per score would cost more than the score's 2·d FMAs).
+  static void modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
+    const D df;
+    const hn::RebindToSigned<D> di;
+    // Distances in int32 lanes; beyond +-2^30 keys (never in practice) the scalar form.
+    constexpr std::int64_t kIntRange = std::int64_t{1} << 30;
+    if (slope != 0 && (offset > kIntRange || offset < -kIntRange)) {
+      for (std::int64_t j = 0; j < kTile; ++j) {
+        float x = s[j];
+        if (cap > 0) x = cap * std::tanh(x / cap);
+        const std::int64_t distance = offset >= j ? offset - j : j - offset;
+        s[j] = x - slope * static_cast<float>(distance);
+      }
+      return;
+    }
+    const V vcap = hn::Set(df, cap);
+    const V inv_cap = hn::Set(df, cap > 0 ? 1.0f / cap : 0.0f);
+    const V neg_slope = hn::Set(df, -slope);
+    const auto lanes = hn::Iota(di, 0);
+    for (std::int64_t j = 0; j < kTile; j += kLanes) {
+      V x = hn::Load(df, s + j);
+      if (cap > 0) x = hn::Mul(vcap, hn::Tanh(df, hn::Mul(x, inv_cap)));
+      if (slope != 0) {
+        const auto distance =
+            hn::Abs(hn::Sub(hn::Set(di, static_cast<std::int32_t>(offset - j)), lanes));
+        x = hn::MulAdd(neg_slope, hn::ConvertTo(df, distance), x);
+      }
+      hn::Store(x, df, s + j);
+    }
+  }
+
   static void exp_scale(float* s, float max, float factor) noexcept {
     const D df;
     const V vm = hn::Set(df, max);
@@ -252,8 +286,7 @@ namespace qkv::kernels {
 HWY_EXPORT(FusedForward);
 
 std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& p) {
-  if (std::string why = float32_declines(p); !why.empty()) return why;
-  return plain_only_declines(p);
+  return float32_declines(p);
 }
 
 // QKV_SIMD_MAX=AVX2 (or SSE4, SSSE3, ...: a Highway target name) caps the targets dispatch may

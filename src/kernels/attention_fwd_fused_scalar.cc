@@ -62,6 +62,20 @@ struct ScalarMicro {
 
   static float exp1(float x) noexcept { return std::exp(x); }
 
+  // s_j := cap·tanh(s_j / cap) (cap > 0) - slope·|offset - j| (slope != 0), offset being the
+  // row's diagonal minus the tile's first key.
+  static void modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
+    for (std::int64_t j = 0; j < kTile; ++j) {
+      float x = s[j];
+      if (cap > 0) x = cap * std::tanh(x / cap);
+      if (slope != 0) {
+        const std::int64_t distance = offset >= j ? offset - j : j - offset;
+        x -= slope * static_cast<float>(distance);
+      }
+      s[j] = x;
+    }
+  }
+
   static void softmax_rows(float* s, std::int64_t rows, const float* tile_max, float* m,
                            float* alpha, float* lsum) noexcept {
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -163,8 +177,7 @@ std::string plain_only_declines(const core::AttentionParams& p) {
 }
 
 std::string attention_fwd_fused_scalar_declines(const core::AttentionParams& p) {
-  if (std::string why = float32_declines(p); !why.empty()) return why;
-  return plain_only_declines(p);
+  return float32_declines(p);
 }
 
 core::KernelStatus attention_fwd_fused_scalar(const core::AttentionParams& p) noexcept {

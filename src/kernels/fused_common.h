@@ -18,6 +18,7 @@
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
 #include "core/params.h"
+#include "core/score_modifiers.h"
 #include "kernels/online_softmax.h"
 
 namespace qkv::kernels::fused {
@@ -149,15 +150,29 @@ inline float load_float(const core::InputOperand& op, std::int64_t at) noexcept 
   return static_cast<const float*>(op.data)[at];
 }
 
-// dst[r * dst_stride + c] = operand[b, h, row0 + r, c] for r < rows, c < cols, as float.
+// One element as float, rounded to the call's storage type `round_to` first when that is
+// narrower than the operand's (core::operand_rounds): once, from the stored value.
+inline float load_rounded(const core::InputOperand& op, std::int64_t at, DType round_to) noexcept {
+  if (op.dtype == DType::kF64) {
+    return static_cast<float>(
+        core::round_to_storage(static_cast<const double*>(op.data)[at], round_to));
+  }
+  return static_cast<float>(core::round_to_storage(load_float(op, at), round_to));
+}
+
+// dst[r * dst_stride + c] = operand[b, h, row0 + r, c] for r < rows, c < cols, as float, rounded
+// to `round_to` where core::operand_rounds says so.
 inline void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h,
                       std::int64_t row0, std::int64_t rows, std::int64_t cols, float* dst,
-                      std::int64_t dst_stride) noexcept {
+                      std::int64_t dst_stride, DType round_to = DType::kF32) noexcept {
   const core::Strides4& st = op.strides;
+  const bool rounds = core::operand_rounds(op, round_to);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t base = st.at(b, h, row0 + r, 0);
     float* out = dst + r * dst_stride;
-    if (op.dtype == DType::kF32) {
+    if (rounds) {
+      for (std::int64_t c = 0; c < cols; ++c) out[c] = load_rounded(op, base + c * st.col, round_to);
+    } else if (op.dtype == DType::kF32) {
       const float* in = static_cast<const float*>(op.data) + base;
       if (st.col == 1) {
         std::memcpy(out, in, static_cast<std::size_t>(cols) * sizeof(float));
@@ -176,9 +191,18 @@ inline void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t
 // one cache line of dst (row by row, every value landed on another line of dst).
 inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::int64_t h,
                             std::int64_t row0, std::int64_t rows, std::int64_t cols, float* dst,
-                            std::int64_t dst_stride) noexcept {
+                            std::int64_t dst_stride, DType round_to = DType::kF32) noexcept {
   const core::Strides4& st = op.strides;
   std::int64_t r = 0;
+  if (core::operand_rounds(op, round_to)) {
+    for (; r < rows; ++r) {
+      const std::int64_t base = st.at(b, h, row0 + r, 0);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        dst[c * dst_stride + r] = load_rounded(op, base + c * st.col, round_to);
+      }
+    }
+    return;
+  }
   if (op.dtype == DType::kF32 && st.col == 1) {
     constexpr std::int64_t kBlock = 16;
     const float* in[kBlock];

@@ -92,7 +92,8 @@ class FusedWorker {
         plan_(plan),
         dvp_(fused::round_up(p.shape.dv, Micro::kLanes)),
         q_in_place_(plan.g == 1 && p.q.dtype == DType::kF32 && p.q.strides.col == 1 &&
-                    p.q.strides.row == p.shape.d),
+                    p.q.strides.row == p.shape.d && !core::operand_rounds(p.q, p.compute)),
+        modified_(p.modifiers.softcap > 0 || !p.modifiers.alibi_slopes.empty()),
         q_(fused::make_buffer(q_in_place_ ? 0 : plan.max_rows * p.shape.d)),
         s_(fused::make_buffer(plan.max_rows * fused::kKeyTile)),
         o_(fused::make_buffer(plan.max_rows * dvp_)),
@@ -118,12 +119,22 @@ class FusedWorker {
     } else {
       for (std::int64_t gh = 0; gh < plan_.g; ++gh) {
         fused::pack_rows(p_.q, t.b, t.hk * plan_.g + gh, t.i0, per_head, sh.d,
-                         q_.get() + gh * per_head * sh.d, sh.d);
+                         q_.get() + gh * per_head * sh.d, sh.d, p_.compute);
       }
     }
     std::fill(o_.get(), o_.get() + rows * dvp_, 0.0f);
     std::fill(m_.get(), m_.get() + rows, -fused::kInfF);
     std::fill(lsum_.get(), lsum_.get() + rows * Micro::kLanes, 0.0f);
+    // A sink is a score every row has seen before its first key: the running max starts at it
+    // and the running sum at exp(sink - sink) = 1. A row that never meets an allowed key keeps
+    // exactly that state: out 0, lse = sink.
+    if (!p_.modifiers.sinks.empty()) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto h = static_cast<std::size_t>(t.hk * plan_.g + r / per_head);
+        m_.get()[r] = static_cast<float>(p_.modifiers.sinks[h]);
+        lsum_.get()[r * Micro::kLanes] = 1.0f;
+      }
+    }
 
     const core::KeyRange range = fused::task_key_range(p_.masking, sh, t.i0, t.i1);
     const std::int64_t tile_end = (range.last + fused::kKeyTile - 1) / fused::kKeyTile;
@@ -154,11 +165,11 @@ class FusedWorker {
         const std::int64_t used = std::min(bk, keys.last - j0);
         Micro::scores(q_rows_ + r0 * sh.d, nr, sh.d, k_tile, used, scale(),
                       s_.get() + r0 * fused::kKeyTile, max_.get() + r0);
-        // A tile that needs masking is masked row by row and its rows' maxes retaken; the
-        // softmax step is then the group's, as on an unmasked tile.
-        if (!full) {
+        // A tile that needs masking (or softcap / ALiBi) is finished row by row and its rows'
+        // maxes retaken; the softmax step is then the group's, as on an unmasked tile.
+        if (!full || modified_) {
           for (std::int64_t r = r0; r < r0 + nr; ++r) {
-            max_.get()[r] = masked_max(t, r, j0, bk, s_.get() + r * fused::kKeyTile);
+            max_.get()[r] = finish_scores(t, r, j0, bk, full, s_.get() + r * fused::kKeyTile);
           }
         }
         update_group(r0, nr);
@@ -236,14 +247,25 @@ class FusedWorker {
                         alpha_.get() + r0, lsum_.get() + r0 * Micro::kLanes);
   }
 
-  // The per-element path for row r of a tile that the causal/window boundary crosses, that
-  // has an explicit mask, or that is the short last tile: mask, and the row's max.
-  float masked_max(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk,
-                   float* s) const noexcept {
+  // The per-row path for row r of a tile of scale·q·k: softcap and ALiBi (when the call has
+  // them), then, unless the tile is fully allowed, the mask (a tile that the causal/window
+  // boundary crosses, that has an explicit mask, or that is the short last tile); returns the
+  // row's max. The forward sweep and the weights sweep both come here, so a score has the same
+  // bits in both.
+  float finish_scores(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk,
+                      bool full, float* s) const noexcept {
     const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t h = t.hk * plan_.g + r / per_head;
     const std::int64_t i = t.i0 + r % per_head;
-    fused::mask_row(p_, t.b, h, i, j0, bk, p_.masking.has_structure(), s);
+    if (modified_) {
+      const core::ScoreModifiers& mod = p_.modifiers;
+      const float slope =
+          mod.alibi_slopes.empty() ? 0.0f
+                                   : static_cast<float>(mod.alibi_slopes[static_cast<std::size_t>(h)]);
+      Micro::modify_scores(s, static_cast<float>(mod.softcap), slope,
+                           i + p_.shape.diagonal_offset() - j0);
+    }
+    if (!full) fused::mask_row(p_, t.b, h, i, j0, bk, p_.masking.has_structure(), s);
     return Micro::row_max(s);
   }
 
@@ -273,7 +295,7 @@ class FusedWorker {
                         fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
       for (std::int64_t r = 0; r < rows; ++r) {
         float* s = s_.get() + r * fused::kKeyTile;
-        if (!full) masked_max(t, r, j0, bk, s);
+        if (!full || modified_) finish_scores(t, r, j0, bk, full, s);
         const SoftmaxState st{m_.get()[r], sum_.get()[r]};
         const float inv_sum = inverse_sum(st);
         if (st.max == -fused::kInfF) {
@@ -296,6 +318,7 @@ class FusedWorker {
   const fused::Plan& plan_;
   std::int64_t dvp_;
   bool q_in_place_;
+  bool modified_;  // softcap or ALiBi: every tile takes the per-row path
   const float* q_rows_ = nullptr;  // the task's Q rows, d floats apart: in place or q_
   // Per row: the tile's max (max_), the running max (m_), the factor for o (alpha_), the
   // running sum in kLanes lanes (lsum_) and its final total (sum_).
@@ -324,7 +347,8 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
   // column blocks, ldv = H·dv) fall into a few L1 sets (at 2 KiB apart, 64 rows share 8 of the
   // 64 sets) and measured 18 % slower at n = 2048, H = 8, d = 64 than a packed copy.
   const bool v_in_place = p.v.dtype == DType::kF32 && p.v.strides.col == 1 &&
-                          p.v.strides.row == sh.dv && sh.dv % Micro::kLanes == 0;
+                          p.v.strides.row == sh.dv && sh.dv % Micro::kLanes == 0 &&
+                          !core::operand_rounds(p.v, p.compute);
   const std::int64_t kt_floats = key_tiles * sh.d * fused::kKeyTile;
   const std::int64_t v_floats = v_in_place ? 0 : key_tiles * fused::kKeyTile * dvp;
   const std::int64_t head_floats = kt_floats + v_floats;
@@ -369,10 +393,11 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
           float* head = base + (g - c * chunk) * head_floats;
           float* tile = head + t * sh.d * fused::kKeyTile;
           if (bk < fused::kKeyTile) std::fill(tile, tile + sh.d * fused::kKeyTile, 0.0f);
-          fused::pack_transposed(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d, tile, fused::kKeyTile);
+          fused::pack_transposed(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d, tile, fused::kKeyTile,
+                                 p.compute);
           if (!v_in_place) {
             fused::pack_rows(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv,
-                             head + kt_floats + j0 * dvp, dvp);
+                             head + kt_floats + j0 * dvp, dvp, p.compute);
           }
         }
         team.sync();
