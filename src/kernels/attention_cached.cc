@@ -117,6 +117,20 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64) {
     throw Error("out_dtype", "must be float32 or float64");
   }
+  // The cache fixes the storage type of K and V; packed batches are the cache's sequences.
+  if (options.dtype) {
+    throw Error("dtype", "not supported with a KV cache (its pages fix the storage type of K "
+                         "and V)");
+  }
+  if (options.cu_seqlens_q || options.cu_seqlens_k) {
+    throw Error("cu_seqlens", "not supported with a KV cache (give the cache's sequences "
+                              "instead)");
+  }
+  if (options.softcap || options.alibi || options.alibi_slopes || options.sinks) {
+    throw Error(options.softcap ? "softcap" : options.sinks ? "sinks" : "alibi",
+                "not supported with a KV cache yet (the decode kernels have no score "
+                "modifiers)");
+  }
   // Scale, causal, window and threads as attention() checks them; `checked` also carries the
   // float32 range check's inputs below.
   core::AttentionParams checked;

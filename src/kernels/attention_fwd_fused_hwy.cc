@@ -176,7 +176,8 @@ struct HwyMicro {
   // s_j := cap·tanh(s_j / cap) (cap > 0) - slope·|offset - j| (slope != 0), offset being the
   // row's diagonal minus the tile's first key: the score modifiers, a vector at a time (a scalar
   // tanh per score would cost more than the score's 2·d FMAs).
-  static void modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
+  // Returns the tile's new max (used when no mask follows).
+  static float modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
     const D df;
     const hn::RebindToSigned<D> di;
     // Distances in int32 lanes; beyond +-2^30 keys (never in practice) the scalar form.
@@ -188,12 +189,13 @@ struct HwyMicro {
         const std::int64_t distance = offset >= j ? offset - j : j - offset;
         s[j] = x - slope * static_cast<float>(distance);
       }
-      return;
+      return row_max(s);
     }
     const V vcap = hn::Set(df, cap);
     const V inv_cap = hn::Set(df, cap > 0 ? 1.0f / cap : 0.0f);
     const V neg_slope = hn::Set(df, -slope);
     const auto lanes = hn::Iota(di, 0);
+    V max = hn::Set(df, -fused::kInfF);
     for (std::int64_t j = 0; j < kTile; j += kLanes) {
       V x = hn::Load(df, s + j);
       if (cap > 0) x = hn::Mul(vcap, hn::Tanh(df, hn::Mul(x, inv_cap)));
@@ -202,8 +204,10 @@ struct HwyMicro {
             hn::Abs(hn::Sub(hn::Set(di, static_cast<std::int32_t>(offset - j)), lanes));
         x = hn::MulAdd(neg_slope, hn::ConvertTo(df, distance), x);
       }
+      max = hn::Max(max, x);
       hn::Store(x, df, s + j);
     }
+    return hn::GetLane(hn::MaxOfLanes(df, max));
   }
 
   static void exp_scale(float* s, float max, float factor) noexcept {

@@ -64,7 +64,8 @@ struct ScalarMicro {
 
   // s_j := cap·tanh(s_j / cap) (cap > 0) - slope·|offset - j| (slope != 0), offset being the
   // row's diagonal minus the tile's first key.
-  static void modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
+  // Returns the tile's new max (used when no mask follows).
+  static float modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
     for (std::int64_t j = 0; j < kTile; ++j) {
       float x = s[j];
       if (cap > 0) x = cap * std::tanh(x / cap);
@@ -74,6 +75,7 @@ struct ScalarMicro {
       }
       s[j] = x;
     }
+    return row_max(s);
   }
 
   static void softmax_rows(float* s, std::int64_t rows, const float* tile_max, float* m,

@@ -262,10 +262,11 @@ class FusedWorker {
       const float slope =
           mod.alibi_slopes.empty() ? 0.0f
                                    : static_cast<float>(mod.alibi_slopes[static_cast<std::size_t>(h)]);
-      Micro::modify_scores(s, static_cast<float>(mod.softcap), slope,
-                           i + p_.shape.diagonal_offset() - j0);
+      const float max = Micro::modify_scores(s, static_cast<float>(mod.softcap), slope,
+                                             i + p_.shape.diagonal_offset() - j0);
+      if (full) return max;
     }
-    if (!full) fused::mask_row(p_, t.b, h, i, j0, bk, p_.masking.has_structure(), s);
+    fused::mask_row(p_, t.b, h, i, j0, bk, p_.masking.has_structure(), s);
     return Micro::row_max(s);
   }
 
