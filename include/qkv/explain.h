@@ -5,9 +5,11 @@
 // log-sum-exp of each row, both returned by attention(). Everything else is recomputed from
 // those on demand, one row or one block of rows at a time, never the whole n x n for all heads:
 //   r_ij = q_i·k_j                      the raw relevance of key j to query i
-//   s_ij = scale·r_ij + bias_ij         bias: 0 where allowed, -inf where forbidden, or the
-//                                       float mask's value
-//   w_ij = exp(s_ij - lse_i)            the softmax weights (0 for a row with no allowed key)
+//   s_ij = softcap(scale·r_ij) + alibi_ij + bias_ij
+//                                       bias: 0 where allowed, -inf where forbidden, or the
+//                                       float mask's value; softcap and ALiBi when asked for
+//   w_ij = exp(s_ij - lse_i)            the softmax weights (0 for a row with no allowed key);
+//                                       with a sink, exp(sink_h - lse_i) is the sink's share
 //   O_i  = Σ_j w_ij·v_j                 the library's output row
 #pragma once
 
@@ -69,6 +71,11 @@ struct Explanation {
   std::optional<Window> window;
   std::string mask_name;  // empty without an explicit mask
   bool mask_varies_by_head = false;
+  double softcap = 0.0;               // > 0: scores pass through softcap·tanh(x / softcap)
+  std::vector<double> alibi_slopes;  // per query head; empty without ALiBi
+  std::vector<double> sinks;         // per query head; empty without sinks
+  DType dtype = DType::kF32;         // the storage type Q, K, V were rounded to (q, k, v hold
+                                     // the rounded values)
   std::string kernel;  // the kernel attention() ran
   int threads = 0;
   std::vector<std::string> query_labels;  // nq entries (numbers when none were given)
@@ -83,6 +90,10 @@ struct Explanation {
   std::int64_t kv_head_of(std::int64_t head) const noexcept { return head / (heads / kv_heads); }
   // 0 where key j is allowed for query i, -inf where it is not, or the float mask's value.
   double bias(std::int64_t head, std::int64_t i, std::int64_t j) const noexcept;
+  // The ALiBi term of (i, j): -slope_h·|i + nk - nq - j|; 0 without ALiBi.
+  double alibi(std::int64_t head, std::int64_t i, std::int64_t j) const noexcept;
+  // s_ij from r_ij = q_i·k_j: softcap(scale·r_ij) + alibi_ij + bias_ij (-inf where forbidden).
+  double score(std::int64_t head, std::int64_t i, std::int64_t j, double raw) const noexcept;
   // Whether any explicit mask, causal or window rule applies.
   bool masked() const noexcept { return causal || window.has_value() || !mask_name.empty(); }
 };
@@ -110,12 +121,15 @@ struct RowWalkThrough {
   std::vector<double> x;                // x_i (layer form only)
   std::vector<double> q;                // q_i
   std::vector<double> raw;              // r_ij = q_i·k_j, nk entries
-  std::vector<double> score;            // s_ij = scale·r_ij + bias_ij (-inf where forbidden)
+  std::vector<double> capped;           // softcap(scale·r_ij) (scale·r_ij without a softcap)
+  std::vector<double> alibi;            // alibi_ij (zeros without ALiBi)
+  std::vector<double> score;            // s_ij = capped + alibi + bias (-inf where forbidden)
   std::vector<double> weight;           // w_ij = exp(s_ij - lse_i)
   std::vector<std::int64_t> by_weight;  // keys, heaviest first
   std::vector<double> out;              // O_i from attention()
   std::vector<double> weighted_sum;     // Σ_j w_ij·v_j recomputed here: equals O_i
   double lse = 0.0;
+  double sink_share = 0.0;  // exp(sink_h - lse_i): the sink's part of the denominator (0 without)
   std::int64_t allowed_keys = 0;
   double entropy = 0.0;         // -Σ_j w_ij·ln w_ij, in nats
   double effective_keys = 0.0;  // exp(entropy): how many keys the row really uses

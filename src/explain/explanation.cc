@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/mask_rule.h"
+#include "core/score_modifiers.h"
 #include "core/validate.h"
 #include "explain/mask_rule.h"
 #include "qkv/error.h"
@@ -17,14 +18,15 @@ namespace {
 
 std::string str(std::int64_t n) { return std::to_string(n); }
 
-// Copies rows x cols elements of a [b, h, row, col]-strided operand into a Matrix.
-Matrix gather(const void* data, DType dtype, const core::Strides4& strides, std::int64_t b,
-              std::int64_t h, std::int64_t rows, std::int64_t cols) {
+// Copies rows x cols elements of a [b, h, row, col]-strided operand into a Matrix, rounded to
+// the call's storage type as the kernels read them.
+Matrix gather(const core::InputOperand& op, DType compute, std::int64_t b, std::int64_t h,
+              std::int64_t rows, std::int64_t cols) {
   Matrix m{rows, cols, std::vector<double>(static_cast<std::size_t>(rows * cols))};
   for (std::int64_t i = 0; i < rows; ++i) {
     for (std::int64_t c = 0; c < cols; ++c) {
-      m.values[static_cast<std::size_t>(i * cols + c)] =
-          core::load_real(data, dtype, strides.at(b, h, i, c));
+      m.values[static_cast<std::size_t>(i * cols + c)] = core::round_to_storage(
+          core::load_real(op.data, op.dtype, op.strides.at(b, h, i, c)), compute);
     }
   }
   return m;
@@ -50,6 +52,10 @@ std::vector<std::string> labels_or_numbers(const std::vector<std::string>& given
 Explanation run_and_collect(const TensorView& q, const TensorView& k, const TensorView& v,
                             AttentionOptions options, Tensor mask_owner,
                             const ExplainSetup& setup) {
+  if (options.cu_seqlens_q || options.cu_seqlens_k) {
+    throw Error("cu_seqlens", "explain takes one sequence, not a packed batch: pass that "
+                              "sequence's rows");
+  }
   options.return_weights = false;
   options.return_lse = true;
   options.out_dtype = DType::kF64;
@@ -74,12 +80,16 @@ Explanation run_and_collect(const TensorView& q, const TensorView& k, const Tens
   e.scale = p.scale;
   e.causal = options.causal;
   e.window = options.window;
+  e.softcap = p.modifiers.softcap;
+  e.alibi_slopes = p.modifiers.alibi_slopes;
+  e.sinks = p.modifiers.sinks;
+  e.dtype = p.compute;
   e.kernel = result.kernel;
   e.threads = options.threads;
   e.query_labels = labels_or_numbers(setup.query_labels, s.nq, setup.query_labels_source, q.name);
   e.key_labels = labels_or_numbers(setup.key_labels, s.nk, setup.key_labels_source, k.name);
   for (std::int64_t h = 0; h < s.h; ++h) {
-    e.q.push_back(gather(p.q.data, p.q.dtype, p.q.strides, b, h, s.nq, s.d));
+    e.q.push_back(gather(p.q, p.compute, b, h, s.nq, s.d));
     // The outputs are contiguous [.., H, nq, dv] and [.., H, nq] (B and H are 1 when absent).
     const std::int64_t head_row0 = (b * s.h + h) * s.nq;
     const double* out = result.out.data_as<double>() + head_row0 * s.dv;
@@ -88,8 +98,8 @@ Explanation run_and_collect(const TensorView& q, const TensorView& k, const Tens
     e.lse.emplace_back(lse, lse + s.nq);
   }
   for (std::int64_t h = 0; h < s.hkv; ++h) {
-    e.k.push_back(gather(p.k.data, p.k.dtype, p.k.strides, b, h, s.nk, s.d));
-    e.v.push_back(gather(p.v.data, p.v.dtype, p.v.strides, b, h, s.nk, s.dv));
+    e.k.push_back(gather(p.k, p.compute, b, h, s.nk, s.d));
+    e.v.push_back(gather(p.v, p.compute, b, h, s.nk, s.dv));
   }
 
   auto rule = std::make_shared<explain_detail::MaskRule>();
@@ -161,6 +171,18 @@ double Explanation::bias(std::int64_t head, std::int64_t i, std::int64_t j) cons
     return -std::numeric_limits<double>::infinity();
   }
   return core::mask_bias(rule.masking, rule.batch, head, i, j);
+}
+
+double Explanation::alibi(std::int64_t head, std::int64_t i, std::int64_t j) const noexcept {
+  if (alibi_slopes.empty()) return 0.0;
+  return core::alibi_bias(alibi_slopes[static_cast<std::size_t>(head)], i + nk - nq, j);
+}
+
+double Explanation::score(std::int64_t head, std::int64_t i, std::int64_t j,
+                          double raw) const noexcept {
+  const double b = bias(head, i, j);
+  if (b == -std::numeric_limits<double>::infinity()) return b;
+  return core::softcap(scale * raw, softcap) + alibi(head, i, j) + b;
 }
 
 Explanation explain_attention(const TensorView& q, const TensorView& k, const TensorView& v,

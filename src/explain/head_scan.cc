@@ -52,6 +52,7 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
   const TensorView kt{k.values.data(), DType::kF64, {e.d, e.nk}, {1, e.d}, "K^T"};
   const std::int64_t block = std::clamp<std::int64_t>(kScoreBlockElements / e.nk, 1, e.nq);
   const bool masked = e.masked();
+  const bool modified = e.softcap > 0 || !e.alibi_slopes.empty();
 
   for (std::int64_t i0 = 0; i0 < e.nq; i0 += block) {
     const std::int64_t rows = std::min(block, e.nq - i0);
@@ -64,13 +65,15 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
       const double lse_i = lse[si];
       const std::size_t cell_row = static_cast<std::size_t>(row_bin[si] * s.map_cols);
       const double diag = static_cast<double>(i + e.nk - e.nq);
-      // Entropy without a log per key: -Σ w·ln w = -Σ w·(s - lse) = lse - Σ w·s, as Σ w = 1.
-      double weighted_score = 0.0, distance = 0.0, top = 0.0;
+      // Entropy without a log per key: -Σ w·ln w = -Σ w·(s - lse) = lse·Σ w - Σ w·s, where
+      // Σ w = 1 but for a sink's share.
+      double weighted_score = 0.0, weight_sum = 0.0, distance = 0.0, top = 0.0;
       std::int64_t allowed_in_row = 0;
       for (std::int64_t j = 0; j < e.nk; ++j) {
         const auto sj = static_cast<std::size_t>(j);
         const std::size_t cell = cell_row + static_cast<std::size_t>(col_bin[sj]);
-        const double score = e.scale * ri[j] + (masked ? e.bias(head, i, j) : 0.0);
+        const double score = modified ? e.score(head, i, j, ri[j])
+                                       : e.scale * ri[j] + (masked ? e.bias(head, i, j) : 0.0);
         total[cell] += 1.0;
         if (!std::isfinite(score)) continue;
         allowed[cell] += 1.0;
@@ -78,14 +81,15 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
         if (!std::isfinite(lse_i)) continue;
         const double w = std::exp(score - lse_i);
         if (w > 0.0) weighted_score += w * score;
+        weight_sum += w;
         distance += w * std::abs(static_cast<double>(j) - diag);
         top = std::max(top, w);
         s.max_weight[cell] = std::max(s.max_weight[cell], static_cast<float>(w));
         if (j == 0) s.first_key[si] = w;
       }
-      s.has_keys[si] = std::isfinite(lse_i);
+      s.has_keys[si] = std::isfinite(lse_i) && allowed_in_row > 0;
       s.allowed_keys[si] = allowed_in_row;
-      s.entropy[si] = s.has_keys[si] ? std::max(0.0, lse_i - weighted_score) : 0.0;
+      s.entropy[si] = s.has_keys[si] ? std::max(0.0, lse_i * weight_sum - weighted_score) : 0.0;
       s.distance[si] = distance;
       s.max_row_weight[si] = top;
     }

@@ -163,6 +163,14 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans) 
   j += ",\"window\":" +
        (e.window ? "[" + json_int(e.window->left) + "," + json_int(e.window->right) + "]"
                  : std::string("null"));
+  j += ",\"softcap\":" + json_number(e.softcap);
+  const auto per_head = [&](const std::vector<double>& values) {
+    std::string a = "[";
+    for (std::size_t h = 0; h < values.size(); ++h) a += (h ? "," : "") + json_number(values[h]);
+    return a + "]";
+  };
+  j += ",\"alibi\":" + (e.alibi_slopes.empty() ? std::string("null") : per_head(e.alibi_slopes));
+  j += ",\"sinks\":" + (e.sinks.empty() ? std::string("null") : per_head(e.sinks));
   j += std::string(",\"masked\":") + (e.masked() ? "true" : "false");
   j += ",\"maskText\":" + json_string(masking_text(e));
   if (!e.mask_name.empty()) {

@@ -114,7 +114,14 @@ function cell(p, h, i, j) {
   const lse = arr(p, 'lse', h, Float64Array)[i];
   let dot = 0;
   for (let c = 0; c < p.d; ++c) dot += q[i * p.d + c] * k[j * p.d + c];
-  const score = p.scale * dot + bias(p, h, i, j);
+  // s = softcap(scale·r) + ALiBi + bias, as the library computes it.
+  const b = bias(p, h, i, j);
+  let score = -Infinity;
+  if (b !== -Infinity) {
+    const scaled = p.scale * dot;
+    score = (p.softcap > 0 ? p.softcap * Math.tanh(scaled / p.softcap) : scaled) + b;
+    if (p.alibi) score -= p.alibi[h] * Math.abs(i + p.nk - p.nq - j);
+  }
   const weight = isFinite(score) && isFinite(lse) ? Math.exp(score - lse) : 0;
   return { raw: dot, score, weight, lse };
 }
@@ -346,8 +353,13 @@ function showRow(i, focus) {
     html += '<li>q<sub>' + i + '</sub> (row ' + i + ' of Q) = <span class="vec">' + vec(q) + '</span></li>';
   }
   html += '<li>Raw relevance r<sub>' + i + 'j</sub> = q<sub>' + i + '</sub>·k<sub>j</sub> (how well each key matches the query)</li>' +
-    '<li>Scores s<sub>' + i + 'j</sub> = ' + p.scale.toPrecision(6) + '·r<sub>' + i + 'j</sub>' +
-    (p.masked ? ' + mask (−inf: not allowed)' : '') + ':<table><tr><th class="label">key</th><th>r</th><th>s</th></tr>';
+    '<li>Scores s<sub>' + i + 'j</sub> = ' +
+    (p.softcap > 0 ? p.softcap.toPrecision(6) + '·tanh(' + p.scale.toPrecision(6) + '·r<sub>' + i + 'j</sub> / ' + p.softcap.toPrecision(6) + ') (soft-capped)'
+                   : p.scale.toPrecision(6) + '·r<sub>' + i + 'j</sub>') +
+    (p.alibi ? ' − ' + p.alibi[h].toPrecision(6) + '·|' + (i + p.nk - p.nq) + ' − j| (ALiBi)' : '') +
+    (p.masked ? ' + mask (−inf: not allowed)' : '') +
+    (p.sinks ? '; the sink (' + fmt(p.sinks[h]) + ', no value) takes ' + (isFinite(lse) ? Math.exp(p.sinks[h] - lse) : 0).toFixed(4) + ' of the denominator' : '') +
+    ':<table><tr><th class="label">key</th><th>r</th><th>s</th></tr>';
   const shown = p.nk <= 12 ? cells.map((_, j) => j) : order.slice(0, top);
   for (const j of shown) {
     html += '<tr><td class="label">' + esc(klabel(p, j)) + '</td><td>' + fmt(cells[j].raw) + '</td><td>' + fmt(cells[j].score) + '</td></tr>';

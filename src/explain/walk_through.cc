@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "core/score_modifiers.h"
 #include "qkv/explain.h"
 
 namespace qkv {
@@ -78,6 +79,8 @@ RowWalkThrough walk_through(const Explanation& e, std::int64_t head, std::int64_
   w.lse = e.lse[static_cast<std::size_t>(head)][static_cast<std::size_t>(row)];
   const auto nk = static_cast<std::size_t>(e.nk);
   w.raw.resize(nk);
+  w.capped.resize(nk);
+  w.alibi.resize(nk);
   w.score.resize(nk);
   w.weight.resize(nk);
   for (std::int64_t j = 0; j < e.nk; ++j) {
@@ -86,12 +89,17 @@ RowWalkThrough walk_through(const Explanation& e, std::int64_t head, std::int64_
     double dot = 0.0;
     for (std::int64_t c = 0; c < e.d; ++c) dot += qi[c] * kj[c];
     w.raw[sj] = dot;
-    w.score[sj] = e.scale * dot + e.bias(head, row, j);
+    w.capped[sj] = core::softcap(e.scale * dot, e.softcap);
+    w.alibi[sj] = e.alibi(head, row, j);
+    w.score[sj] = e.score(head, row, j, dot);
     // A forbidden key, or a row with no allowed key at all (lse = -inf), has weight 0.
     const bool counts = std::isfinite(w.score[sj]) && std::isfinite(w.lse);
     w.weight[sj] = counts ? std::exp(w.score[sj] - w.lse) : 0.0;
     if (std::isfinite(w.score[sj])) ++w.allowed_keys;
     if (w.weight[sj] > 0.0) w.entropy -= w.weight[sj] * std::log(w.weight[sj]);
+  }
+  if (!e.sinks.empty() && std::isfinite(w.lse)) {
+    w.sink_share = std::exp(e.sinks[static_cast<std::size_t>(head)] - w.lse);
   }
   // A weight may exceed 1 by a rounding error of the lse (a one-key row): entropy is >= 0.
   w.entropy = std::max(w.entropy, 0.0);
@@ -131,6 +139,28 @@ std::string format_overview(const Explanation& e) {
   }
   text += masking.empty() ? "none (every query sees every key)" : masking;
   text += "; kernel " + e.kernel + "\n";
+  std::vector<std::string> modifiers;
+  if (e.softcap > 0) modifiers.push_back(printf_string("softcap %.6g", e.softcap));
+  if (!e.alibi_slopes.empty()) {
+    std::string slopes;
+    for (double slope : e.alibi_slopes) {
+      slopes += (slopes.empty() ? "" : ", ") + printf_string("%.6g", slope);
+    }
+    modifiers.push_back("ALiBi slopes [" + slopes + "]");
+  }
+  if (!e.sinks.empty()) {
+    std::string sinks;
+    for (double sink : e.sinks) sinks += (sinks.empty() ? "" : ", ") + num(sink);
+    modifiers.push_back("sinks [" + sinks + "]");
+  }
+  if (e.dtype == DType::kBF16 || e.dtype == DType::kF16) {
+    modifiers.push_back(std::string("Q, K, V rounded to ") + dtype_name(e.dtype));
+  }
+  if (!modifiers.empty()) {
+    text += "  score modifiers: ";
+    for (std::size_t m = 0; m < modifiers.size(); ++m) text += (m ? "; " : "") + modifiers[m];
+    text += "\n";
+  }
   return text;
 }
 
@@ -171,14 +201,33 @@ std::string format_walk_through(const Explanation& e, const RowWalkThrough& w,
   label_width = std::min<std::size_t>(label_width, 24);
   t += "2. raw relevance r_" + sz(w.row) + "j = q_" + sz(w.row) +
        "·k_j (how well each key matches the query)\n";
-  t += printf_string("3. scores s_%lldj = %.6g·r_%lldj", static_cast<long long>(w.row), e.scale,
-                     static_cast<long long>(w.row));
+  const bool capped = e.softcap > 0, alibi = !e.alibi_slopes.empty();
+  const std::string scaled = printf_string("%.6g·r_%lldj", e.scale, static_cast<long long>(w.row));
+  t += printf_string("3. scores s_%lldj = ", static_cast<long long>(w.row));
+  t += capped ? printf_string("%.6g·tanh(", e.softcap) + scaled +
+                    printf_string(" / %.6g)", e.softcap)
+              : scaled;
+  if (alibi) {
+    t += printf_string(" - %.6g·|%lld - j|", e.alibi_slopes[static_cast<std::size_t>(w.head)],
+                       static_cast<long long>(w.row + e.nk - e.nq));
+  }
   t += e.masked() ? " + mask (-inf: not allowed)\n" : "\n";
-  t += "     " + pad("key", label_width) + "          r          s\n";
+  if (capped) {
+    t += printf_string("     (soft-capped: the scaled score passes through %.6g·tanh(x / %.6g), "
+                       "so no score leaves (-%.6g, %.6g))\n",
+                       e.softcap, e.softcap, e.softcap, e.softcap);
+  }
+  if (alibi) t += "     (ALiBi: a penalty that grows with the distance from the query's position)\n";
+  t += "     " + pad("key", label_width) + "          r";
+  if (capped) t += "     capped";
+  if (alibi) t += "      ALiBi";
+  t += "          s\n";
   for (std::int64_t j : shown) {
     const auto sj = static_cast<std::size_t>(j);
-    t += "     " + pad(e.key_labels[sj], label_width) +
-         printf_string(" %10s %10s\n", num(w.raw[sj]).c_str(), num(w.score[sj]).c_str());
+    t += "     " + pad(e.key_labels[sj], label_width) + printf_string(" %10s", num(w.raw[sj]).c_str());
+    if (capped) t += printf_string(" %10s", num(w.capped[sj]).c_str());
+    if (alibi) t += printf_string(" %10s", num(w.alibi[sj]).c_str());
+    t += printf_string(" %10s\n", num(w.score[sj]).c_str());
   }
   if (!all_keys) {
     t += "     (the " + sz(top_keys) + " heaviest keys of " + sz(nk) + "; the rest below)\n";
@@ -187,25 +236,34 @@ std::string format_walk_through(const Explanation& e, const RowWalkThrough& w,
   // 4. weights as a sorted bar chart.
   t += "4. weights w_" + sz(w.row) + "j = softmax(s)_j = exp(s_" + sz(w.row) +
        "j - lse), lse = " + num(w.lse) + "; heaviest first\n";
-  if (!std::isfinite(w.lse)) {
+  if (!e.sinks.empty()) {
+    const double sink = e.sinks[static_cast<std::size_t>(w.head)];
+    t += "     the sink (a logit of " + num(sink) + " with no value) is one more term of the "
+         "denominator: it takes " + printf_string("%.4f", w.sink_share) +
+         " of it, so the weights sum to " + printf_string("%.4f", 1.0 - w.sink_share) + "\n";
+    if (w.allowed_keys == 0) {
+      t += "     no key is allowed for this query: the sink takes everything, O_i = 0 and "
+           "lse = the sink\n";
+    }
+  } else if (!std::isfinite(w.lse)) {
     t += "     no key is allowed for this query: every weight is 0 and O_i = 0\n";
   }
   const double top = w.weight.empty() ? 0.0 : w.weight[static_cast<std::size_t>(w.by_weight[0])];
   const std::int64_t bars = std::min(nk, all_keys ? nk : top_keys);
-  double rest = 1.0;
-  for (std::int64_t r = 0; r < bars && std::isfinite(w.lse); ++r) {
+  double rest = 1.0 - w.sink_share;
+  for (std::int64_t r = 0; r < bars && std::isfinite(w.lse) && w.allowed_keys > 0; ++r) {
     const auto sj = static_cast<std::size_t>(w.by_weight[static_cast<std::size_t>(r)]);
     rest -= w.weight[sj];
     t += "     " + pad(e.key_labels[sj], label_width) + printf_string(" %.4f ", w.weight[sj]) +
          bar(top > 0 ? w.weight[sj] / top : 0.0, 30) + "\n";
   }
-  if (bars < nk && std::isfinite(w.lse)) {
+  if (bars < nk && std::isfinite(w.lse) && w.allowed_keys > 0) {
     t += "     " + pad("(" + sz(nk - bars) + " more)", label_width) +
          printf_string(" %.4f in all\n", std::max(rest, 0.0));
   }
 
   // 5. the values that contribute most, and 6. the output.
-  if (std::isfinite(w.lse)) {
+  if (std::isfinite(w.lse) && w.allowed_keys > 0) {
     const Matrix& v = e.v[static_cast<std::size_t>(e.kv_head_of(w.head))];
     t += "5. values v_j of the heaviest keys (V: another transform of the same key rows)\n";
     for (std::int64_t r = 0; r < std::min<std::int64_t>(bars, 3); ++r) {
