@@ -112,8 +112,8 @@ std::vector<double> per_head_values(const TensorView& view, std::int64_t heads,
   return values;
 }
 
-// The storage type, softcap, ALiBi and sinks of a call, checked and set in p.
-void apply_score_options(const AttentionOptions& options, AttentionParams& p) {
+// The storage type of a call, checked and set in p.
+void apply_storage_type(const AttentionOptions& options, AttentionParams& p) {
   if (options.dtype) {
     const DType d = *options.dtype;
     if (d != DType::kF64 && d != DType::kF32 && d != DType::kBF16 && d != DType::kF16) {
@@ -124,6 +124,11 @@ void apply_score_options(const AttentionOptions& options, AttentionParams& p) {
              (p.q.dtype == DType::kBF16 || p.q.dtype == DType::kF16)) {
     p.compute = p.q.dtype;
   }
+}
+
+}  // namespace
+
+void apply_score_modifiers(const AttentionOptions& options, AttentionParams& p) {
   if (options.softcap) {
     const double cap = *options.softcap;
     if (!std::isfinite(cap) || cap <= 0) {
@@ -147,6 +152,8 @@ void apply_score_options(const AttentionOptions& options, AttentionParams& p) {
     }
   }
 }
+
+namespace {
 
 // The B+1 offsets of a packed batch's side with `rows` rows (`of` names the tensor they cut).
 std::vector<std::int64_t> sequence_offsets(const TensorView& view, std::int64_t rows,
@@ -507,7 +514,8 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
     p.masking.mask_dtype = mask.dtype;
     p.masking.mask_strides = canonical_strides(strides);
   }
-  apply_score_options(options, p);
+  apply_storage_type(options, p);
+  apply_score_modifiers(options, p);
   if (options.cu_seqlens_q.has_value() != options.cu_seqlens_k.has_value()) {
     throw Error(options.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
                 "is needed too: a packed batch gives the offsets of both sides");

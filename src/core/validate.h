@@ -41,6 +41,11 @@ void apply_call_options(const AttentionOptions& options, std::int64_t d, Attenti
 void bind_output(OutputOperand& slot, const MutableTensorView& view, const Shape& expected,
                  bool has_columns = true);
 
+// The score modifiers of a call (softcap, ALiBi, sinks) for p.shape.h query heads, checked and
+// set in p.modifiers (and the sinks' bound in p.magnitudes); throws qkv::Error naming the
+// option or the tensor.
+void apply_score_modifiers(const AttentionOptions& options, AttentionParams& p);
+
 // The canonical [b, h, row, col] strides of a rank-2..4 tensor's trailing dims.
 Strides4 canonical_strides(const Shape& strides);
 

@@ -126,15 +126,12 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
     throw Error("cu_seqlens", "not supported with a KV cache (give the cache's sequences "
                               "instead)");
   }
-  if (options.softcap || options.alibi || options.alibi_slopes || options.sinks) {
-    throw Error(options.softcap ? "softcap" : options.sinks ? "sinks" : "alibi",
-                "not supported with a KV cache yet (the decode kernels have no score "
-                "modifiers)");
-  }
   // Scale, causal, window and threads as attention() checks them; `checked` also carries the
   // float32 range check's inputs below.
   core::AttentionParams checked;
   core::apply_call_options(options, d, checked);
+  checked.shape.h = h;
+  core::apply_score_modifiers(options, checked);
   const std::string& kernel = options.kernel;
   // Asked once: hwy's target query was 5 % of a short call.
   static const bool have_simd = !kernels::simd_targets().empty();
@@ -159,6 +156,7 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   call.q = {q.data, q.dtype, core::canonical_strides(q.strides)};
   call.layout = &impl.layout;
   call.scale = checked.scale;
+  call.modifiers = checked.modifiers;
   call.masking = checked.masking;
   call.threads = threads;
   for (SequenceId id : sequences) {

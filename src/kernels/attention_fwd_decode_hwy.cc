@@ -45,6 +45,7 @@
 #include "core/half.h"
 #include "core/mask_rule.h"
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "kernels/decode_common.h"
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
@@ -246,6 +247,7 @@ class Chunk {
         dvl_(decode::round_up(call.dv, kLanes)),
         nk_(call.nk[static_cast<std::size_t>(task.b)]),
         scale_(static_cast<float>(call.scale)),
+        modified_(call.modifiers.softcap > 0 || !call.modifiers.alibi_slopes.empty()),
         row_lo_(scratch.ranges),
         row_hi_(scratch.ranges + rows_),
         alpha_(scratch.alpha) {}
@@ -435,9 +437,47 @@ class Chunk {
     accumulate_rows<G>(o, p, alpha_ + r, values_, xa, xe, dvl_);
   }
 
+  // The score modifiers on row r's block of scores (before the mask, as the contract orders
+  // them): s := cap·tanh(s / cap) - slope·|diag - j|, a vector at a time.
+  void modify_scores(std::int64_t r, std::int64_t jb) const noexcept {
+    const core::ScoreModifiers& mod = call_.modifiers;
+    const float cap = static_cast<float>(mod.softcap);
+    const float slope =
+        mod.alibi_slopes.empty() ? 0.0f
+                                 : static_cast<float>(mod.alibi_slopes[static_cast<std::size_t>(head(r))]);
+    const std::int64_t offset = r % call_.nq + nk_ - call_.nq - jb;
+    float* s = scratch_.s + r * kBlockKeys;
+    const D df;
+    const hn::RebindToSigned<D> di;
+    constexpr std::int64_t kIntRange = std::int64_t{1} << 30;
+    if (slope != 0 && (offset > kIntRange || offset < -kIntRange)) {
+      for (std::int64_t x = 0; x < kBlockKeys; ++x) {
+        const float capped = cap > 0 ? cap * std::tanh(s[x] / cap) : s[x];
+        const std::int64_t distance = offset >= x ? offset - x : x - offset;
+        s[x] = capped - slope * static_cast<float>(distance);
+      }
+      return;
+    }
+    const V vcap = hn::Set(df, cap);
+    const V inv_cap = hn::Set(df, cap > 0 ? 1.0f / cap : 0.0f);
+    const V neg_slope = hn::Set(df, -slope);
+    const auto lanes = hn::Iota(di, 0);
+    for (std::int64_t x = 0; x < kBlockKeys; x += kLanes) {
+      V v = hn::Load(df, s + x);
+      if (cap > 0) v = hn::Mul(vcap, hn::Tanh(df, hn::Mul(v, inv_cap)));
+      if (slope != 0) {
+        const auto distance =
+            hn::Abs(hn::Sub(hn::Set(di, static_cast<std::int32_t>(offset - x)), lanes));
+        v = hn::MulAdd(neg_slope, hn::ConvertTo(df, distance), v);
+      }
+      hn::Store(v, df, s + x);
+    }
+  }
+
   void mask_scores(std::int64_t r, std::int64_t jb, std::int64_t bk) const noexcept {
     const std::int64_t a = std::clamp<std::int64_t>(row_lo_[r] - jb, 0, bk);
     const std::int64_t e = std::clamp<std::int64_t>(row_hi_[r] - jb, a, bk);
+    if (modified_ && a < e) modify_scores(r, jb);
     float* s = scratch_.s + r * kBlockKeys;
     std::fill(s, s + a, -kInfF);
     std::fill(s + e, s + kBlockKeys, -kInfF);
@@ -454,6 +494,7 @@ class Chunk {
   const decode::Scratch& scratch_;
   const std::int64_t rows_, dp_, dvp_, dl_, dvl_, nk_;
   const float scale_;
+  const bool modified_;  // softcap or ALiBi
   std::int64_t* row_lo_;
   std::int64_t* row_hi_;
   float* alpha_;

@@ -60,6 +60,18 @@ void for_each_key(const decode::DecodeCall& call, const decode::Task& task, std:
         dot += q[c] * stored(call.k_type, k_row, k_scales, c, run.k_col);
       }
       float s = scale * dot;
+      const core::ScoreModifiers& mod = call.modifiers;
+      if (mod.softcap > 0) {
+        const auto cap = static_cast<float>(mod.softcap);
+        s = cap * std::tanh(s / cap);
+      }
+      if (!mod.alibi_slopes.empty()) {
+        const std::int64_t diag = i + call.nk[static_cast<std::size_t>(task.b)] - call.nq;
+        const std::int64_t jk = j + at;
+        const std::int64_t distance = diag >= jk ? diag - jk : jk - diag;
+        s -= static_cast<float>(mod.alibi_slopes[static_cast<std::size_t>(h)]) *
+             static_cast<float>(distance);
+      }
       if (call.masking.mask != nullptr) {
         const auto bias = static_cast<float>(core::mask_bias(call.masking, task.b, h, i, j + at));
         s = bias == -kInfF ? -kInfF : s + bias;

@@ -67,6 +67,7 @@ struct DecodeCall {
   std::vector<cache::SequenceSnapshot> sequences;
   std::vector<std::int64_t> nk;  // per batch entry
   double scale = 1.0;
+  core::ScoreModifiers modifiers;  // softcap, ALiBi, sinks
   core::Masking masking;  // an explicit mask only for plain tensors
   core::OutputOperand out, lse;
   core::OutputOperand weights;  // plain tensors only

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/mask_rule.h"
+#include "core/score_modifiers.h"
 #include "core/memory_budget.h"
 #include "core/parallel_for.h"
 #include "kernels/decode_common.h"
@@ -100,6 +101,10 @@ void finish_head(const DecodeCall& call, float* partials, std::int64_t first, st
     const std::int64_t h = hk * call.group() + r / call.nq;
     const std::int64_t i = r % call.nq;
     SoftmaxState state;
+    // A sink is a partial state of its own: max = sink, sum = 1, no value.
+    if (!call.modifiers.sinks.empty()) {
+      state = {static_cast<float>(call.modifiers.sinks[static_cast<std::size_t>(h)]), 1.0f};
+    }
     std::fill(acc, acc + dvp, 0.0f);
     for (std::int64_t c = 0; c < chunks; ++c) {
       const Partial part = partial_at(partials, call, first + c);
@@ -237,7 +242,11 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
 
 std::string plain_declines(const core::AttentionParams& p) {
   if (std::string why = float32_declines(p); !why.empty()) return why;
-  return plain_only_declines(p);
+  if (core::inputs_round(p)) {
+    return std::string("it reads K and V in place and cannot round them to ") +
+           dtype_name(p.compute) + " (dtype)";
+  }
+  return {};
 }
 
 std::string plain_passes(const core::AttentionParams& p) {
@@ -272,6 +281,7 @@ DecodeCall plain_call(const core::AttentionParams& p) noexcept {
   call.v = p.v;
   call.nk.assign(static_cast<std::size_t>(std::max<std::int64_t>(s.b, 0)), s.nk);
   call.scale = p.scale;
+  call.modifiers = p.modifiers;
   call.masking = p.masking;
   call.out = p.out;
   call.lse = p.lse;
