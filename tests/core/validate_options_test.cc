@@ -250,5 +250,33 @@ TEST(ValidateOptions, PackedOffsetsComeInPairsWithoutMaskOrWeightsAndRankAtMostT
   }
 }
 
+// Inputs must be finite (interface.md, "Errors"), and a row never gives NaN: a float32 value
+// beyond float16's range (65504) rounded for dtype f16 becomes infinite. The call must refuse it,
+// naming the tensor, or give finite results; q = [1e5, -1e5] against k = [1, 1] would otherwise
+// make q·k = inf - inf = NaN.
+TEST(ValidateOptions, ValuesBeyondTheStorageTypeAreRefusedOrStayFinite) {
+  const Tensor q = vector_tensor<float>(DType::kF32, {1, 2}, {1e5f, -1e5f}, "Q.npy");
+  const Tensor k = vector_tensor<float>(DType::kF32, {2, 2}, {1, 1, 0.5f, 0.25f}, "K.npy");
+  const Tensor v = vector_tensor<float>(DType::kF32, {2, 1}, {1e5f, 1}, "V.npy");
+  for (const std::string& kernel : {std::string(), std::string("reference")}) {
+    SCOPED_TRACE(kernel.empty() ? "default kernel" : kernel);
+    AttentionOptions o;
+    o.dtype = DType::kF16;
+    o.kernel = kernel;
+    o.return_lse = true;
+    try {
+      const AttentionResult r = attention(q.view(), k.view(), v.view(), o);
+      for (const Tensor* t : {&r.out, &r.lse}) {
+        for (std::int64_t e = 0; e < t->numel(); ++e) {
+          EXPECT_TRUE(std::isfinite(testing::element(t->view(), e)))
+              << t->name() << "[" << e << "] = " << testing::element(t->view(), e);
+        }
+      }
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.subject() == "Q.npy" || e.subject() == "V.npy") << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qkv
