@@ -1,7 +1,8 @@
 // Fuzz target: the command line. The input is split at NUL bytes into arguments for the qkv
 // app with its `attention` and `layer` commands, run in a scratch folder (on tmpfs where there
 // is one) holding a few small valid inputs that the seeds name (q.npy, k.npy, v.npy, x.npy,
-// w.npy, m.npy, model.safetensors). Whatever the arguments, parsing and running must end in
+// w.npy, m.npy, model.safetensors, and for the version-2 flags --dtype, --softcap, --alibi,
+// --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy, s.npy, cq.npy, ck.npy). Whatever the arguments, parsing and running must end in
 // success, a usage error (CLI::Error) or qkv::Error with a one-line message; any other
 // exception or crash is a finding.
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -63,6 +65,17 @@ void prepare_scratch_folder() {
   qkv::Tensor mask(qkv::DType::kBool, {5, 6}, "m");
   for (std::int64_t i = 0; i < mask.numel(); ++i) mask.data_as<bool>()[i] = i % 3 != 0;
   qkv::write_npy(dir / "m.npy", mask.view(), qkv::DType::kBool);
+  // Version 2: float16 queries, one value per query head (slopes or sinks, H = 2), and the
+  // offsets of a packed batch of q.npy's 5 and k.npy's 6 rows in two sequences.
+  qkv::write_npy(dir / "q16.npy", filled({2, 5, 4}, 0.1f).view(), qkv::DType::kF16);
+  qkv::write_npy(dir / "s.npy", filled({2}, 0.6f).view(), qkv::DType::kF32);
+  qkv::Tensor cq(qkv::DType::kI32, {3}, "cq"), ck(qkv::DType::kI64, {3}, "ck");
+  const std::int32_t q_offsets[] = {0, 2, 5};
+  const std::int64_t k_offsets[] = {0, 4, 6};
+  std::memcpy(cq.data(), q_offsets, sizeof q_offsets);
+  std::memcpy(ck.data(), k_offsets, sizeof k_offsets);
+  qkv::write_npy(dir / "cq.npy", cq.view(), qkv::DType::kI32);
+  qkv::write_npy(dir / "ck.npy", ck.view(), qkv::DType::kI64);
   // model.safetensors: "w" [8, 8] F32 and "c_attn" [8, 24] F32.
   const qkv::Tensor w = filled({8, 8}, 0.6f), c = filled({8, 24}, 0.7f);
   std::string header = R"({"w":{"dtype":"F32","shape":[8,8],"data_offsets":[0,256]},)"

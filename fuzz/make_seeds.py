@@ -63,7 +63,7 @@ def main():
     write("npy", "empty_0x4", npy("<f4", "(0, 4)", b""))
     write("npy", "v2_header", npy("<f4", "(3,)", f32(3), major=2))
     write("npy", "v3_header", npy("<f8", "(1, 2)", f64(2), major=3))
-    for name in ("claims_1gib.npy", "numel_overflow.npy", "shape_not_tuple.npy", "float16.npy"):
+    for name in ("claims_1gib.npy", "numel_overflow.npy", "shape_not_tuple.npy", "float16_truncated.npy"):
         shutil.copy(os.path.join(HOSTILE, "npy", name), os.path.join(HERE, "corpus", "npy", "hostile_" + name))
 
     write("safetensors", "f32_f64", safetensors({"a": ("F32", [2, 3], f32(6)), "b": ("F64", [2], f64(2))}))
@@ -90,6 +90,20 @@ def main():
         "layer_linear": "layer --x x.npy --linear-layout --wq model.safetensors:w --wk w.npy --wv w.npy "
                         "--wo w.npy --heads 4 --weights w_out.npy --out o.npy",
         "usage_error": "attention --q q.npy --window 3 --out o.npy",
+        # Version 2 (score modifiers, storage types, packed batches): the flags the fuzzer
+        # recombines; a flag the CLI does not have yet is a usage error, which is fine.
+        "attention_modifiers": "attention --q q.npy --k k.npy --v v.npy --softcap 30 --alibi --sinks s.npy "
+                               "--causal --lse l_out.npy --out o.npy",
+        "attention_slopes": "attention --q q.npy --k k.npy --v v.npy --alibi-slopes s.npy --window 2,0 --out o.npy",
+        "attention_low_precision": "attention --q q16.npy --k k.npy --v v.npy --dtype bf16 --out-dtype f16 "
+                                   "--weights w_out.npy --out o.npy",
+        "attention_dtype_f16": "attention --q q.npy --k k.npy --v v.npy --dtype f16 --softcap 0.5 --out o.npy",
+        "attention_packed": "attention --q q.npy --k k.npy --v v.npy --cu-seqlens-q cq.npy --cu-seqlens-k ck.npy "
+                            "--causal --alibi --lse l_out.npy --out o.npy",
+        "attention_packed_refused": "attention --q q.npy --k k.npy --v v.npy --cu-seqlens-q cq.npy "
+                                    "--cu-seqlens-k ck.npy --mask m.npy --out o.npy",
+        "layer_dtype": "layer --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --dtype bf16 --softcap 5 "
+                       "--alibi --out o.npy",
         "help": "layer --help",
     }
     for name, line in commands.items():
@@ -112,6 +126,18 @@ def main():
     write("attention_diff", "edge_scale_1e39", bytes([0, 9, 30, 8, 5, 0, 1, 0, 4, 0, 0] + tail))
     write("attention_diff", "edge_qk_1e19", bytes([0, 9, 30, 2, 5, 0, 0, 0, 1, 2, 0, 1, 1, 0, 1, 2, 1, 2, 3]))
     write("attention_diff", "edge_v_3e38", bytes([0, 9, 70, 8, 5, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 3, 4, 5, 6]))
+    # Version 2, drawn after the seed's third byte: softcap choice, ALiBi kind (none, standard,
+    # given), sinks, dtype option (none, bf16, f16, f32, f64), storage (as drawn, bf16, f16),
+    # f16 output, packed, sequences, then one (q, k) cut per extra sequence.
+    # Rank 3, 3 query heads on 1 kv head, nq 20, nk 33, d 16, dv 8, causal; weights, lse,
+    # 2 threads, magnitude 1, seed.
+    v1 = [1, 1, 3, 20, 33, 16, 8, 0, 1, 0, 0, 0, 0] + [1, 1, 0, 1, 0, 8, 9, 5]
+    write("attention_diff", "v2_softcap_alibi_sinks", bytes(v1 + [2, 1, 1, 0, 0, 0, 0, 0]))
+    write("attention_diff", "v2_given_slopes_bf16", bytes(v1 + [1, 2, 1, 1, 0, 1, 0, 0]))
+    write("attention_diff", "v2_stored_f16_to_bf16", bytes(v1 + [3, 1, 0, 1, 2, 0, 0, 0]))
+    write("attention_diff", "v2_stored_bf16_f64", bytes(v1 + [0, 1, 1, 4, 1, 0, 0, 0]))
+    write("attention_diff", "v2_packed", bytes(v1 + [2, 1, 1, 0, 0, 0, 1, 3, 5, 9, 5, 30]))
+    write("attention_diff", "v2_packed_empty_sequences", bytes(v1 + [0, 2, 1, 2, 0, 1, 1, 3, 0, 0, 20, 33]))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the hostile-file corpus: .npy and .safetensors files that qkv must refuse.
+"""Writes the hostile-file corpus: .npy and .safetensors files that qkv must refuse (npy/,
+safetensors/), and legal edge cases of the same formats that it must accept (legal/).
 
 Each file is given to `qkv attention` as Q (a safetensors file as FILE:q); the ctest in this
 folder checks that every one ends with a non-zero exit status, exactly one stderr line naming
@@ -62,6 +63,15 @@ NPY = {
     "float16_nan": npy(hdr("<f2"), struct.pack("<8H", *([0x3800, 0x7E00] * 4))),
     "float16_inf": npy(hdr("<f2"), struct.pack("<8H", *([0x3800, 0xFC00] * 4))),
     "float16_bytes_overflow": npy(hdr("<f2", shape="(4611686018427387904, 1)"), GOOD16),
+    "float16_huge_shape": npy(hdr("<f2", shape="(65536, 65536)"), GOOD16),
+    "float16_numel_overflow": npy(hdr("<f2", shape="(4294967296, 4294967296, 4)"), GOOD16),
+    "float16_one_byte_short": npy(hdr("<f2"), GOOD16[:-1]),
+    "float16_signalling_nan": npy(hdr("<f2"), struct.pack("<8H", *([0x3800, 0x7C01] * 4))),
+    "float16_negative_nan": npy(hdr("<f2"), struct.pack("<8H", *([0xFE00] + [0x3800] * 7))),
+    "float16_minus_inf_last": npy(hdr("<f2"), struct.pack("<8H", *([0x3800] * 7 + [0xFC00]))),
+    "float16_fortran_order": npy(hdr("<f2", fortran="True"), GOOD16),
+    "float16_v2_truncated": npy(hdr("<f2"), GOOD16[:9], major=2),
+    "float16_as_f2_no_order": npy(hdr("f2"), GOOD16),
     "big_endian": npy(hdr(">f4"), GOOD8),
     "int64": npy(hdr("<i8"), b"\x00" * 64),
     "object_array": npy(hdr("|O"), b"\x00" * 64),
@@ -109,6 +119,7 @@ def entry(dtype="F32", shape=(2, 4), offsets=(0, 32)):
 
 
 GOOD32 = f32([0.25] * 8)
+GOOD_BF16 = struct.pack("<8H", *([0x3E80] * 8))  # eight bfloat16 0.25s
 
 SAFETENSORS = {
     "empty": b"",
@@ -160,11 +171,50 @@ SAFETENSORS = {
     "f16_nan": st({"q": entry(dtype="F16", offsets=(0, 16))}, struct.pack("<8H", *([0x3C00, 0x7E00] * 4))),
     "bf16_inf": st({"q": entry(dtype="BF16", offsets=(0, 16))}, struct.pack("<8H", *([0x3F80, 0x7F80] * 4))),
     "f32_nan": st({"q": entry()}, f32([0.5, float("nan")] * 4)),
+    "bf16_byte_count_short": st({"q": entry(dtype="BF16", offsets=(0, 14))}, GOOD_BF16[:14]),
+    "bf16_byte_count_odd": st({"q": entry(dtype="BF16", offsets=(0, 15))}, GOOD_BF16[:15]),
+    "f16_byte_count_long": st({"q": entry(dtype="F16", offsets=(0, 18))}, GOOD16 + b"\x00\x00"),
+    "bf16_overlapping_offsets": st({"q": entry(dtype="BF16", offsets=(0, 16)), "k": entry(dtype="BF16", offsets=(8, 24))}, GOOD_BF16 + GOOD_BF16[:8]),
+    "f16_aliased_offsets": st({"q": entry(dtype="F16", offsets=(0, 16)), "k": entry(dtype="F16", offsets=(0, 16))}, GOOD16),
+    "f16_mixed_with_f32_overlap": st({"q": entry(dtype="F16", offsets=(0, 16)), "k": entry(offsets=(8, 40))}, GOOD16 + GOOD32[:24]),
+    "bf16_nan_payload": st({"q": entry(dtype="BF16", offsets=(0, 16))}, struct.pack("<8H", *([0x3F80] * 7 + [0x7F81]))),
+    "bf16_negative_nan": st({"q": entry(dtype="BF16", offsets=(0, 16))}, struct.pack("<8H", *([0xFFC0] + [0x3F80] * 7))),
+    "f16_signalling_nan": st({"q": entry(dtype="F16", offsets=(0, 16))}, struct.pack("<8H", *([0x3C00] * 3 + [0x7C01] + [0x3C00] * 4))),
+    "bf16_minus_inf": st({"q": entry(dtype="BF16", offsets=(0, 16))}, struct.pack("<8H", *([0x3F80] * 4 + [0xFF80] + [0x3F80] * 3))),
+    "bf16_huge_shape": st({"q": entry(dtype="BF16", shape=(2**31, 2**31), offsets=(0, 16))}, GOOD_BF16),
+    "f16_numel_overflow": st({"q": entry(dtype="F16", shape=(2**32, 2**32, 4), offsets=(0, 16))}, GOOD16),
+    "bf16_one_dim_queries": st({"q": entry(dtype="BF16", shape=(8,), offsets=(0, 16))}, GOOD_BF16),
     "one_dim_queries": st({"q": entry(shape=(8,))}, GOOD32),
 }
 
 
+# Legal edge cases in the same formats: each must be accepted as Q ([N, 4]; a safetensors file
+# as FILE:q) and give an output of N rows. Extremes of the 16-bit types, other format versions.
+HALF_EDGES = struct.pack("<8H", 0x0001, 0x03FF, 0x7BFF, 0xFBFF, 0x8000, 0x3C00, 0x0400, 0x3800)
+BF16_EDGES = struct.pack("<8H", 0x0001, 0x007F, 0x4780, 0xC780, 0x8000, 0x3F80, 0x0080, 0x3E80)
+
+LEGAL = {
+    "float16_edges.npy": npy(hdr("<f2"), HALF_EDGES),
+    "float16_version_2.npy": npy(hdr("<f2"), GOOD16, major=2),
+    "float16_version_3.npy": npy(hdr("<f2"), GOOD16, major=3),
+    "float16_no_rows.npy": npy(hdr("<f2", shape="(0, 4)")),
+    "float16_one_row.npy": npy(hdr("<f2", shape="(1, 4)"), GOOD16[:8]),
+    "f16_edges.safetensors": st({"q": entry(dtype="F16", offsets=(0, 16))}, HALF_EDGES),
+    "bf16_edges.safetensors": st({"q": entry(dtype="BF16", offsets=(0, 16))}, BF16_EDGES),
+    "bf16_after_f32.safetensors": st({"k": entry(), "q": entry(dtype="BF16", offsets=(32, 48))}, GOOD32 + GOOD_BF16),
+    "f16_and_bf16_metadata.safetensors": st({"__metadata__": {"format": "pt"}, "q": entry(dtype="F16", offsets=(0, 16)), "r": entry(dtype="BF16", offsets=(16, 32))}, GOOD16 + GOOD_BF16),
+}
+
+
 def main():
+    legal = os.path.join(HERE, "legal")
+    os.makedirs(legal, exist_ok=True)
+    for name in os.listdir(legal):
+        os.remove(os.path.join(legal, name))
+    for name, data in LEGAL.items():
+        with open(os.path.join(legal, name), "wb") as f:
+            f.write(data)
+    print(f"legal: {len(LEGAL)} files", file=sys.stderr)
     for folder, files, suffix in (("npy", NPY, ".npy"), ("safetensors", SAFETENSORS, ".safetensors")):
         out = os.path.join(HERE, folder)
         os.makedirs(out, exist_ok=True)
