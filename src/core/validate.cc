@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
@@ -347,6 +348,31 @@ double throw_if_non_finite(const TensorView& view) {
   return max_abs;
 }
 
+// Rounding to a 16-bit storage type must not make a finite input infinite: values at or
+// beyond the rounding threshold of its largest finite value (float16: 65520, bfloat16:
+// 2^128 - 2^119) are refused, naming the tensor. `bounds` are the scan's magnitudes, exact or an
+// upper bound (2^32 for a view with nothing larger); a bound beyond the threshold is made exact
+// first (one more pass, only for such calls), and kept.
+void require_within_storage_type(DType compute, std::initializer_list<const TensorView*> views,
+                                 std::initializer_list<double*> bounds) {
+  if (compute != DType::kF16 && compute != DType::kBF16) return;
+  const double threshold = compute == DType::kF16 ? 65520.0 : 0x1.ffp127;
+  auto bound = bounds.begin();
+  for (const TensorView* view : views) {
+    double& magnitude = **bound++;
+    if (view->dtype == compute || magnitude < threshold) continue;
+    magnitude = throw_if_non_finite(*view);
+    if (magnitude >= threshold) {
+      char value[32];
+      std::snprintf(value, sizeof value, "%.6g", magnitude);
+      throw Error(view->name, std::string("holds a value of magnitude ") + value +
+                                  ", which rounds to infinity in " + dtype_name(compute) +
+                                  " (dtype; its largest finite value is " +
+                                  (compute == DType::kF16 ? "65504" : "3.39e38") + ")");
+    }
+  }
+}
+
 // Elements per extra thread below which a second thread costs more to start (~35 us) than it
 // saves on the scan (1 MiB of float32 from L3 takes about that long).
 constexpr std::int64_t kScanElementsPerThread = std::int64_t{1} << 18;
@@ -515,6 +541,8 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
     p.masking.mask_strides = canonical_strides(strides);
   }
   apply_storage_type(options, p);
+  require_within_storage_type(p.compute, {&q, &k, &v},
+                              {&p.magnitudes.q, &p.magnitudes.k, &p.magnitudes.v});
   apply_score_modifiers(options, p);
   if (options.cu_seqlens_q.has_value() != options.cu_seqlens_k.has_value()) {
     throw Error(options.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
