@@ -9,6 +9,7 @@
 
 #include "kernels/kernel.h"
 #include "kernels/kernel_cases.h"
+#include "kernels/modifier_cases.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "qkv/kv_cache.h"
@@ -167,6 +168,61 @@ INSTANTIATE_TEST_SUITE_P(Caches, CachedAttention, ::testing::ValuesIn(cached_cas
                          [](const ::testing::TestParamInfo<CachedCase>& param) {
                            return param.param.name;
                          });
+
+// Softcap, ALiBi and sinks in the decode kernels: against the reference twin with the float32
+// criterion (twice the naive float32 composition with the same modifiers, on the stored
+// values), every kernel and SIMD target, causal with two query rows so that ALiBi's distances
+// and the sink's share differ from row to row; the empty sequence gives lse = sink.
+TEST(CachedAttentionModifiers, SoftcapAlibiSinksWithinTwiceNaiveFloat32) {
+  for (CacheStorage storage : {CacheStorage::kF32, CacheStorage::kBF16, CacheStorage::kInt8}) {
+    CachedCase c;
+    c.storage = storage;
+    c.causal = true;
+    c.nq = 2;
+    c.page_rows = 16;
+    Filled f = fill(c, 29);
+    const auto count = static_cast<std::int64_t>(f.ids.size());
+    const Tensor q = random_tensor(DType::kF32, {count, c.h, c.nq, c.d}, 6, -3.0, 3.0);
+    const Tensor sinks = random_tensor(DType::kF32, {c.h}, 8, -1.0, 2.0);
+    AttentionOptions options = options_of(c);
+    options.softcap = 0.8;
+    options.alibi = true;
+    options.sinks = sinks.view();
+    options.kernel = "reference";
+    const AttentionResult ref = attention_cached(q.view(), f.cache, f.ids, options);
+    std::vector<std::pair<std::string, std::int64_t>> runs{{"decode_scalar", 0}};
+    for (std::int64_t t : kernels::simd_targets()) runs.push_back({"decode_hwy", t});
+    for (const auto& [kernel, target] : runs) {
+      SCOPED_TRACE(std::string(cache_storage_name(storage)) + " " + kernel + " " +
+                   kernels::simd_target_name(target));
+      kernels::simd_force_target(target);
+      options.kernel = kernel;
+      const AttentionResult got = attention_cached(q.view(), f.cache, f.ids, options);
+      kernels::simd_force_target(0);
+      EXPECT_EQ(got.kernel, kernel);
+      for (std::size_t s = 0; s < f.ids.size(); ++s) {
+        SCOPED_TRACE("sequence of length " + std::to_string(c.lengths[s]));
+        const Tensor k = f.cache.gather(f.ids[s], false, DType::kF32);
+        const Tensor v = f.cache.gather(f.ids[s], true, DType::kF32);
+        AttentionOptions plain = options;
+        plain.kernel.clear();
+        const NaiveResult naive = naive_modified(slice(q, s), k.view(), v.view(), plain);
+        const double naive_out = max_error(naive.out.view(), slice(ref.out, s));
+        const double naive_lse = max_error(naive.lse.view(), slice(ref.lse, s));
+        const double scale_v = std::max(max_abs(v.view()), 1e-30);
+        EXPECT_LE(max_error(slice(got.out, s), slice(ref.out, s)),
+                  2.0 * naive_out + 1e-7 * scale_v);
+        EXPECT_LE(max_error(slice(got.lse, s), slice(ref.lse, s)), 2.0 * naive_lse + 1e-6);
+        if (c.lengths[s] == 0) {
+          for (std::int64_t h = 0; h < c.h; ++h) {
+            const TensorView lse = slice(got.lse, s);
+            EXPECT_EQ(element(lse, h * c.nq), static_cast<double>(sinks.data_as<float>()[h]));
+          }
+        }
+      }
+    }
+  }
+}
 
 // The reference twin is the plain reference on the gathered cache, sequence by sequence.
 TEST(CachedAttentionReference, EqualsThePlainReferenceOnTheGatheredRows) {
