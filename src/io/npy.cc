@@ -28,6 +28,8 @@
 //    Keys must be exactly 'descr', 'fortran_order' and 'shape', each once.
 //  - Shape arithmetic is overflow-checked: each dimension, their product and the byte count
 //    must fit in int64.
+//  - Integers are read only by read_npy_offsets, which reads nothing else: a float file given
+//    as offsets, or an integer file given as values, is refused rather than converted.
 //  - Bool data is checked byte by byte: a C++ bool holding anything but 0 or 1 is undefined
 //    behaviour, so such a file is rejected rather than loaded.
 //  - Bytes from the file are quoted in messages only after escaping, so that every error stays
@@ -82,6 +84,8 @@ constexpr std::size_t kAlignment = 64;
 constexpr std::size_t kQuoteLimit = 40;
 constexpr const char* kSupported =
     "qkv reads float32 ('<f4'), float64 ('<f8'), float16 ('<f2') and bool ('|b1')";
+constexpr const char* kSupportedOffsets =
+    "they must be int32 ('<i4') or int64 ('<i8'): save them with .astype(np.int32)";
 
 // Text from the file, quoted as Python's repr would and made safe for a one-line message.
 std::string quote(std::string_view text) {
@@ -309,6 +313,30 @@ class HeaderParser {
   std::size_t pos_ = 0;
 };
 
+// A descr split as NumPy writes it: byte order ('<', '>', '|', '=' or none), kind, item size.
+struct Descr {
+  char order = '\0';
+  char kind = '\0';
+  std::string_view size;
+};
+
+Descr split_descr(std::string_view descr) {
+  Descr d;
+  if (!descr.empty() && std::string_view("<>|=").find(descr[0]) != std::string_view::npos) {
+    d.order = descr[0];
+    descr.remove_prefix(1);
+  }
+  if (!descr.empty()) {
+    d.kind = descr[0];
+    d.size = descr.substr(1);
+  }
+  return d;
+}
+
+// What a reader takes: the values of every tensor (read_npy), or the integer sequence offsets of
+// a packed batch (read_npy_offsets), the one place integer files are read.
+enum class Accept { kValues, kOffsets };
+
 // The dtype of a descr we accept; anything else throws with the most useful message we can give.
 DType dtype_from_descr(const std::string& descr, const std::string& subject) {
   if (descr == "<f4") return DType::kF32;
@@ -320,14 +348,7 @@ DType dtype_from_descr(const std::string& descr, const std::string& subject) {
     return DType::kBool;
   }
 
-  std::string_view rest = descr;
-  char order = '\0';
-  if (!rest.empty() && std::string_view("<>|=").find(rest[0]) != std::string_view::npos) {
-    order = rest[0];
-    rest.remove_prefix(1);
-  }
-  const char kind = rest.empty() ? '\0' : rest[0];
-  const std::string_view size = rest.empty() ? rest : rest.substr(1);
+  const auto [order, kind, size] = split_descr(descr);
   const std::string shown = quote(descr);
   std::string problem;
   switch (kind) {
@@ -373,7 +394,34 @@ DType dtype_from_descr(const std::string& descr, const std::string& subject) {
       problem = "unsupported dtype " + shown;
       break;
   }
-  throw Error(subject, problem + "; " + kSupported);
+  throw Error(subject, problem + "; " + kSupported +
+                           (kind == 'i' || kind == 'u'
+                                ? " (integers only as the sequence offsets of a packed batch)"
+                                : ""));
+}
+
+// The dtype of sequence offsets: int32 or int64, little-endian; anything else (float offsets
+// above all, which np.cumsum of float lengths gives) is refused, naming the dtype and the fix.
+DType offsets_dtype_from_descr(const std::string& descr, const std::string& subject) {
+  if (descr == "<i4") return DType::kI32;
+  if (descr == "<i8") return DType::kI64;
+  const auto [order, kind, size] = split_descr(descr);
+  const std::string shown = quote(descr);
+  if (kind == 'i' && (size == "4" || size == "8")) {
+    if (order == '>') {
+      throw Error(subject, "big-endian data (" + shown +
+                               ") is not supported; convert with .astype('<i" +
+                               std::string(size) + "')");
+    }
+    throw Error(subject, "dtype " + shown + " does not state little-endian byte order; " +
+                             "save it as '<i" + std::string(size) + "'");
+  }
+  throw Error(subject, "dtype " + shown + " cannot hold sequence offsets; " + kSupportedOffsets);
+}
+
+DType accepted_dtype(const std::string& descr, const std::string& subject, Accept accept) {
+  return accept == Accept::kOffsets ? offsets_dtype_from_descr(descr, subject)
+                                    : dtype_from_descr(descr, subject);
 }
 
 std::uint32_t read_le(const unsigned char* bytes, int count) {
@@ -411,7 +459,7 @@ struct Layout {
   std::uint64_t data_bytes = 0;  // exactly what the file holds after the header
 };
 
-Layout read_layout(const InputFile& file, const std::string& subject) {
+Layout read_layout(const InputFile& file, const std::string& subject, Accept accept) {
   const std::uint64_t file_size = file.size();
   if (file_size == 0) throw Error(subject, "is empty (0 bytes), not an .npy file");
 
@@ -463,7 +511,7 @@ Layout read_layout(const InputFile& file, const std::string& subject) {
   std::string header_text(header_length, '\0');
   file.read_at(preamble, header_text.data(), header_text.size());
   const Header header = HeaderParser(header_text, subject).parse();
-  const DType dtype = dtype_from_descr(header.descr, subject);
+  const DType dtype = accepted_dtype(header.descr, subject, accept);
   if (header.fortran_order) {
     throw Error(subject, "Fortran order is not supported; save with np.ascontiguousarray");
   }
@@ -508,19 +556,17 @@ Layout read_layout(const InputFile& file, const std::string& subject) {
   return Layout{dtype, header.shape, data_offset, data_bytes};
 }
 
-}  // namespace
-
-TensorInfo inspect_npy(const std::filesystem::path& path) {
+TensorInfo inspect(const std::filesystem::path& path, Accept accept) {
   const std::string subject = path.string();
   const InputFile file(path, subject);
-  Layout layout = read_layout(file, subject);
+  Layout layout = read_layout(file, subject, accept);
   return TensorInfo{subject, layout.dtype, std::move(layout.shape), layout.data_bytes};
 }
 
-Tensor read_npy(const std::filesystem::path& path) {
+Tensor read(const std::filesystem::path& path, Accept accept) {
   const std::string subject = path.string();
   const InputFile file(path, subject);
-  const Layout layout = read_layout(file, subject);
+  const Layout layout = read_layout(file, subject, accept);
   const std::uint64_t data_bytes = layout.data_bytes;
   Tensor tensor;
   try {
@@ -540,6 +586,18 @@ Tensor read_npy(const std::filesystem::path& path) {
   }
   return tensor;
 }
+
+}  // namespace
+
+TensorInfo inspect_npy(const std::filesystem::path& path) { return inspect(path, Accept::kValues); }
+
+Tensor read_npy(const std::filesystem::path& path) { return read(path, Accept::kValues); }
+
+TensorInfo inspect_npy_offsets(const std::filesystem::path& path) {
+  return inspect(path, Accept::kOffsets);
+}
+
+Tensor read_npy_offsets(const std::filesystem::path& path) { return read(path, Accept::kOffsets); }
 
 std::vector<char> encode_npy(const TensorView& view, DType dtype) {
   if (dtype == DType::kBF16) {
