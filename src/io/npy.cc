@@ -410,8 +410,8 @@ DType offsets_dtype_from_descr(const std::string& descr, const std::string& subj
   if (kind == 'i' && (size == "4" || size == "8")) {
     if (order == '>') {
       throw Error(subject, "big-endian data (" + shown +
-                               ") is not supported; convert with .astype('<i" +
-                               std::string(size) + "')");
+                               ") is not supported; convert with .astype('<i" + std::string(size) +
+                               "')");
     }
     throw Error(subject, "dtype " + shown + " does not state little-endian byte order; " +
                              "save it as '<i" + std::string(size) + "'");

@@ -30,8 +30,8 @@ void write_file(const std::filesystem::path& path, const std::string& bytes) {
 // A version 1.0 (or 2.0) .npy file with `header` padded to 64 bytes as NumPy pads it.
 std::string npy(const std::string& descr, const std::string& shape, const std::string& data,
                 int major = 1) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape +
-                       ", }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   const std::size_t preamble = major == 1 ? 10 : 12;
   while ((preamble + header.size() + 1) % 64 != 0) header.push_back(' ');
   header.push_back('\n');
@@ -128,8 +128,9 @@ std::vector<RefusedCase> refused_cases() {
       {"Int16", npy("<i2", "(3,)", "abcdef"), "dtype '<i2' cannot hold sequence offsets"},
       {"UInt32", npy("<u4", "(3,)", i4), "dtype '<u4' cannot hold sequence offsets"},
       {"UInt8", npy("|u1", "(3,)", "abc"), "dtype '|u1' cannot hold"},
-      {"BigEndianI4", npy(">i4", "(3,)", i4), "big-endian data ('>i4') is not supported; "
-                                              "convert with .astype('<i4')"},
+      {"BigEndianI4", npy(">i4", "(3,)", i4),
+       "big-endian data ('>i4') is not supported; "
+       "convert with .astype('<i4')"},
       {"BigEndianI8", npy(">i8", "(1,)", std::string(8, '\0')), ".astype('<i8')"},
       {"NativeOrderI4", npy("=i4", "(3,)", i4), "save it as '<i4'"},
       {"NoOrderI8", npy("i8", "(1,)", std::string(8, '\0')), "save it as '<i8'"},
@@ -169,8 +170,8 @@ TEST(ReadNpyOffsets, MissingFile) {
 TEST(ReadNpy, IntegerFilesStayRefused) {
   ScratchDir dir;
   for (const auto& [descr, item_size] : {std::pair{"<i4", 4}, std::pair{"<i8", 8}}) {
-    write_file(dir / "q.npy", npy(descr, "(1,)", std::string(static_cast<std::size_t>(item_size),
-                                                             '\0')));
+    write_file(dir / "q.npy",
+               npy(descr, "(1,)", std::string(static_cast<std::size_t>(item_size), '\0')));
     try {
       read_npy(dir / "q.npy");
       ADD_FAILURE() << "read_npy accepted " << descr;
