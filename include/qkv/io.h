@@ -16,8 +16,8 @@ namespace qkv {
 // float64 ('<f8'), float16 ('<f2', kept as stored: a kF16 tensor) or bool ('|b1'). The tensor's
 // name is the path. Anything else — a bad magic, a header past the end of the file, a shape
 // whose size overflows or that claims more data than the file holds, Fortran order, big-endian,
-// integers, objects, an .npz archive — throws qkv::Error naming the file, before any large
-// allocation.
+// integers (read_npy_offsets reads those), objects, an .npz archive — throws qkv::Error naming
+// the file, before any large allocation.
 Tensor read_npy(const std::filesystem::path& path);
 
 // What reading a tensor will produce, known from the file's header alone: nothing but the
@@ -31,6 +31,16 @@ struct TensorInfo {
 
 // The header of an .npy file, validated exactly as read_npy validates it (same errors).
 TensorInfo inspect_npy(const std::filesystem::path& path);
+
+// Reads the sequence offsets of a packed batch (AttentionOptions::cu_seqlens_q/k), the one kind
+// of .npy file that holds integers: little-endian int32 ('<i4', a kI32 tensor) or int64 ('<i8',
+// kI64), as stored, with read_npy's checks of everything else. Any other dtype (float offsets
+// included) throws qkv::Error naming the file; the values (rank, start, order, end) are for
+// attention() to check. The tensor's name is the path.
+Tensor read_npy_offsets(const std::filesystem::path& path);
+
+// The header of a sequence-offsets file, validated exactly as read_npy_offsets validates it.
+TensorInfo inspect_npy_offsets(const std::filesystem::path& path);
 
 // The bytes of an .npy file (version 1.0, or 2.0 when the header needs it) holding `view`
 // converted to `dtype` (kF16 is written as '<f2'; kBF16, which NumPy lacks, throws).

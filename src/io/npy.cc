@@ -28,6 +28,8 @@
 //    Keys must be exactly 'descr', 'fortran_order' and 'shape', each once.
 //  - Shape arithmetic is overflow-checked: each dimension, their product and the byte count
 //    must fit in int64.
+//  - Integers are read only by read_npy_offsets, which reads nothing else: a float file given
+//    as offsets, or an integer file given as values, is refused rather than converted.
 //  - Bool data is checked byte by byte: a C++ bool holding anything but 0 or 1 is undefined
 //    behaviour, so such a file is rejected rather than loaded.
 //  - Bytes from the file are quoted in messages only after escaping, so that every error stays
@@ -55,6 +57,7 @@
 #include "core/format_bytes.h"
 #include "core/out_of_memory.h"
 #include "io/input_file.h"
+#include "io/npy_dtype.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
@@ -79,17 +82,11 @@ constexpr std::uint64_t kMaxHeaderBytes = std::uint64_t{1} << 20;
 constexpr std::size_t kMaxRank = 64;
 // The data offset is a multiple of this, as NumPy writes it, so the data can be memory-mapped.
 constexpr std::size_t kAlignment = 64;
-constexpr std::size_t kQuoteLimit = 40;
-constexpr const char* kSupported =
-    "qkv reads float32 ('<f4'), float64 ('<f8'), float16 ('<f2') and bool ('|b1')";
+
+using io::NpyAccept;
 
 // Text from the file, quoted as Python's repr would and made safe for a one-line message.
-std::string quote(std::string_view text) {
-  const char delimiter =
-      text.find('\'') != std::string_view::npos && text.find('"') == std::string_view::npos ? '"'
-                                                                                            : '\'';
-  return io::quote_from_file(text, delimiter, kQuoteLimit);
-}
+std::string quote(std::string_view text) { return io::quote_npy_text(text); }
 
 // "()", "(5,)", "(2, 3)": the way Python writes a tuple, as NumPy's header does.
 std::string shape_tuple(const Shape& shape) {
@@ -100,7 +97,6 @@ std::string shape_tuple(const Shape& shape) {
   }
   return out + (shape.size() == 1 ? ",)" : ")");
 }
-
 
 struct Header {
   std::string descr;
@@ -115,8 +111,8 @@ struct Header {
 // whitespace may follow the dict (NumPy pads with spaces and a newline).
 class HeaderParser {
  public:
-  HeaderParser(std::string_view text, const std::string& subject)
-      : text_(text), subject_(subject) {}
+  HeaderParser(std::string_view text, const std::string& subject, NpyAccept accept)
+      : text_(text), subject_(subject), accept_(accept) {}
 
   Header parse() {
     Header header;
@@ -141,7 +137,7 @@ class HeaderParser {
         // A list here is a structured dtype: worth naming rather than calling it malformed.
         if (peek() == '[') {
           throw Error(subject_, "structured dtypes (record arrays) are not supported; " +
-                                    std::string(kSupported));
+                                    std::string(io::npy_supported(accept_)));
         }
         header.descr = parse_string("a string for 'descr'");
       } else if (key == "fortran_order") {
@@ -306,100 +302,14 @@ class HeaderParser {
 
   std::string_view text_;
   const std::string& subject_;
+  NpyAccept accept_;
   std::size_t pos_ = 0;
 };
-
-// The dtype of a descr we accept; anything else throws with the most useful message we can give.
-DType dtype_from_descr(const std::string& descr, const std::string& subject) {
-  if (descr == "<f4") return DType::kF32;
-  if (descr == "<f8") return DType::kF64;
-  if (descr == "<f2") return DType::kF16;  // kept as stored: the kernels widen it as they read
-  // Byte order means nothing for one byte: NumPy writes '|b1', other writers may not.
-  if (descr == "|b1" || descr == "<b1" || descr == ">b1" || descr == "=b1" || descr == "b1" ||
-      descr == "?") {
-    return DType::kBool;
-  }
-
-  std::string_view rest = descr;
-  char order = '\0';
-  if (!rest.empty() && std::string_view("<>|=").find(rest[0]) != std::string_view::npos) {
-    order = rest[0];
-    rest.remove_prefix(1);
-  }
-  const char kind = rest.empty() ? '\0' : rest[0];
-  const std::string_view size = rest.empty() ? rest : rest.substr(1);
-  const std::string shown = quote(descr);
-  std::string problem;
-  switch (kind) {
-    case 'f':
-      // These two have a one-call fix, which says more than the list of what we read.
-      if ((size == "2" || size == "4" || size == "8") && order == '>') {
-        throw Error(subject, "big-endian data (" + shown +
-                                 ") is not supported; convert with .astype('<f" +
-                                 std::string(size) + "')");
-      }
-      if (size == "2" || size == "4" || size == "8") {
-        throw Error(subject, "dtype " + shown + " does not state little-endian byte order; " +
-                                 "save it as '<f" + std::string(size) + "'");
-      }
-      problem = "floating-point dtype " + shown + " is not supported";
-      break;
-    case 'i':
-    case 'u':
-      problem = "integer dtype " + shown + " is not supported";
-      break;
-    case 'c':
-      problem = "complex dtype " + shown + " is not supported";
-      break;
-    case 'O':
-      problem = "object arrays (" + shown + ") are not supported";
-      break;
-    case 'U':
-    case 'S':
-    case 'a':
-      problem = "string dtype " + shown + " is not supported";
-      break;
-    case 'V':
-      problem = "structured or void dtype " + shown + " is not supported";
-      break;
-    case 'M':
-    case 'm':
-      problem = "datetime dtype " + shown + " is not supported";
-      break;
-    case 'b':
-      problem = "bool dtype " + shown + " must have 1-byte items";
-      break;
-    default:
-      problem = "unsupported dtype " + shown;
-      break;
-  }
-  throw Error(subject, problem + "; " + kSupported);
-}
 
 std::uint32_t read_le(const unsigned char* bytes, int count) {
   std::uint32_t value = 0;
   for (int i = count - 1; i >= 0; --i) value = (value << 8) | bytes[i];
   return value;
-}
-
-const char* descr_of(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "<f4";
-    case DType::kF64:
-      return "<f8";
-    case DType::kBool:
-      return "|b1";
-    case DType::kF16:
-      return "<f2";
-    case DType::kI32:
-      return "<i4";
-    case DType::kI64:
-      return "<i8";
-    case DType::kBF16:
-      return "?";  // NumPy has no bfloat16
-  }
-  return "?";
 }
 
 // What the header of an .npy file says, once checked against the file: the peek
@@ -411,7 +321,7 @@ struct Layout {
   std::uint64_t data_bytes = 0;  // exactly what the file holds after the header
 };
 
-Layout read_layout(const InputFile& file, const std::string& subject) {
+Layout read_layout(const InputFile& file, const std::string& subject, NpyAccept accept) {
   const std::uint64_t file_size = file.size();
   if (file_size == 0) throw Error(subject, "is empty (0 bytes), not an .npy file");
 
@@ -462,8 +372,8 @@ Layout read_layout(const InputFile& file, const std::string& subject) {
 
   std::string header_text(header_length, '\0');
   file.read_at(preamble, header_text.data(), header_text.size());
-  const Header header = HeaderParser(header_text, subject).parse();
-  const DType dtype = dtype_from_descr(header.descr, subject);
+  const Header header = HeaderParser(header_text, subject, accept).parse();
+  const DType dtype = io::npy_dtype_from_descr(header.descr, subject, accept);
   if (header.fortran_order) {
     throw Error(subject, "Fortran order is not supported; save with np.ascontiguousarray");
   }
@@ -508,19 +418,17 @@ Layout read_layout(const InputFile& file, const std::string& subject) {
   return Layout{dtype, header.shape, data_offset, data_bytes};
 }
 
-}  // namespace
-
-TensorInfo inspect_npy(const std::filesystem::path& path) {
+TensorInfo inspect(const std::filesystem::path& path, NpyAccept accept) {
   const std::string subject = path.string();
   const InputFile file(path, subject);
-  Layout layout = read_layout(file, subject);
+  Layout layout = read_layout(file, subject, accept);
   return TensorInfo{subject, layout.dtype, std::move(layout.shape), layout.data_bytes};
 }
 
-Tensor read_npy(const std::filesystem::path& path) {
+Tensor read(const std::filesystem::path& path, NpyAccept accept) {
   const std::string subject = path.string();
   const InputFile file(path, subject);
-  const Layout layout = read_layout(file, subject);
+  const Layout layout = read_layout(file, subject, accept);
   const std::uint64_t data_bytes = layout.data_bytes;
   Tensor tensor;
   try {
@@ -541,6 +449,22 @@ Tensor read_npy(const std::filesystem::path& path) {
   return tensor;
 }
 
+}  // namespace
+
+TensorInfo inspect_npy(const std::filesystem::path& path) {
+  return inspect(path, NpyAccept::kValues);
+}
+
+Tensor read_npy(const std::filesystem::path& path) { return read(path, NpyAccept::kValues); }
+
+TensorInfo inspect_npy_offsets(const std::filesystem::path& path) {
+  return inspect(path, NpyAccept::kOffsets);
+}
+
+Tensor read_npy_offsets(const std::filesystem::path& path) {
+  return read(path, NpyAccept::kOffsets);
+}
+
 std::vector<char> encode_npy(const TensorView& view, DType dtype) {
   if (dtype == DType::kBF16) {
     throw Error(view.name, "cannot be written as bfloat16 to .npy (NumPy has no bfloat16 dtype)");
@@ -554,7 +478,7 @@ std::vector<char> encode_npy(const TensorView& view, DType dtype) {
     data = converted.data();
   }
   const std::size_t data_bytes = static_cast<std::size_t>(view.numel()) * dtype_size(dtype);
-  std::string header = std::string("{'descr': '") + descr_of(dtype) +
+  std::string header = std::string("{'descr': '") + io::npy_descr_of(dtype) +
                        "', 'fortran_order': False, 'shape': " + shape_tuple(view.shape) + ", }";
 
   // Pad with spaces and a final '\n' so that the data starts on an aligned offset.

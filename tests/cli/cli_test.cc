@@ -253,8 +253,8 @@ TEST_F(CliTest, UsageErrorsAreOneLineToo) {
   expect_clean_failure(dir_.path(), {"frobnicate"}, "frobnicate");
   expect_clean_failure(dir_.path(),
                        {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out",
-                        "o.npy", "--out-dtype", "f16"},
-                       "f16");
+                        "o.npy", "--out-dtype", "bf16"},
+                       "bf16");
 }
 
 TEST_F(CliTest, HelpAndVersion) {

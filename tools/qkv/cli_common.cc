@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <utility>
 
 #include "core/memory_budget.h"
 #include "qkv/error.h"
@@ -77,6 +78,14 @@ std::uint64_t parse_memory(const std::string& text) {
   return result == 0 ? fail() : result;
 }
 
+// A dtype word the parser has checked (--dtype, --out-dtype).
+DType dtype_of_word(const std::string& word) {
+  if (word == "f64") return DType::kF64;
+  if (word == "bf16") return DType::kBF16;
+  if (word == "f16") return DType::kF16;
+  return DType::kF32;
+}
+
 [[noreturn]] void throw_inputs_too_large(std::uint64_t input_bytes, std::uint64_t budget) {
   throw Error("--max-memory", "the inputs alone take " + core::format_bytes_exact(input_bytes) +
                                   "; the memory budget is " + core::format_bytes_exact(budget));
@@ -113,6 +122,13 @@ std::uint64_t check_input_sizes(const AttentionFlags& flags,
   };
   for (const std::string& spec : specs) count(spec, false);
   count(flags.mask_path, true);
+  count(flags.alibi_slopes_path, false);
+  count(flags.sinks_path, false);
+  for (const std::string* path : {&flags.cu_seqlens_q_path, &flags.cu_seqlens_k_path}) {
+    if (path->empty()) continue;
+    const TensorInfo info = reading(*path, [&] { return inspect_npy_offsets(*path); });
+    bytes = core::saturating_add(bytes, info.bytes);
+  }
   if (bytes >= budget) throw_inputs_too_large(bytes, budget);
   return bytes;
 }
@@ -132,22 +148,73 @@ void apply_memory_budget(const AttentionFlags& flags, std::uint64_t input_bytes,
   options.max_memory = budget - input_bytes;
 }
 
-void add_attention_flags(CLI::App& command, AttentionFlags& flags) {
-  command.add_option("--mask", flags.mask_path,
-                     "bool (True = may attend) or float (added to the scaled scores; -inf "
-                     "forbids) .npy, broadcastable to the scores [.., Nq, Nk]");
+void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups groups) {
+  CLI::Option* mask = command.add_option(
+      "--mask", flags.mask_path,
+      "bool (True = may attend) or float (added to the scaled scores; -inf forbids) .npy, "
+      "broadcastable to the scores [.., Nq, Nk]");
   command.add_flag("--causal", flags.causal,
                    "key j allowed iff j <= i + (Nk - Nq) (bottom-right aligned)");
   command.add_option("--window", flags.window,
                      "L,R: key j allowed iff i+(Nk-Nq)-L <= j <= i+(Nk-Nq)+R; -1 = unbounded");
   flags.scale_option =
       command.add_option("--scale", flags.scale, "multiplies q·k (default 1/sqrt(D); 1: textbook)");
-  command.add_option("--weights", flags.weights_path,
-                     "also write the softmax weights [.., Nq, Nk]");
+  CLI::Option* weights = command.add_option("--weights", flags.weights_path,
+                                            "also write the softmax weights [.., Nq, Nk]");
   command.add_option("--lse", flags.lse_path, "also write the log-sum-exp of the scores [.., Nq]");
-  command.add_option("--out-dtype", flags.out_dtype, "dtype of every output")
-      ->check(CLI::IsMember({"f32", "f64"}))
-      ->default_str("f32");
+  if (groups.precision) {
+    command.add_option("--out-dtype", flags.out_dtype, "dtype of every output")
+        ->check(CLI::IsMember({"f32", "f64", "f16"}))
+        ->default_str("f32");
+    command
+        .add_option("--dtype", flags.dtype,
+                    "storage type Q, K, V are rounded to (nearest even) for the computation "
+                    "(default: bf16 or f16 when all three are stored so, else f32)")
+        ->check(CLI::IsMember({"f64", "f32", "bf16", "f16"}));
+  } else {
+    command.add_option("--out-dtype", flags.out_dtype, "dtype of every output")
+        ->check(CLI::IsMember({"f32", "f64"}))
+        ->default_str("f32");
+  }
+  if (groups.score_modifiers) {
+    flags.softcap_option =
+        command.add_option("--softcap", flags.softcap, "C > 0: scores become C·tanh(score / C)")
+            ->check(CLI::Validator(
+                [](const std::string& text) -> std::string {
+                  double value = 0;
+                  const char* end = text.data() + text.size();
+                  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+                  if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value) ||
+                      value <= 0) {
+                    return "must be a finite number > 0, got '" + text + "'";
+                  }
+                  return {};
+                },
+                "", "softcap"));
+    CLI::Option* alibi = command.add_flag(
+        "--alibi", flags.alibi,
+        "ALiBi with the standard slopes for H heads: adds -slope_h·|i + Nk - Nq - j| to the "
+        "scores");
+    command
+        .add_option("--alibi-slopes", flags.alibi_slopes_path,
+                    "ALiBi with given slopes: float .npy [H]")
+        ->excludes(alibi);
+    command.add_option("--sinks", flags.sinks_path,
+                       "float .npy [H]: one extra logit per query head in the softmax's "
+                       "denominator, with no value");
+  }
+  if (groups.packed_batches) {
+    CLI::Option* cu_q = command.add_option(
+        "--cu-seqlens-q", flags.cu_seqlens_q_path,
+        "packed batch: query row offsets, int32/int64 .npy [B+1] (0 .. total_q); Q is "
+        "[H,total_q,D] or [total_q,D]");
+    CLI::Option* cu_k = command.add_option(
+        "--cu-seqlens-k", flags.cu_seqlens_k_path,
+        "key row offsets of the same B sequences (0 .. total_k); K, V are [Hkv,total_k,.]; "
+        "sequence b: query rows CQ[b]..CQ[b+1] against key rows CK[b]..CK[b+1]");
+    cu_q->needs(cu_k)->excludes(mask)->excludes(weights);
+    cu_k->needs(cu_q)->excludes(mask)->excludes(weights);
+  }
   command.add_option("--threads", flags.threads, "threads to use (default: all cores)")
       ->check(CLI::NonNegativeNumber);
   command.add_option("--kernel", flags.kernel,
@@ -157,6 +224,32 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags) {
   command.add_option("--max-memory", flags.max_memory,
                      "memory budget: refuse, before allocating, a run that needs more (e.g. 8G, "
                      "512MiB, 25%; 0: no limit; default 75% of physical memory)");
+}
+
+std::string flag_for_subject(const std::string& subject) {
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"scale", "--scale"},
+      {"window", "--window"},
+      {"mask", "--mask"},
+      {"return_weights", "--weights"},
+      {"out_dtype", "--out-dtype"},
+      {"threads", "--threads"},
+      {"kernel", "--kernel"},
+      {"max_memory", "--max-memory"},
+      {"dtype", "--dtype"},
+      {"softcap", "--softcap"},
+      {"alibi", "--alibi"},
+      {"alibi_slopes", "--alibi-slopes"},
+      {"sinks", "--sinks"},
+      {"cu_seqlens_q", "--cu-seqlens-q"},
+      {"cu_seqlens_k", "--cu-seqlens-k"},
+      {"heads", "--heads"},
+      {"kv-heads", "--kv-heads"},
+  };
+  for (const auto& [option, flag] : kFlags) {
+    if (subject == option) return flag;
+  }
+  return subject;
 }
 
 Window parse_window(const std::string& text) {
@@ -189,6 +282,20 @@ std::optional<Tensor> load_mask(const AttentionFlags& flags) {
   return mask;
 }
 
+AttentionTensors load_attention_tensors(const AttentionFlags& flags) {
+  AttentionTensors tensors;
+  tensors.mask = load_mask(flags);
+  tensors.alibi_slopes = read_optional(flags.alibi_slopes_path);
+  tensors.sinks = read_optional(flags.sinks_path);
+  const auto offsets = [](const std::string& path) -> std::optional<Tensor> {
+    if (path.empty()) return std::nullopt;
+    return reading(path, [&] { return read_npy_offsets(path); });
+  };
+  tensors.cu_seqlens_q = offsets(flags.cu_seqlens_q_path);
+  tensors.cu_seqlens_k = offsets(flags.cu_seqlens_k_path);
+  return tensors;
+}
+
 AttentionOptions attention_options(const AttentionFlags& flags, const std::optional<Tensor>& mask) {
   AttentionOptions options;
   if (flags.scale_option != nullptr && flags.scale_option->count() > 0) {
@@ -205,11 +312,26 @@ AttentionOptions attention_options(const AttentionFlags& flags, const std::optio
   if (mask) options.mask = mask->view();
   options.return_weights = !flags.weights_path.empty();
   options.return_lse = !flags.lse_path.empty();
-  options.out_dtype = flags.out_dtype == "f64" ? DType::kF64 : DType::kF32;
+  options.out_dtype = dtype_of_word(flags.out_dtype);
   options.threads = flags.threads;
   options.kernel = flags.kernel;
   // The whole budget; commands that hold large inputs narrow it with apply_memory_budget.
   options.max_memory = memory_budget(flags);
+  return options;
+}
+
+AttentionOptions attention_options(const AttentionFlags& flags, const AttentionTensors& tensors) {
+  AttentionOptions options = attention_options(flags, tensors.mask);
+  if (!flags.dtype.empty()) options.dtype = dtype_of_word(flags.dtype);
+  // The parser's check took only finite numbers > 0.
+  if (flags.softcap_option != nullptr && flags.softcap_option->count() > 0) {
+    options.softcap = flags.softcap;
+  }
+  options.alibi = flags.alibi;
+  options.alibi_slopes = view_of(tensors.alibi_slopes);
+  options.sinks = view_of(tensors.sinks);
+  options.cu_seqlens_q = view_of(tensors.cu_seqlens_q);
+  options.cu_seqlens_k = view_of(tensors.cu_seqlens_k);
   return options;
 }
 

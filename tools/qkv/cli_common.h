@@ -29,13 +29,51 @@ struct AttentionFlags {
   int threads = 0;
   std::string kernel;
   std::string max_memory;  // empty: the default budget
+
+  // The version 2 groups (FlagGroups); each stays empty unless its group was added.
+  std::string dtype;  // empty: the library's default
+  double softcap = 0.0;
+  CLI::Option* softcap_option = nullptr;
+  bool alibi = false;
+  std::string alibi_slopes_path;
+  std::string sinks_path;
+  std::string cu_seqlens_q_path;
+  std::string cu_seqlens_k_path;
 };
 
-void add_attention_flags(CLI::App& command, AttentionFlags& flags);
+// The flag groups a command offers beyond the version 1 set (--mask ... --max-memory), so that
+// a command offers only what it honours.
+struct FlagGroups {
+  bool precision = false;        // --dtype, and f16 for --out-dtype
+  bool score_modifiers = false;  // --softcap, --alibi, --alibi-slopes, --sinks
+  bool packed_batches = false;   // --cu-seqlens-q, --cu-seqlens-k (not with --mask, --weights)
+};
+
+// Adds the flags; combinations refused whatever the inputs (--alibi with --alibi-slopes, one
+// --cu-seqlens-* without the other or with --mask or --weights) and bad words or numbers
+// (--dtype f8, --softcap 0) are refused by the parser: one line naming the flags, nothing read.
+void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups groups = {});
+
+// The tensor files the flags name, read: the --mask (see load_mask), --alibi-slopes, --sinks,
+// and the --cu-seqlens-* offsets (int32 or int64 .npy, read_npy_offsets).
+struct AttentionTensors {
+  std::optional<Tensor> mask;
+  std::optional<Tensor> alibi_slopes;
+  std::optional<Tensor> sinks;
+  std::optional<Tensor> cu_seqlens_q;
+  std::optional<Tensor> cu_seqlens_k;
+};
+AttentionTensors load_attention_tensors(const AttentionFlags& flags);
 
 // The library options these flags describe, max_memory set to the whole --max-memory budget;
-// the mask (when given) must outlive the options.
+// the tensors must outlive the options.
+AttentionOptions attention_options(const AttentionFlags& flags, const AttentionTensors& tensors);
+// The same for a command with none of the version 2 flag groups: the mask is the only tensor.
 AttentionOptions attention_options(const AttentionFlags& flags, const std::optional<Tensor>& mask);
+
+// The flag's spelling of a library option named as an error's subject ("softcap" ->
+// "--softcap", "return_weights" -> "--weights"); any other subject (a file) as it is.
+std::string flag_for_subject(const std::string& subject);
 
 // Reads a tensor argument: "FILE.npy" or "FILE.safetensors:NAME".
 Tensor read_input(const std::string& spec);
@@ -51,9 +89,10 @@ std::uint64_t memory_budget(const AttentionFlags& flags);
 constexpr double kDefaultMemoryFraction = 0.75;
 
 // The bytes the command's inputs will take once read: the tensors named by `specs` (empty
-// ones skipped) and the --mask, from their headers alone (io's inspect_tensor), before any is
-// read. Throws qkv::Error naming --max-memory if they alone exceed the budget, so that an input
-// too large for it is refused without being read. 0 when there is no budget (--max-memory 0).
+// ones skipped) and the tensor files of the flags (--mask, --sinks, ...), from their headers
+// alone (io's inspect_tensor), before any is read. Throws qkv::Error naming --max-memory if they
+// alone exceed the budget, so that an input too large for it is refused without being read. 0
+// when there is no budget (--max-memory 0).
 std::uint64_t check_input_sizes(const AttentionFlags& flags, const std::vector<std::string>& specs);
 
 // Sets options.max_memory to what is left of the budget once the inputs (`input_bytes`, as
@@ -62,8 +101,9 @@ std::uint64_t check_input_sizes(const AttentionFlags& flags, const std::vector<s
 void apply_memory_budget(const AttentionFlags& flags, std::uint64_t input_bytes,
                          AttentionOptions& options);
 
-// Runs a library call, reporting a refused memory budget against the --max-memory flag and a
-// failed allocation as one line naming `what` was running and the tensor it could not allocate
+// Runs a library call, reporting an error about an option (a refused memory budget, say) against
+// its flag (flag_for_subject), and a failed allocation as one line naming `what` was running and
+// the tensor it could not allocate
 // ("attention: out of memory allocating output: 17179869184 bytes (16 GiB) for ...").
 template <typename Call>
 auto within_memory_budget(const std::string& what, Call&& call) -> decltype(call()) {
@@ -75,7 +115,8 @@ auto within_memory_budget(const std::string& what, Call&& call) -> decltype(call
     // An allocation other than a tensor's (a vector inside explain, say): no size to give.
     throw Error(what, "out of memory");
   } catch (const Error& e) {
-    if (e.subject() == "max_memory") throw Error("--max-memory", e.problem());
+    const std::string flag = flag_for_subject(e.subject());
+    if (flag != e.subject()) throw Error(flag, e.problem());
     throw;
   }
 }

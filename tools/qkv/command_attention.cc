@@ -37,11 +37,13 @@ void run_attention(const AttentionCommand& command) {
   const Tensor q = read_input(command.q_path);
   const Tensor k = read_input(command.k_path);
   const Tensor v = read_input(command.v_path);
-  const std::optional<Tensor> mask = load_mask(command.flags);
-  AttentionOptions options = attention_options(command.flags, mask);
+  const AttentionTensors tensors = load_attention_tensors(command.flags);
+  AttentionOptions options = attention_options(command.flags, tensors);
   apply_memory_budget(command.flags, input_bytes, options);
   if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
-    std::fputs(explain_kernel_choice(q.view(), k.view(), v.view(), options).c_str(), stderr);
+    const std::string choice = within_memory_budget(
+        "attention", [&] { return explain_kernel_choice(q.view(), k.view(), v.view(), options); });
+    std::fputs(choice.c_str(), stderr);
   }
   const AttentionResult result = within_memory_budget(
       "attention", [&] { return attention(q.view(), k.view(), v.view(), options); });
@@ -63,20 +65,28 @@ void register_attention_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "attention",
       "softmax(scale·Q·K^T + mask)·V on given Q, K, V (.npy or FILE.safetensors:NAME)");
-  sub->add_option("--q", command->q_path, "queries [B,H,Nq,D], [H,Nq,D] or [Nq,D]")->required();
+  sub->add_option("--q", command->q_path,
+                  "queries [B,H,Nq,D], [H,Nq,D] or [Nq,D] ([H,total_q,D] or [total_q,D] packed)")
+      ->required();
   sub->add_option("--k", command->k_path, "keys [.., Hkv, Nk, D]; H % Hkv == 0")->required();
   sub->add_option("--v", command->v_path, "values [.., Hkv, Nk, Dv]")->required();
   sub->add_option("--out", command->out_path, "output [.., Nq, Dv]")->required();
-  add_attention_flags(*sub, command->flags);
+  add_attention_flags(
+      *sub, command->flags,
+      FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
   sub->add_flag("--check", command->check,
                 "also run the float64 reference and print the chosen kernel's max errors");
   sub->footer(
       "Example:\n"
       "  qkv attention --q q.npy --k k.npy --v v.npy --causal --out o.npy --weights w.npy\n"
-      "Query head h uses kv head h / (H/Hkv). A row with no allowed key gives zeros and "
-      "lse = -inf.\n"
+      "  qkv attention --q q.npy --k k.npy --v v.npy --dtype bf16 --softcap 30 --sinks s.npy \\\n"
+      "                --cu-seqlens-q cq.npy --cu-seqlens-k ck.npy --causal --out o.npy\n"
+      "The softmax sees softcap(scale·q·k) + alibi + float mask. Query head h uses kv head\n"
+      "h / (H/Hkv). A row with no allowed key gives zeros and lse = -inf (--sinks: the sink).\n"
+      "Packed: causal, window and ALiBi positions count within each sequence.\n"
       ".npy inputs are float32, float64 or float16 (kept as stored), masks also bool.\n"
-      "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL).\n"
+      "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL), but the\n"
+      "--cu-seqlens-* offsets: int32 or int64 .npy (the only integer files read).\n"
       "QKV_VERBOSE=1 prints which kernel ran and why the others declined or were passed over, "
       "and whether the system refused threads (stderr). Every dimension may be 0.");
   sub->callback([command] { run_attention(*command); });

@@ -119,7 +119,13 @@ void run_layer(const LayerCommand& command) {
   const std::optional<Tensor> bv = read_optional(command.bv_path);
   const std::optional<Tensor> bo = read_optional(command.bo_path);
   const std::optional<Tensor> memory = read_optional(command.memory_path);
-  const std::optional<Tensor> mask = load_mask(command.flags);
+  const AttentionTensors tensors = load_attention_tensors(command.flags);
+  if (tensors.cu_seqlens_q && x->shape().size() != 2) {
+    throw Error(command.x_path,
+                "a packed batch (--cu-seqlens-q, --cu-seqlens-k) takes X as [total, d], the "
+                "sequences' rows one after another, got " +
+                    shape_string(x->shape()));
+  }
 
   LayerWeights weights;
   if (fused) {
@@ -152,7 +158,11 @@ void run_layer(const LayerCommand& command) {
   LayerOptions options;
   options.heads = command.heads;
   options.kv_heads = command.kv_heads;
-  options.attention = attention_options(command.flags, mask);
+  options.attention = attention_options(command.flags, tensors);
+  // float16 outputs are computed in float32 and rounded once as they are written, as attention()
+  // does (the layer itself computes and returns float32 or float64).
+  const DType out_dtype = options.attention.out_dtype;
+  if (out_dtype == DType::kF16) options.attention.out_dtype = DType::kF32;
   apply_memory_budget(command.flags, input_bytes, options.attention);
   const LayerResult result = within_memory_budget("the layer", [&] {
     return multi_head_attention(x->view(), weights, options, view_of(memory));
@@ -160,7 +170,7 @@ void run_layer(const LayerCommand& command) {
 
   std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);
-  write_outputs(outputs, options.attention.out_dtype);
+  write_outputs(outputs, out_dtype);
 }
 
 }  // namespace
@@ -169,7 +179,9 @@ void register_layer_command(CLI::App& app) {
   auto command = std::make_shared<LayerCommand>();
   CLI::App* sub = app.add_subcommand(
       "layer", "multi-head attention from X and W^Q, W^K, W^V (+ W^O, biases, memory)");
-  sub->add_option("--x", command->x_path, "samples, one per row: [B,N,d] or [N,d]")->required();
+  sub->add_option("--x", command->x_path,
+                  "samples, one per row: [B,N,d] or [N,d] ([total,d] with --cu-seqlens-*)")
+      ->required();
   sub->add_option("--wq", command->wq_path, "W^Q [d, H·dk] (X·W convention)");
   sub->add_option("--wk", command->wk_path, "W^K [d_m, Hkv·dk]");
   sub->add_option("--wv", command->wv_path, "W^V [d_m, Hkv·dv]");
@@ -194,7 +206,9 @@ void register_layer_command(CLI::App& app) {
                   "cross-attention: K and V from M [B,Nm,d_m] instead of X");
   sub->add_option("--out", command->out_path, "output [.., N, d_out] ([.., N, H·dv] without --wo)")
       ->required();
-  add_attention_flags(*sub, command->flags);
+  add_attention_flags(
+      *sub, command->flags,
+      FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
   sub->footer(
       "Example:\n"
       "  qkv layer --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --wo wo.npy --heads 4 \\\n"
@@ -202,7 +216,9 @@ void register_layer_command(CLI::App& app) {
       "  qkv layer --x h.npy --wqkv gpt2.safetensors:h.0.attn.c_attn.weight \\\n"
       "            --bqkv gpt2.safetensors:h.0.attn.c_attn.bias --heads 12 --causal --out o.npy\n"
       "Any tensor may be FILE.safetensors:NAME. A PyTorch nn.Linear weight is the transpose of\n"
-      "W here: say --linear-layout. --weights is [B,H,Nq,Nk].");
+      "W here: say --linear-layout. --weights is [B,H,Nq,Nk]. --dtype rounds the projected\n"
+      "Q, K, V. Packed batches: X is [total, d] (M [total_m, d_m]); --cu-seqlens-q cuts X's\n"
+      "rows, --cu-seqlens-k those of X (or M) that give K and V; --lse is [H, total].");
   sub->callback([command] { run_layer(*command); });
 }
 
