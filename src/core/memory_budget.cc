@@ -64,7 +64,9 @@ MemoryEstimate attention_memory(const AttentionCall& call, const AttentionOption
 MemoryEstimate layer_memory(const LayerShape& s, const AttentionOptions& options,
                             std::uint64_t workspace) noexcept {
   const std::uint64_t cs = dtype_size(s.compute);
-  const std::uint64_t os = dtype_size(options.out_dtype);
+  // A float16 output is held in float32 too until it is rounded.
+  const std::uint64_t os = dtype_size(options.out_dtype) +
+                           (options.out_dtype == DType::kF16 ? dtype_size(DType::kF32) : 0);
   const std::uint64_t q_width = saturating_mul(u(s.heads), u(s.dk));
   const std::uint64_t k_width = saturating_mul(u(s.kv_heads), u(s.dk));
   const std::uint64_t v_width = saturating_mul(u(s.kv_heads), u(s.dv));

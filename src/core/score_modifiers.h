@@ -20,7 +20,7 @@ inline double softcap(double x, double cap) noexcept { return cap > 0 ? cap * st
 // The ALiBi term for key j of the query row whose diagonal (i + nk - nq) is `diag`.
 inline double alibi_bias(double slope, std::int64_t diag, std::int64_t j) noexcept {
   const std::int64_t distance = diag >= j ? diag - j : j - diag;
-  return -slope * static_cast<double>(distance);
+  return distance == 0 ? 0.0 : -slope * static_cast<double>(distance);  // never -0
 }
 
 // `value` rounded to the storage type `dtype` (nearest even, once, from double); kF64 and

@@ -195,7 +195,10 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   for (const auto* optional : {&weights.wo, &weights.bq, &weights.bk, &weights.bv, &weights.bo}) {
     if (*optional) inputs.push_back(&**optional);
   }
-  bool all_f32 = options.attention.out_dtype == DType::kF32;
+  // A float16 output is computed in float32 and rounded once at the end.
+  const DType out_dtype = options.attention.out_dtype;
+  const DType held = out_dtype == DType::kF16 ? DType::kF32 : out_dtype;
+  bool all_f32 = held == DType::kF32;
   for (const TensorView* t : inputs) {
     require_real_finite(*t);
     all_f32 = all_f32 && computes_in_f32(*t);
@@ -246,13 +249,12 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
                                              concat.name());
   Shape score_shape = {heads, nq, nk};
   if (batched) score_shape.insert(score_shape.begin(), batch);
-  const DType out_dtype = options.attention.out_dtype;
   if (options.attention.return_weights) {
-    result.weights = Tensor(out_dtype, score_shape, "weights");
+    result.weights = Tensor(held, score_shape, "weights");
     outputs.weights = result.weights.mutable_view();
   }
   if (options.attention.return_lse) {
-    result.lse = Tensor(out_dtype, Shape(score_shape.begin(), score_shape.end() - 1), "lse");
+    result.lse = Tensor(held, Shape(score_shape.begin(), score_shape.end() - 1), "lse");
     outputs.lse = result.lse.mutable_view();
   }
   result.kernel = attention_into(
@@ -264,6 +266,10 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   Tensor out = weights.wo ? project(concat, *weights.wo, weights.bo, "output") : std::move(concat);
   out.reshape(batched ? Shape{batch, nq, d_out} : Shape{nq, d_out});
   result.out = out.dtype() == out_dtype ? std::move(out) : out.to(out_dtype);
+  if (held != out_dtype) {
+    if (!result.weights.empty()) result.weights = result.weights.to(out_dtype);
+    if (!result.lse.empty()) result.lse = result.lse.to(out_dtype);
+  }
   return result;
 }
 

@@ -90,6 +90,31 @@ TEST_F(ExplainFiles, WalksThroughChosenRowsWithLabels) {
   EXPECT_NE(run.out.find("of 14 allowed"), std::string::npos);
 }
 
+// The walk-through shows each modifier in its step: the capped score, the ALiBi term, the
+// sink's share; the page is written with them; a packed batch and the built-in example refuse.
+TEST_F(ExplainFiles, ShowsTheScoreModifiersInTheirSteps) {
+  write_npy(dir_ / "s.npy", testing::random_tensor(DType::kF32, {2}, 9).view(), DType::kF32);
+  const CommandRun run =
+      qkv(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--causal",
+                        "--softcap", "3", "--alibi", "--sinks", "s.npy", "--dtype", "bf16",
+                        "--row", "4", "--html", "page.html"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  for (const char* expected : {"score modifiers: softcap 3; ALiBi slopes [0.0625, 0.00390625]",
+                               "Q, K, V rounded to bfloat16", "3·tanh(", "capped", "ALiBi",
+                               "the sink (a logit of"}) {
+    EXPECT_NE(run.out.find(expected), std::string::npos) << expected << "\n" << run.out;
+  }
+  EXPECT_EQ(run.out.find("-0.0000"), std::string::npos) << run.out;
+  EXPECT_NE(testing::slurp(dir_.path() / "page.html").find("\"softcap\":3"), std::string::npos);
+  const CommandRun builtin = qkv(dir_.path(), {"explain", "--softcap", "3"});
+  EXPECT_NE(builtin.status, 0);
+  EXPECT_NE(builtin.err.find("--softcap"), std::string::npos) << builtin.err;
+  const CommandRun packed = qkv(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v",
+                                              "v.npy", "--cu-seqlens-q", "q.npy"});
+  EXPECT_NE(packed.status, 0);
+  EXPECT_NE(packed.err.find("--cu-seqlens-q"), std::string::npos) << packed.err;
+}
+
 TEST_F(ExplainFiles, LayerFormShowsTheProjectionAndTheLayerOutput) {
   write_npy(dir_ / "x.npy", testing::random_tensor(DType::kF64, {6, 5}, 4).view(), DType::kF64);
   write_npy(dir_ / "wq.npy", testing::random_tensor(DType::kF64, {5, 4}, 5).view(), DType::kF64);

@@ -172,6 +172,48 @@ TEST(MultiHeadAttention, SixteenBitInputsComputeInFloat32) {
   }
 }
 
+// A float16 output (out, weights, lse) is the float32 layer's, rounded once; the layer does
+// not fall back to float64 for it. The storage dtype and the score modifiers reach the heads:
+// the layer equals attention() on the projected Q, K, V with the same options.
+TEST(MultiHeadAttention, Float16OutputsAndV2OptionsReachTheHeads) {
+  const Tensor x = rnd({9, 12}, 40, "x", DType::kF32);
+  const Tensor wq = rnd({12, 12}, 41, "wq", DType::kF32);
+  const Tensor wk = rnd({12, 6}, 42, "wk", DType::kF32);
+  const Tensor wv = rnd({12, 6}, 43, "wv", DType::kF32);
+  const Tensor sinks = rnd({2}, 44, "sinks", DType::kF32);
+  const LayerWeights w{wq.view(), wk.view(), wv.view()};
+  LayerOptions o;
+  o.heads = 2;
+  o.kv_heads = 1;
+  o.attention.causal = true;
+  o.attention.softcap = 2.0;
+  o.attention.alibi = true;
+  o.attention.sinks = sinks.view();
+  o.attention.dtype = DType::kBF16;
+  o.attention.return_weights = true;
+  o.attention.return_lse = true;
+  const LayerResult f32 = multi_head_attention(x.view(), w, o);
+  o.attention.out_dtype = DType::kF16;
+  const LayerResult f16 = multi_head_attention(x.view(), w, o);
+  for (const auto& [got, want] : {std::pair{&f16.out, &f32.out}, std::pair{&f16.weights, &f32.weights},
+                                  std::pair{&f16.lse, &f32.lse}}) {
+    ASSERT_EQ(got->dtype(), DType::kF16);
+    EXPECT_EQ(testing::max_abs_diff(got->view(), want->to(DType::kF16).view()), 0.0);
+  }
+  // The heads themselves: attention() on Q = X·WQ, K = X·WK, V = X·WV as [H, N, dk] views.
+  const Tensor q = linear(x.view(), wq.view(), std::nullopt);
+  const Tensor k = linear(x.view(), wk.view(), std::nullopt);
+  const Tensor v = linear(x.view(), wv.view(), std::nullopt);
+  const TensorView qh{q.data(), DType::kF32, {2, 9, 6}, {6, 12, 1}, "q"};
+  const TensorView kh{k.data(), DType::kF32, {1, 9, 6}, {6, 6, 1}, "k"};
+  const TensorView vh{v.data(), DType::kF32, {1, 9, 6}, {6, 6, 1}, "v"};
+  AttentionOptions a = o.attention;
+  a.out_dtype = DType::kF32;
+  const AttentionResult heads = attention(qh, kh, vh, a);
+  EXPECT_EQ(testing::max_abs_diff(heads.lse.view(), f32.lse.view()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(heads.weights.view(), f32.weights.view()), 0.0);
+}
+
 // Threads of this process now (Linux: /proc/self/task).
 int process_threads() {
   int count = 0;

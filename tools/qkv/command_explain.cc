@@ -82,9 +82,10 @@ std::vector<std::int64_t> parse_rows(const std::string& text, std::int64_t nq) {
 
 // Options that only make sense with input files.
 void reject_for_builtin(const ExplainCommand& c) {
-  const char* const needs_inputs[] = {"--mask",  "--causal",   "--window",
-                                      "--scale", "--labels-q", "--labels-k",
-                                      "--batch", "--heads",    "--kv-heads"};
+  const char* const needs_inputs[] = {"--mask",    "--causal",   "--window",  "--scale",
+                                      "--labels-q", "--labels-k", "--batch",   "--heads",
+                                      "--kv-heads", "--dtype",    "--softcap", "--alibi",
+                                      "--alibi-slopes", "--sinks"};
   for (const char* name : needs_inputs) {
     if (c.app->count(name) > 0) {
       throw Error(name,
@@ -114,7 +115,8 @@ void require_together(std::initializer_list<PathFlag> set) {
 struct Inputs {
   bool builtin = false;
   std::deque<Tensor> owned;  // a deque: references to earlier inputs stay valid
-  std::optional<Tensor> mask, wo, bo;
+  AttentionTensors tensors;  // --mask, --alibi-slopes, --sinks
+  std::optional<Tensor> wo, bo;
 };
 
 std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
@@ -148,8 +150,8 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
   const std::uint64_t input_bytes = check_input_sizes(
       c.flags, {c.q_path, c.k_path, c.v_path, c.x_path, c.wq_path, c.wk_path, c.wv_path, c.wo_path,
                 c.bq_path, c.bk_path, c.bv_path, c.bo_path, c.memory_path});
-  in.mask = load_mask(c.flags);
-  AttentionOptions options = attention_options(c.flags, in.mask);
+  in.tensors = load_attention_tensors(c.flags);
+  AttentionOptions options = attention_options(c.flags, in.tensors);
   if (attention_form) {
     const Tensor& q = in.owned.emplace_back(read_input(c.q_path));
     const Tensor& k = in.owned.emplace_back(read_input(c.k_path));
@@ -288,7 +290,8 @@ void register_explain_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--kv-heads", command->kv_heads, "key/value heads Hkv (default H)")
       ->check(CLI::PositiveNumber);
-  add_attention_flags(*sub, command->flags);
+  // A packed batch is refused: explain walks through one sequence.
+  add_attention_flags(*sub, command->flags, FlagGroups{.precision = true, .score_modifiers = true});
   // explain writes no tensors: the outputs of qkv attention do not apply.
   for (const char* name : {"--weights", "--lse", "--out-dtype"}) {
     sub->remove_option(sub->get_option(name));
