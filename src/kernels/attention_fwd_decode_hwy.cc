@@ -45,12 +45,12 @@
 #include "core/half.h"
 #include "core/mask_rule.h"
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "kernels/decode_common.h"
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 #include "kernels/online_softmax.h"
+#include "kernels/softcap_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace qkv::kernels::HWY_NAMESPACE {
@@ -464,7 +464,7 @@ class Chunk {
     const auto lanes = hn::Iota(di, 0);
     for (std::int64_t x = 0; x < kBlockKeys; x += kLanes) {
       V v = hn::Load(df, s + x);
-      if (cap > 0) v = hn::Mul(vcap, hn::Tanh(df, hn::Mul(v, inv_cap)));
+      if (cap > 0) v = Softcap(df, v, vcap, inv_cap);
       if (slope != 0) {
         const auto distance =
             hn::Abs(hn::Sub(hn::Set(di, static_cast<std::int32_t>(offset - x)), lanes));

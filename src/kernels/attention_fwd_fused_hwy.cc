@@ -29,9 +29,9 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
+#include "kernels/softcap_hwy-inl.h"
 #include "kernels/kernel.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -198,7 +198,7 @@ struct HwyMicro {
     V max = hn::Set(df, -fused::kInfF);
     for (std::int64_t j = 0; j < kTile; j += kLanes) {
       V x = hn::Load(df, s + j);
-      if (cap > 0) x = hn::Mul(vcap, hn::Tanh(df, hn::Mul(x, inv_cap)));
+      if (cap > 0) x = Softcap(df, x, vcap, inv_cap);
       if (slope != 0) {
         const auto distance =
             hn::Abs(hn::Sub(hn::Set(di, static_cast<std::int32_t>(offset - j)), lanes));
