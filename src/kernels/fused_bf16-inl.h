@@ -121,6 +121,9 @@ constexpr std::int64_t kChunk = 512;
 struct Bf16Tiles {
   using T = std::uint16_t;
   static constexpr bool kReadsInPlace = false;
+  // pack_v writes every word of its tile, padding included: the slots need no zeroing (a 4 MiB
+  // memset per call at n = 2048, H = 8, d = 64 was 9 % of the call).
+  static constexpr bool kWritesPadding = true;
   static std::int64_t q_row(std::int64_t d) noexcept { return fused::round_up(d, 2); }
   static std::int64_t kt_tile(std::int64_t d) noexcept { return q_row(d) * fused::kKeyTile; }
 
@@ -157,15 +160,21 @@ struct Bf16Tiles {
     }
   }
 
-  // Word (j, c) of the tile = (v_{2j}[c], v_{2j+1}[c]), rows of ldv words; a short tile's last
-  // odd key pairs with a zero, and the padding words beyond it and beyond dv stay as make() left
-  // them (zeros: every chunk of every call leaves them unwritten).
+  // Word (j, c) of the 64-key tile at dst = (v_{2j}[c], v_{2j+1}[c]), rows of ldv words; a
+  // short tile's last odd key pairs with a zero, and the words beyond its keys and beyond dv
+  // are written as zeros.
   static void pack_v(const core::InputOperand& op, std::int64_t b, std::int64_t h,
                      std::int64_t row0, std::int64_t rows, std::int64_t cols, T* dst,
                      std::int64_t ldv) noexcept {
     alignas(64) T even[bf16::kChunk];
     alignas(64) T odd[bf16::kChunk];
-    for (std::int64_t j = 0; j < rows; j += 2) {
+    for (std::int64_t j = 0; j < fused::kKeyTile; j += 2) {
+      T* row = dst + j / 2 * ldv * 2;
+      if (j >= rows) {
+        std::fill(row, row + ldv * 2, T{0});
+        continue;
+      }
+      std::fill(row + cols * 2, row + ldv * 2, T{0});
       for (std::int64_t c0 = 0; c0 < cols; c0 += bf16::kChunk) {
         const std::int64_t width = std::min(bf16::kChunk, cols - c0);
         const std::int64_t col = op.strides.col;

@@ -345,9 +345,10 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
   fused::Buffer slots[2];
   for (std::int64_t slot = 0; slot < std::min<std::int64_t>(2, chunks); ++slot) {
     // Packing writes every element of the K^T tiles (the short last one zero-filled first);
-    // a packed V leaves its padding columns and rows unwritten, which must read as zeros.
+    // a packed V leaves its padding columns and rows unwritten (unless Tiles::kWritesPadding),
+    // and they must read as zeros.
     // Zeroing the K^T alone was 2 % of a causal n = 512, d = 128, H = 8 call (perf).
-    slots[slot] = Tiles::make(chunk * head_elements, !v_in_place);
+    slots[slot] = Tiles::make(chunk * head_elements, !v_in_place && !Tiles::kWritesPadding);
     if (!slots[slot]) return core::KernelStatus::kOutOfMemory;
   }
   // Task order. Without causal/window every task costs the same: head by head, so that a kv

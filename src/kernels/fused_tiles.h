@@ -14,6 +14,8 @@ struct F32Tiles {
   using T = float;
   // Float32 Q and V with dense rows may be read in place (see the driver).
   static constexpr bool kReadsInPlace = true;
+  // pack_v leaves V's padding as make() left it: a packed V needs zeroed slots.
+  static constexpr bool kWritesPadding = false;
   // Elements of one Q row in the packed tile, and of one [d x kKeyTile] K^T tile.
   static std::int64_t q_row(std::int64_t d) noexcept { return d; }
   static std::int64_t kt_tile(std::int64_t d) noexcept { return d * kKeyTile; }
