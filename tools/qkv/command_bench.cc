@@ -78,7 +78,7 @@ DType prefill_dtype(const std::string& name) {
   if (name == "f32") return DType::kF32;
   if (name == "bf16") return DType::kBF16;
   if (name == "f16") return DType::kF16;
-  throw Error("--dtype", "expected f32, bf16 or f16 without --decode, got '" + name + "'");
+  usage_error("--dtype", "expected f32, bf16 or f16 without --decode, got '" + name + "'");
 }
 
 // The useful flops: 2·(d + dv) per allowed (query, key) pair and head.
