@@ -69,6 +69,15 @@ std::vector<Bf16Case> bf16_cases() {
   strided.c.dv = 24;
   strided.c.causal = true;
   cases.push_back(strided);
+  // Past the 512 head dims that pack_kt rounds 16 keys of on the stack: packed key by key.
+  Bf16Case wide;
+  wide.c.name = "d521_key_by_key";
+  wide.c.nq = 9;
+  wide.c.nk = 70;
+  wide.c.d = 521;
+  wide.c.dv = 530;
+  wide.c.in_dtype = DType::kF64;
+  cases.push_back(wide);
   return cases;
 }
 
