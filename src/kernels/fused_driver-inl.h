@@ -12,7 +12,10 @@
 //            any thread count and any schedule give the same bits.
 //   packing  K^T in tiles of [d x 64] (and V as [nk x dvp] unless it is float32 with dense
 //            rows and dv a whole number of vectors, then read in place), once per kv
-//            head and call, shared by all tasks of that head (see run_fused).
+//            head and call, shared by all tasks of that head (see run_fused). The element
+//            type and layout are the template parameter Tiles (fused_tiles.h): float32, or the
+//            bf16 pairs of fused_bf16-inl.h that vdpbf16ps reads (K^T as [d/2 x 64] pairs, V as
+//            [32 x dvp] pairs of keys); everything after the score tile is float32 either way.
 //   per task Q tile packed to float32 [rows x d]; per row a softmax state (max m, sum l: l in
 //            kLanes lanes) and an accumulator o [dv] (padded to the vector width, dvp).
 //            for each key tile [j0, j0 + 64) inside the union of the rows' causal/window ranges
