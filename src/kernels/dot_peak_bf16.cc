@@ -24,7 +24,7 @@ namespace {
 
 // `iterations` rounds of 16 vdpbf16ps; returns the flops done and a value that keeps the work.
 __attribute__((target("avx512f,avx512bf16"))) double bf16_dot_chains(std::int64_t iterations,
-                                                                      float* sink) {
+                                                                     float* sink) {
   constexpr int kChains = 16;
   __m512 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * static_cast<float>(c));

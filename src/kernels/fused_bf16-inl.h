@@ -44,8 +44,8 @@ namespace bf16 {
 inline __m256i round16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i high = _mm512_srli_epi32(bits, 16);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7fff));
+  const __m512i bias =
+      _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(
       _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
@@ -153,9 +153,9 @@ struct Bf16Tiles {
     const std::int64_t dp = q_row(cols);
     if (dp * kBlock > kPackBlock) return pack_kt_by_key(op, b, h, row0, rows, cols, dst);
     alignas(64) T block[kPackBlock];
-    const __m512i index = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(static_cast<int>(dp / 2)));
+    const __m512i index =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32(static_cast<int>(dp / 2)));
     for (std::int64_t j0 = 0; j0 < rows; j0 += kBlock) {
       const std::int64_t keys = std::min(kBlock, rows - j0);
       for (std::int64_t x = 0; x < keys; ++x) {
@@ -218,8 +218,8 @@ struct Bf16Tiles {
         }
         T* out = dst + (j / 2 * ldv + c0) * 2;
         for (std::int64_t c = 0; c < width; c += 16) {
-          const auto live = static_cast<__mmask16>(
-              width - c >= 16 ? 0xffffu : (1u << (width - c)) - 1u);
+          const auto live =
+              static_cast<__mmask16>(width - c >= 16 ? 0xffffu : (1u << (width - c)) - 1u);
           const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, even + c));
           const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, odd + c));
           _mm512_mask_storeu_epi32(out + c * 2, live,
@@ -279,10 +279,17 @@ struct Bf16Micro : HwyMicro {
     }
     const std::int64_t off = u * kLanes;
     switch (vectors - u) {
-      case 3: scores_block<MR, 3>(q, dp, kt + off * 2, scale, s + off, row_max); break;
-      case 2: scores_block<MR, 2>(q, dp, kt + off * 2, scale, s + off, row_max); break;
-      case 1: scores_block<MR, 1>(q, dp, kt + off * 2, scale, s + off, row_max); break;
-      default: break;
+      case 3:
+        scores_block<MR, 3>(q, dp, kt + off * 2, scale, s + off, row_max);
+        break;
+      case 2:
+        scores_block<MR, 2>(q, dp, kt + off * 2, scale, s + off, row_max);
+        break;
+      case 1:
+        scores_block<MR, 1>(q, dp, kt + off * 2, scale, s + off, row_max);
+        break;
+      default:
+        break;
     }
   }
 
@@ -292,12 +299,23 @@ struct Bf16Micro : HwyMicro {
     std::int64_t r = 0;
     for (; r + kRows <= rows; r += kRows) f.template operator()<kRows>(r);
     switch (rows - r) {
-      case 5: f.template operator()<5>(r); break;
-      case 4: f.template operator()<4>(r); break;
-      case 3: f.template operator()<3>(r); break;
-      case 2: f.template operator()<2>(r); break;
-      case 1: f.template operator()<1>(r); break;
-      default: break;
+      case 5:
+        f.template operator()<5>(r);
+        break;
+      case 4:
+        f.template operator()<4>(r);
+        break;
+      case 3:
+        f.template operator()<3>(r);
+        break;
+      case 2:
+        f.template operator()<2>(r);
+        break;
+      case 1:
+        f.template operator()<1>(r);
+        break;
+      default:
+        break;
     }
   }
 
@@ -339,9 +357,8 @@ struct Bf16Micro : HwyMicro {
   }
 
   template <int MR>
-  static HWY_INLINE void pv_rows(const std::uint16_t* p, std::int64_t pairs,
-                                 const std::uint16_t* v, std::int64_t ldv, std::int64_t dvp,
-                                 const float* alpha, float* o) {
+  static HWY_INLINE void pv_rows(const std::uint16_t* p, std::int64_t pairs, const std::uint16_t* v,
+                                 std::int64_t ldv, std::int64_t dvp, const float* alpha, float* o) {
     const std::int64_t vectors = dvp / kLanes;
     std::int64_t u = 0;
     for (; u + kKeyVectors <= vectors; u += kKeyVectors) {
@@ -349,10 +366,17 @@ struct Bf16Micro : HwyMicro {
     }
     const std::int64_t off = u * kLanes;
     switch (vectors - u) {
-      case 3: pv_block<MR, 3>(p, pairs, v + off * 2, ldv, dvp, alpha, o + off); break;
-      case 2: pv_block<MR, 2>(p, pairs, v + off * 2, ldv, dvp, alpha, o + off); break;
-      case 1: pv_block<MR, 1>(p, pairs, v + off * 2, ldv, dvp, alpha, o + off); break;
-      default: break;
+      case 3:
+        pv_block<MR, 3>(p, pairs, v + off * 2, ldv, dvp, alpha, o + off);
+        break;
+      case 2:
+        pv_block<MR, 2>(p, pairs, v + off * 2, ldv, dvp, alpha, o + off);
+        break;
+      case 1:
+        pv_block<MR, 1>(p, pairs, v + off * 2, ldv, dvp, alpha, o + off);
+        break;
+      default:
+        break;
     }
   }
 

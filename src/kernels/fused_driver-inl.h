@@ -94,7 +94,6 @@ template <class Micro, class Tiles>
 class FusedWorker {
   using T = typename Tiles::T;
 
-
  public:
   FusedWorker(const core::AttentionParams& p, const fused::Plan& plan)
       : p_(p),

@@ -39,12 +39,30 @@ std::vector<Bf16Case> bf16_cases() {
       c.in_dtype = storage[index % 4];
       std::string what;
       switch (index % 6) {
-        case 0: what = "plain"; break;
-        case 1: c.causal = true; what = "causal"; break;
-        case 2: c.window = Window{20, 5}; what = "window"; break;
-        case 3: c.mask = MaskKind::kBoolFull; c.causal = true; what = "mask_causal"; break;
-        case 4: c.mask = MaskKind::kDeadRows; what = "dead_rows"; break;
-        default: c.mask = MaskKind::kFloatFull; what = "float_mask"; break;
+        case 0:
+          what = "plain";
+          break;
+        case 1:
+          c.causal = true;
+          what = "causal";
+          break;
+        case 2:
+          c.window = Window{20, 5};
+          what = "window";
+          break;
+        case 3:
+          c.mask = MaskKind::kBoolFull;
+          c.causal = true;
+          what = "mask_causal";
+          break;
+        case 4:
+          c.mask = MaskKind::kDeadRows;
+          what = "dead_rows";
+          break;
+        default:
+          c.mask = MaskKind::kFloatFull;
+          what = "float_mask";
+          break;
       }
       if (index % 4 == 1) {
         c.h = 6;

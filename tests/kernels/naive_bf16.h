@@ -31,8 +31,8 @@ inline NaiveResult naive_bf16(const TensorView& q, const TensorView& k, const Te
                 Tensor(DType::kF64, call.lse_shape)};
   const float inf = std::numeric_limits<float>::infinity();
   const float scale = static_cast<float>(p.scale);
-  const auto at = [](const core::InputOperand& op, std::int64_t b, std::int64_t h,
-                     std::int64_t i, std::int64_t c) {
+  const auto at = [](const core::InputOperand& op, std::int64_t b, std::int64_t h, std::int64_t i,
+                     std::int64_t c) {
     return round_bf16(core::load_real(op.data, op.dtype, op.strides.at(b, h, i, c)));
   };
   std::vector<float> w(static_cast<std::size_t>(s.nk));
@@ -48,7 +48,8 @@ inline NaiveResult naive_bf16(const TensorView& q, const TensorView& k, const Te
           const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
           if (core::structurally_allowed(p.masking, i + s.diagonal_offset(), j) && bias != -inf) {
             float dot = 0.0f;
-            for (std::int64_t c = 0; c < s.d; ++c) dot += at(p.q, b, h, i, c) * at(p.k, b, hk, j, c);
+            for (std::int64_t c = 0; c < s.d; ++c)
+              dot += at(p.q, b, h, i, c) * at(p.k, b, hk, j, c);
             x = dot * scale + bias;
           }
           w[static_cast<std::size_t>(j)] = x;
