@@ -102,6 +102,9 @@ double measure_fma_from_l1_gflops(int threads);
 // flops each (32 pairs, a multiply and an add per element), as the FMA probe runs FMAs; 0
 // where the CPU has no AVX512-BF16 and in a portable build (dot_peak_bf16.cc).
 double measure_bf16_dot_peak_gflops(int threads);
+// The same vdpbf16ps fed from L1 as the bf16 q·K^T micro-kernel feeds them (6 x 4 block, 4
+// vector loads and 6 pair broadcasts per 24 instructions, 32 steps): that path's ceiling.
+double measure_bf16_from_l1_gflops(int threads);
 // The memory bandwidth in GB/s on `threads` threads: STREAM's triad over 3 x 128 MiB
 // (bandwidth_probe.cc), 12 bytes per element, best of 5; 0 when the arrays cannot be allocated.
 // Compiled in every build.
