@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The bf16 grid of docs/performance.md ("bf16 on AVX512-BF16"): ROUNDS rounds (default 3) of
 # `qkv bench --dtype bf16` at n = 2048 and 4096, d = 64 and 128, non-causal and causal, B = 1,
-# H = 8, THREADS threads (default 2); each run times the bf16 call (Q, K, V stored as bf16) and then the float32
-# fused kernel on float32 copies of the same values, so the ratio is a same-run ratio. One JSON
-# object per line to OUT (bench/bf16_median.py makes the table). The unfused baseline uses
+# H = 8, THREADS threads (default 2); each run times the bf16 call (Q, K, V stored as bf16) and
+# then the float32 fused kernel on float32 copies of the same values, so the ratio is a same-run
+# ratio. One JSON object per line to OUT (bench/bf16_median.py makes the table). The unfused baseline uses
 # OpenBLAS, so the OpenBLAS variables are unset for these runs only (bench/openblas_run.sh).
 #
 #   bench/bf16_grid.sh [path/to/qkv] [bf16.jsonl]
