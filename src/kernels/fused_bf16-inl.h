@@ -8,7 +8,9 @@
 //
 //   vdpbf16ps acc, a, b: for each 32-bit lane l, acc[l] += a[2l]·b[2l] + a[2l+1]·b[2l+1], the
 //   bf16 products exact in float32 and accumulated in float32: 64 flops per 512-bit instruction,
-//   twice an FMA's 32.
+//   twice an FMA's 32. It treats subnormal operands (below 2^-126) as zero and flushes subnormal
+//   results, as vcvtne2ps2bf16 does below: terms that small change no float32 score or output
+//   beyond its last bits.
 //
 //   Q     rows of dp = d rounded up to even bf16 values (a zero after an odd d): each 32-bit
 //         word is a pair (q[2c], q[2c+1]), broadcast to every lane.
