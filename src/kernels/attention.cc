@@ -128,7 +128,12 @@ std::string explain_kernel_choice(const TensorView& q, const TensorView& k, cons
     text += std::string(kernel.name) + ": ";
     if (&kernel == &chosen) {
       text += options.kernel.empty() ? "chosen" : "chosen (--kernel)";
-      if (kernel.name.ends_with("_hwy")) text += " (SIMD target " + kernels::simd_target_name() + ")";
+      if (kernel.name.ends_with("_hwy")) {
+        text += " (SIMD target " + kernels::simd_target_name();
+        // Which products the fused kernel runs: bf16 dot products or float32.
+        if (kernel.name == "fused_hwy") text += ", " + kernels::fused_hwy_path(call.params.compute);
+        text += ")";
+      }
       after = true;
     } else if (after) {
       text += "not tried";

@@ -31,6 +31,7 @@
 #include "hwy/highway.h"
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
+#include "kernels/fused_tiles.h"
 #include "kernels/softcap_hwy-inl.h"
 #include "kernels/kernel.h"
 
@@ -279,7 +280,20 @@ struct HwyMicro {
 
 #include "kernels/fused_driver-inl.h"
 
+// The bf16 path (fused_bf16-inl.h) on the x86 AVX-512 targets, for bf16 calls on CPUs with
+// AVX512-BF16; every other call, and a bf16 call elsewhere, runs the float32 micro-kernels.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#include "kernels/fused_bf16-inl.h"
+
+core::KernelStatus FusedForward(const core::AttentionParams& p) {
+  if (p.compute == DType::kBF16 && bf16_dots_supported()) {
+    return run_fused<Bf16Micro, Bf16Tiles>(p);
+  }
+  return run_fused<HwyMicro>(p);
+}
+#else
 core::KernelStatus FusedForward(const core::AttentionParams& p) { return run_fused<HwyMicro>(p); }
+#endif
 
 }  // namespace qkv::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -288,6 +302,40 @@ HWY_AFTER_NAMESPACE();
 namespace qkv::kernels {
 
 HWY_EXPORT(FusedForward);
+
+bool bf16_dots_supported() noexcept {
+#if HWY_ARCH_X86
+  static const bool supported = __builtin_cpu_supports("avx512bf16") != 0;
+  return supported;
+#else
+  return false;
+#endif
+}
+
+bool fused_bf16_dots_available() noexcept {
+  if (!bf16_dots_supported()) return false;
+  apply_simd_cap();
+  const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  const std::int64_t best = targets & -targets;
+#if HWY_ARCH_X86
+  return best == HWY_AVX3 || best == HWY_AVX3_DL;
+#else
+  (void)best;
+  return false;
+#endif
+}
+
+std::string fused_hwy_path(DType compute) {
+  switch (compute) {
+    case DType::kBF16:
+      return fused_bf16_dots_available() ? "bf16 dot products (vdpbf16ps)"
+                                         : "float32 on bf16-rounded tiles";
+    case DType::kF16:
+      return "float32 on f16-rounded tiles";
+    default:
+      return "float32";
+  }
+}
 
 std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& p) {
   return float32_declines(p);

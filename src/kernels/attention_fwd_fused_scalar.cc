@@ -17,6 +17,7 @@
 
 #include "core/score_modifiers.h"
 #include "kernels/fused_common.h"
+#include "kernels/fused_tiles.h"
 #include "kernels/kernel.h"
 
 namespace qkv::kernels {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
 #include "core/params.h"
@@ -53,10 +55,19 @@ struct FreeDeleter {
 };
 using Buffer = std::unique_ptr<float[], FreeDeleter>;
 
+// Buffers of at least kHugeBytes (the packed K^T/V slots) are 2 MiB aligned and asked to be
+// backed by transparent huge pages: packing into a fresh 8 MiB slot otherwise takes 2048 page
+// faults per call, which perf put at ~10 % of an n = 2048, d = 128, H = 8 call on a VM.
+constexpr std::size_t kHugeBytes = std::size_t{4} << 20;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
 inline Buffer make_buffer(std::int64_t count, bool zeroed = true) noexcept {
-  const std::size_t bytes =
+  std::size_t bytes =
       static_cast<std::size_t>(round_up(std::max<std::int64_t>(count, 1) * 4, 64));
-  auto* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+  const bool huge = bytes >= kHugeBytes;
+  if (huge) bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  auto* p = static_cast<float*>(std::aligned_alloc(huge ? kHugePage : 64, bytes));
+  if (p != nullptr && huge) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: errors are harmless
   if (p != nullptr && zeroed) std::memset(p, 0, bytes);
   return Buffer(p);
 }

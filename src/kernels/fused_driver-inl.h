@@ -12,7 +12,10 @@
 //            any thread count and any schedule give the same bits.
 //   packing  K^T in tiles of [d x 64] (and V as [nk x dvp] unless it is float32 with dense
 //            rows and dv a whole number of vectors, then read in place), once per kv
-//            head and call, shared by all tasks of that head (see run_fused).
+//            head and call, shared by all tasks of that head (see run_fused). The element
+//            type and layout are the template parameter Tiles (fused_tiles.h): float32, or the
+//            bf16 pairs of fused_bf16-inl.h that vdpbf16ps reads (K^T as [d/2 x 64] pairs, V as
+//            [32 x dvp] pairs of keys); everything after the score tile is float32 either way.
 //   per task Q tile packed to float32 [rows x d]; per row a softmax state (max m, sum l: l in
 //            kLanes lanes) and an accumulator o [dv] (padded to the vector width, dvp).
 //            for each key tile [j0, j0 + 64) inside the union of the rows' causal/window ranges
@@ -74,27 +77,34 @@
 #define QKV_KERNELS_FUSED_DRIVER_INL_H_
 #endif
 
-// One (b, kv head)'s K^T and V as the micro-kernels read them: K^T in tiles of [d x 64]
-// (tile t at kt + t·d·64, the last one zero-padded), V as rows of ldv floats (the caller's own
-// memory when it is float32 with dense rows and dv a whole number of vectors, else a padded
-// float32 copy).
+// One (b, kv head)'s K^T and V as the micro-kernels read them: K^T in tiles of
+// Tiles::kt_tile(d) elements (tile t at kt + t·kt_tile(d), the last one zero-padded), V as rows
+// of ldv elements (the caller's own memory when it is float32 with dense rows and dv a whole
+// number of vectors, else a padded copy), a tile of 64 keys every 64·ldv elements.
+template <class T>
 struct HeadPack {
-  const float* kt = nullptr;
-  const float* v = nullptr;
+  const T* kt = nullptr;
+  const T* v = nullptr;
   std::int64_t ldv = 0;
 };
 
-template <class Micro>
+// Tiles (fused_tiles.h) is the packed element type and layout: float32 for every micro-kernel
+// but the bf16 one, whose Micro reads the bf16 pairs of fused_bf16-inl.h.
+template <class Micro, class Tiles>
 class FusedWorker {
+  using T = typename Tiles::T;
+
  public:
   FusedWorker(const core::AttentionParams& p, const fused::Plan& plan)
       : p_(p),
         plan_(plan),
         dvp_(fused::round_up(p.shape.dv, Micro::kLanes)),
-        q_in_place_(plan.g == 1 && p.q.dtype == DType::kF32 && p.q.strides.col == 1 &&
-                    p.q.strides.row == p.shape.d && !core::operand_rounds(p.q, p.compute)),
+        q_stride_(Tiles::q_row(p.shape.d)),
+        q_in_place_(Tiles::kReadsInPlace && plan.g == 1 && p.q.dtype == DType::kF32 &&
+                    p.q.strides.col == 1 && p.q.strides.row == p.shape.d &&
+                    !core::operand_rounds(p.q, p.compute)),
         modified_(p.modifiers.softcap > 0 || !p.modifiers.alibi_slopes.empty()),
-        q_(fused::make_buffer(q_in_place_ ? 0 : plan.max_rows * p.shape.d)),
+        q_(Tiles::make(q_in_place_ ? 0 : plan.max_rows * q_stride_)),
         s_(fused::make_buffer(plan.max_rows * fused::kKeyTile)),
         o_(fused::make_buffer(plan.max_rows * dvp_)),
         // One vector of slack: softmax_rows reads these a vector of rows at a time, and
@@ -107,19 +117,19 @@ class FusedWorker {
 
   bool ok() const noexcept { return q_ && s_ && o_ && alpha_ && max_ && m_ && sum_ && lsum_; }
 
-  void run(const fused::Task& t, const HeadPack& kv) noexcept {
+  void run(const fused::Task& t, const HeadPack<T>& kv) noexcept {
     const core::AttentionShape& sh = p_.shape;
     const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t rows = plan_.g * per_head;
     // Q's rows are read in place when they already are the tile (float32, dense rows, one
     // query head per kv head), else packed: the copy was 2 % of a causal n = 512, d = 128 call.
-    q_rows_ = q_.get();
+    q_rows_ = Tiles::data(q_);
     if (q_in_place_) {
-      q_rows_ = static_cast<const float*>(p_.q.data) + p_.q.strides.at(t.b, t.hk, t.i0, 0);
+      q_rows_ = static_cast<const T*>(p_.q.data) + p_.q.strides.at(t.b, t.hk, t.i0, 0);
     } else {
       for (std::int64_t gh = 0; gh < plan_.g; ++gh) {
-        fused::pack_rows(p_.q, t.b, t.hk * plan_.g + gh, t.i0, per_head, sh.d,
-                         q_.get() + gh * per_head * sh.d, sh.d, p_.compute);
+        Tiles::pack_q(p_.q, t.b, t.hk * plan_.g + gh, t.i0, per_head, sh.d,
+                      Tiles::data(q_) + gh * per_head * q_stride_, p_.compute);
       }
     }
     std::fill(o_.get(), o_.get() + rows * dvp_, 0.0f);
@@ -141,8 +151,8 @@ class FusedWorker {
     for (std::int64_t kt = range.first / fused::kKeyTile; kt < tile_end; ++kt) {
       const std::int64_t j0 = kt * fused::kKeyTile;
       const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
-      const float* k_tile = kv.kt + kt * sh.d * fused::kKeyTile;
-      const float* v_tile = kv.v + j0 * kv.ldv;
+      const T* k_tile = kv.kt + kt * Tiles::kt_tile(sh.d);
+      const T* v_tile = kv.v + j0 * kv.ldv;
       // Row group by row group (kGroupRows rows): the group's scores, softmax and P·V run
       // back to back, so its score rows never leave L1, and each micro-kernel reuses its K^T or
       // V tile for 4 register blocks in a row while it is in L1. Causal/window are classified
@@ -163,7 +173,7 @@ class FusedWorker {
         // allowed key: mask_row sets every later score to -inf, so those keys would add
         // exactly 0 to o and l.
         const std::int64_t used = std::min(bk, keys.last - j0);
-        Micro::scores(q_rows_ + r0 * sh.d, nr, sh.d, k_tile, used, scale(),
+        Micro::scores(q_rows_ + r0 * q_stride_, nr, sh.d, k_tile, used, scale(),
                       s_.get() + r0 * fused::kKeyTile, max_.get() + r0);
         // A tile that needs masking (or softcap / ALiBi) is finished row by row and its rows'
         // maxes retaken; the softmax step is then the group's, as on an unmasked tile.
@@ -273,7 +283,7 @@ class FusedWorker {
   // The attention weights, recomputed tile by tile from the final (m, l) of each row, with
   // the same score arithmetic as the forward sweep.
   void write_weights(const fused::Task& t, const core::KeyRange& range,
-                     const HeadPack& kv) noexcept {
+                     const HeadPack<T>& kv) noexcept {
     const core::AttentionShape& sh = p_.shape;
     const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t rows = plan_.g * per_head;
@@ -290,7 +300,7 @@ class FusedWorker {
     for (std::int64_t kt = tile_begin; kt < tile_end; ++kt) {
       const std::int64_t j0 = kt * fused::kKeyTile;
       const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
-      Micro::scores(q_rows_, rows, sh.d, kv.kt + kt * sh.d * fused::kKeyTile, bk, scale(), s_.get(),
+      Micro::scores(q_rows_, rows, sh.d, kv.kt + kt * Tiles::kt_tile(sh.d), bk, scale(), s_.get(),
                     max_.get());
       const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
                         fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
@@ -318,9 +328,10 @@ class FusedWorker {
   const core::AttentionParams& p_;
   const fused::Plan& plan_;
   std::int64_t dvp_;
+  std::int64_t q_stride_;  // elements from one Q row to the next in q_
   bool q_in_place_;
   bool modified_;  // softcap or ALiBi: every tile takes the per-row path
-  const float* q_rows_ = nullptr;  // the task's Q rows, d floats apart: in place or q_
+  const T* q_rows_ = nullptr;  // the task's Q rows, q_stride_ apart: in place or q_
   // Per row: the tile's max (max_), the running max (m_), the factor for o (alpha_), the
   // running sum in kLanes lanes (lsum_) and its final total (sum_).
   fused::Buffer q_, s_, o_, alpha_, max_, m_, sum_, lsum_;
@@ -336,8 +347,9 @@ class FusedWorker {
 // the others finish, and the slot it overwrites belonged to the chunk before, all of whose
 // tasks were finished before the previous barrier opened. Memory: at most kPackBudgetFloats of
 // packed operands (32 MiB), plus a few tiles per worker; nothing n x n.
-template <class Micro>
+template <class Micro, class Tiles = fused::F32Tiles>
 core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
+  using T = typename Tiles::T;
   const core::AttentionShape& sh = p.shape;
   const fused::Plan plan = fused::make_plan(sh, p.threads);
   if (plan.tasks == 0) return core::KernelStatus::kOk;
@@ -347,21 +359,23 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
   // V is read in place only when its rows are dense: rows a wider matrix apart (heads as
   // column blocks, ldv = H·dv) fall into a few L1 sets (at 2 KiB apart, 64 rows share 8 of the
   // 64 sets) and measured 18 % slower at n = 2048, H = 8, d = 64 than a packed copy.
-  const bool v_in_place = p.v.dtype == DType::kF32 && p.v.strides.col == 1 &&
-                          p.v.strides.row == sh.dv && sh.dv % Micro::kLanes == 0 &&
-                          !core::operand_rounds(p.v, p.compute);
-  const std::int64_t kt_floats = key_tiles * sh.d * fused::kKeyTile;
-  const std::int64_t v_floats = v_in_place ? 0 : key_tiles * fused::kKeyTile * dvp;
-  const std::int64_t head_floats = kt_floats + v_floats;
-  const bool all_at_once = heads * head_floats <= fused::kPackBudgetFloats;
+  const bool v_in_place = Tiles::kReadsInPlace && p.v.dtype == DType::kF32 &&
+                          p.v.strides.col == 1 && p.v.strides.row == sh.dv &&
+                          sh.dv % Micro::kLanes == 0 && !core::operand_rounds(p.v, p.compute);
+  const std::int64_t kt_elements = key_tiles * Tiles::kt_tile(sh.d);
+  const std::int64_t v_elements = v_in_place ? 0 : key_tiles * fused::kKeyTile * dvp;
+  const std::int64_t head_elements = kt_elements + v_elements;
+  const bool all_at_once = heads * head_elements * static_cast<std::int64_t>(sizeof(T)) <=
+                           fused::kPackBudgetFloats * 4;
   const std::int64_t chunk = all_at_once ? heads : 1;
   const std::int64_t chunks = heads / chunk;
   fused::Buffer slots[2];
   for (std::int64_t slot = 0; slot < std::min<std::int64_t>(2, chunks); ++slot) {
     // Packing writes every element of the K^T tiles (the short last one zero-filled first);
-    // a packed V leaves its padding columns and rows unwritten, which must read as zeros.
+    // a packed V leaves its padding columns and rows unwritten (unless Tiles::kWritesPadding),
+    // and they must read as zeros.
     // Zeroing the K^T alone was 2 % of a causal n = 512, d = 128, H = 8 call (perf).
-    slots[slot] = fused::make_buffer(chunk * head_floats, !v_in_place);
+    slots[slot] = Tiles::make(chunk * head_elements, !v_in_place && !Tiles::kWritesPadding);
     if (!slots[slot]) return core::KernelStatus::kOutOfMemory;
   }
   // Task order. Without causal/window every task costs the same: head by head, so that a kv
@@ -379,26 +393,25 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
     core::run_team(static_cast<int>(wanted), [&](int member, core::Team& team) {
       const std::int64_t w = member;
       const std::int64_t workers = team.size();
-      FusedWorker<Micro> worker(p, plan);
+      FusedWorker<Micro, Tiles> worker(p, plan);
       // Every member learns of a failed allocation at the same barrier, so all leave together.
       if (!worker.ok()) out_of_memory.store(true, std::memory_order_relaxed);
       team.sync();
       if (out_of_memory.load(std::memory_order_relaxed)) return;
       for (std::int64_t c = 0; c < chunks; ++c) {
-        float* base = slots[c % 2].get();
+        T* base = Tiles::data(slots[c % 2]);
         for (std::int64_t item = w; item < chunk * key_tiles; item += workers) {
           const std::int64_t g = c * chunk + item / key_tiles;
           const std::int64_t t = item % key_tiles;
           const std::int64_t j0 = t * fused::kKeyTile;
           const std::int64_t bk = std::min(fused::kKeyTile, sh.nk - j0);
-          float* head = base + (g - c * chunk) * head_floats;
-          float* tile = head + t * sh.d * fused::kKeyTile;
-          if (bk < fused::kKeyTile) std::fill(tile, tile + sh.d * fused::kKeyTile, 0.0f);
-          fused::pack_transposed(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d, tile, fused::kKeyTile,
-                                 p.compute);
+          T* head = base + (g - c * chunk) * head_elements;
+          T* tile = head + t * Tiles::kt_tile(sh.d);
+          if (bk < fused::kKeyTile) std::fill(tile, tile + Tiles::kt_tile(sh.d), T{0});
+          Tiles::pack_kt(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d, tile, p.compute);
           if (!v_in_place) {
-            fused::pack_rows(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv,
-                             head + kt_floats + j0 * dvp, dvp, p.compute);
+            Tiles::pack_v(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv,
+                          head + kt_elements + j0 * dvp, dvp, p.compute);
           }
         }
         team.sync();
@@ -408,11 +421,10 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
           const std::int64_t in_chunk = by_query_tile ? t % chunk : t / plan.q_tiles;
           const std::int64_t q_tile = by_query_tile ? t / chunk : t % plan.q_tiles;
           const std::int64_t g = c * chunk + in_chunk;
-          const float* head = base + in_chunk * head_floats;
-          HeadPack kv{head, head + kt_floats, dvp};
+          const T* head = base + in_chunk * head_elements;
+          HeadPack<T> kv{head, head + kt_elements, dvp};
           if (v_in_place) {
-            kv.v =
-                static_cast<const float*>(p.v.data) + p.v.strides.at(g / sh.hkv, g % sh.hkv, 0, 0);
+            kv.v = static_cast<const T*>(p.v.data) + p.v.strides.at(g / sh.hkv, g % sh.hkv, 0, 0);
             kv.ldv = p.v.strides.row;
           }
           worker.run(fused::task_at(plan, sh, g, q_tile), kv);

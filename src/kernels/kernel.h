@@ -73,6 +73,14 @@ std::string float32_declines(const core::AttentionParams& params);
 // to round to a narrower storage type, or empty.
 std::string plain_only_declines(const core::AttentionParams& params);
 
+// The bf16 path of fused_hwy (vdpbf16ps, fused_bf16-inl.h): whether this CPU has AVX512-BF16,
+// and whether a bf16 call would take the path now (the CPU has it and dispatch picks an
+// AVX-512 target: QKV_SIMD_MAX may cap it away); false in a portable build. fused_hwy_path
+// names the path fused_hwy takes for a call computing in `compute` (QKV_VERBOSE, bench).
+bool bf16_dots_supported() noexcept;
+bool fused_bf16_dots_available() noexcept;
+std::string fused_hwy_path(DType compute);
+
 // The SIMD targets compiled into the fused kernel that this CPU supports, best first (empty in
 // a portable build); forcing one (0 restores the CPU's best) is for tests, which run every
 // target on one machine. simd_target_name() names the target that dispatch picks now.
@@ -90,6 +98,13 @@ double measure_fma_peak_gflops(int threads);
 // The same FMAs fed from L1 as the fused kernel's micro-kernels feed them (vector and
 // broadcast loads, a 6 x 4 accumulator block on AVX-512): the ceiling of those kernels.
 double measure_fma_from_l1_gflops(int threads);
+// The bf16 dot-product peak in GFLOP/s on `threads` threads: chains of 512-bit vdpbf16ps, 64
+// flops each (32 pairs, a multiply and an add per element), as the FMA probe runs FMAs; 0
+// where the CPU has no AVX512-BF16 and in a portable build (dot_peak_bf16.cc).
+double measure_bf16_dot_peak_gflops(int threads);
+// The same vdpbf16ps fed from L1 as the bf16 q·K^T micro-kernel feeds them (6 x 4 block, 4
+// vector loads and 6 pair broadcasts per 24 instructions, 32 steps): that path's ceiling.
+double measure_bf16_from_l1_gflops(int threads);
 // The memory bandwidth in GB/s on `threads` threads: STREAM's triad over 3 x 128 MiB
 // (bandwidth_probe.cc), 12 bytes per element, best of 5; 0 when the arrays cannot be allocated.
 // Compiled in every build.

@@ -43,6 +43,11 @@ std::string simd_target_name() { return "none (portable build)"; }
 std::string simd_target_name(std::int64_t) { return "none"; }
 double measure_fma_peak_gflops(int) { return 0.0; }
 double measure_fma_from_l1_gflops(int) { return 0.0; }
+double measure_bf16_dot_peak_gflops(int) { return 0.0; }
+double measure_bf16_from_l1_gflops(int) { return 0.0; }
+bool bf16_dots_supported() noexcept { return false; }
+bool fused_bf16_dots_available() noexcept { return false; }
+std::string fused_hwy_path(DType) { return "none (portable build)"; }
 #endif
 
 }  // namespace qkv::kernels

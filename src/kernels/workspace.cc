@@ -42,8 +42,10 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
       saturating_mul((nk + key_tile - 1) / key_tile * key_tile, d + dvp);
   const std::uint64_t all_heads =
       saturating_mul(saturating_mul(u(shape.b), u(shape.hkv)), head_floats);
-  const std::uint64_t packed = saturating_mul(
+  std::uint64_t packed = saturating_mul(
       all_heads <= u(fused::kPackBudgetFloats) ? all_heads : saturating_mul(head_floats, 2), 4);
+  // Slots of kHugeBytes or more are rounded up to whole huge pages (make_buffer): two at most.
+  if (packed >= fused::kHugeBytes) packed = saturating_add(packed, 2 * fused::kHugePage);
   // Reference, per worker: one row of scores and one accumulator in float64.
   const std::uint64_t reference = saturating_mul(nk + dv, 8);
   std::uint64_t bytes = saturating_add(std::max(saturating_mul(fused_tiles, fused_workers),

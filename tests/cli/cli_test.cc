@@ -286,6 +286,8 @@ TEST_F(CliTest, BenchPeakReportsThePeakTheMicroKernelCeilingAndTheTriad) {
   ASSERT_FALSE(std::isnan(peak)) << run.out;
   ASSERT_FALSE(std::isnan(l1_fed)) << run.out;
   EXPECT_GT(json_number(run.out, "triad_gbs"), 0.0) << run.out;  // in every build
+  // 0 without AVX512-BF16 (and in a portable build), but always reported.
+  EXPECT_GE(json_number(run.out, "bf16_dot_peak_gflops"), 0.0) << run.out;
   if (run.out.find("\"simd_target\": \"none") == std::string::npos) {  // not a portable build
     EXPECT_GT(peak, 0.0) << run.out;
     EXPECT_GT(l1_fed, 0.0) << run.out;
@@ -297,6 +299,20 @@ TEST_F(CliTest, BenchPeakReportsThePeakTheMicroKernelCeilingAndTheTriad) {
       << text.out;
   EXPECT_NE(text.out.find("memory bandwidth (STREAM triad, 3 x 128 MiB"), std::string::npos)
       << text.out;
+}
+
+TEST_F(CliTest, BenchDtypeStoresTheInputsInThatTypeAndNamesThePath) {
+  const CommandRun run = run_qkv(
+      dir_.path(), {"bench", "--n", "40", "--d", "8", "--heads", "2", "--threads", "2",
+                    "--dtype", "bf16", "--peak-gflops", "100", "--warmup", "0", "--repeats", "2",
+                    "--json"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.out.find("\"dtype\": \"bf16\""), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("\"path\": \""), std::string::npos) << run.out;
+  if (run.out.find("\"simd_target\": \"none") == std::string::npos) {
+    // The float32 fused kernel on the same values, timed in the same run.
+    EXPECT_GT(json_number(run.out, "speedup_vs_f32_fused"), 0.0) << run.out;
+  }
 }
 
 TEST_F(CliTest, BenchTimesTheChosenKernelAgainstTheBaseline) {

@@ -13,6 +13,7 @@
 
 #include "bench.h"
 #include "commands.h"
+#include "core/half.h"
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
 #include "decode_support.h"
@@ -51,18 +52,33 @@ struct Timing {
   double peak_rss_mib = 0.0;  // process peak RSS after this kernel's runs
 };
 
-// Fills a tensor with a cheap deterministic pattern in [-1, 1).
-Tensor pattern_tensor(const Shape& shape, std::uint64_t seed, const char* name) {
-  Tensor t(DType::kF32, shape, name);
-  float* x = t.data_as<float>();
+// Fills a tensor of `dtype` (f32, bf16 or f16) with a cheap deterministic pattern in [-1, 1),
+// written straight in that type: a 16-bit run never holds a float32 copy of its inputs.
+Tensor pattern_tensor(DType dtype, const Shape& shape, std::uint64_t seed, const char* name) {
+  Tensor t(dtype, shape, name);
   std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = static_cast<float>(static_cast<double>(state >> 40) / static_cast<double>(1ull << 24)) *
-               2.0f -
-           1.0f;
+    const float x =
+        static_cast<float>(static_cast<double>(state >> 40) / static_cast<double>(1ull << 24)) *
+            2.0f -
+        1.0f;
+    if (dtype == DType::kF32) {
+      t.data_as<float>()[i] = x;
+    } else {
+      t.data_as<std::uint16_t>()[i] =
+          dtype == DType::kBF16 ? core::float_to_bf16(x) : core::float_to_f16(x);
+    }
   }
   return t;
+}
+
+// --dtype of a prefill bench: the storage of Q, K, V and the computation's type.
+DType prefill_dtype(const std::string& name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f16") return DType::kF16;
+  usage_error("--dtype", "expected f32, bf16 or f16 without --decode, got '" + name + "'");
 }
 
 // The useful flops: 2·(d + dv) per allowed (query, key) pair and head.
@@ -80,6 +96,7 @@ double useful_flops(const BenchCommand& c) {
 Timing time_kernel(const BenchCommand& c, const TensorView& q, const TensorView& k,
                    const TensorView& v, const std::string& kernel, double flops) {
   AttentionOptions options;
+  options.dtype = q.dtype;  // the inputs' own storage type: no rounding
   options.causal = c.causal;
   options.threads = c.threads;
   options.kernel = kernel;
@@ -128,18 +145,33 @@ void run_bench(BenchCommand c) {
   c.threads = threads;
   if (c.peak_only) {
     const double peak = kernels::measure_fma_peak_gflops(threads);
+    const double bf16_peak = kernels::measure_bf16_dot_peak_gflops(threads);
+    const double bf16_l1_fed = kernels::measure_bf16_from_l1_gflops(threads);
     const double l1_fed = kernels::measure_fma_from_l1_gflops(threads);
     const double share = peak > 0 ? 100.0 * l1_fed / peak : 0.0;
     const double triad = kernels::measure_triad_gbs(threads);
     if (c.json) {
       std::printf(
           "{\"threads\": %d, \"simd_target\": \"%s\", \"peak_gflops\": %.2f, "
-          "\"l1_fed_gflops\": %.2f, \"triad_gbs\": %.2f, \"openblas_core\": \"%s\"}\n",
-          threads, kernels::simd_target_name().c_str(), peak, l1_fed, triad,
+          "\"bf16_dot_peak_gflops\": %.2f, \"l1_fed_gflops\": %.2f, \"bf16_l1_fed_gflops\": %.2f, "
+          "\"triad_gbs\": %.2f, \"openblas_core\": \"%s\"}\n",
+          threads, kernels::simd_target_name().c_str(), peak, bf16_peak, l1_fed, bf16_l1_fed, triad,
           kernels::blas_core_name().c_str());
     } else {
       std::printf("fp32 FMA peak: %.1f GFLOP/s on %d thread(s) (%s)\n", peak, threads,
                   kernels::simd_target_name().c_str());
+      if (bf16_peak > 0) {
+        std::printf(
+            "bf16 dot-product peak (vdpbf16ps, 64 flops per 512-bit instruction): %.1f GFLOP/s "
+            "(%.2fx the FMA peak)\n",
+            bf16_peak, peak > 0 ? bf16_peak / peak : 0.0);
+        std::printf(
+            "vdpbf16ps fed from L1 as in the bf16 micro-kernels: %.1f GFLOP/s (%.1f %% of the bf16 "
+            "peak)\n",
+            bf16_l1_fed, 100.0 * bf16_l1_fed / bf16_peak);
+      } else {
+        std::printf("bf16 dot-product peak: none (no AVX512-BF16 on this CPU)\n");
+      }
       std::printf(
           "FMAs fed from L1 as in the fused micro-kernels: %.1f GFLOP/s (%.1f %% of the peak, "
           "the ceiling of those micro-kernels)\n",
@@ -162,25 +194,49 @@ void run_bench(BenchCommand c) {
   if (c.kv_heads <= 0) c.kv_heads = c.heads;
   if (c.heads % c.kv_heads != 0) throw Error("--kv-heads", "must divide --heads");
 
-  const Tensor q = pattern_tensor({c.batch, c.heads, c.n, c.d}, 1, "Q");
-  const Tensor k = pattern_tensor({c.batch, c.kv_heads, c.nk, c.d}, 2, "K");
-  const Tensor v = pattern_tensor({c.batch, c.kv_heads, c.nk, c.dv}, 3, "V");
+  const DType dtype = prefill_dtype(c.dtype);
+  const Shape q_shape{c.batch, c.heads, c.n, c.d};
+  const Shape k_shape{c.batch, c.kv_heads, c.nk, c.d};
+  const Shape v_shape{c.batch, c.kv_heads, c.nk, c.dv};
+  const Tensor q = pattern_tensor(dtype, q_shape, 1, "Q");
+  const Tensor k = pattern_tensor(dtype, k_shape, 2, "K");
+  const Tensor v = pattern_tensor(dtype, v_shape, 3, "V");
   const double input_output_mib =
       static_cast<double>(q.nbytes() + k.nbytes() + v.nbytes() +
                           static_cast<std::size_t>(c.batch * c.heads * c.n * c.dv) * 4) /
       (1024.0 * 1024.0);
   const double flops = useful_flops(c);
-  const double peak = c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(threads);
+  const double fma_peak =
+      c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(threads);
+  // The relevant peak: the bf16 dot-product peak for the bf16 path, the FMA peak otherwise.
+  const std::string path = kernels::fused_hwy_path(dtype);
+  const bool bf16_dots = dtype == DType::kBF16 && kernels::fused_bf16_dots_available();
+  const double peak = bf16_dots ? kernels::measure_bf16_dot_peak_gflops(threads) : fma_peak;
 
   if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
     AttentionOptions options;
     options.causal = c.causal;
     options.threads = c.threads;
     options.kernel = c.kernel;
+    options.dtype = dtype;
     std::fprintf(stderr, "%s",
                  explain_kernel_choice(q.view(), k.view(), v.view(), options).c_str());
   }
   const Timing main = time_kernel(c, q.view(), k.view(), v.view(), c.kernel, flops);
+  // A 16-bit run against the float32 fused kernel on float32 copies of the same inputs, timed
+  // after the run above so that its peak RSS holds no float32 copy.
+  std::optional<Timing> f32_fused;
+  std::string f32_note;
+  if (!c.no_baseline && dtype != DType::kF32) {
+    try {
+      const Tensor q32 = contiguous_copy(q.view(), DType::kF32);
+      const Tensor k32 = contiguous_copy(k.view(), DType::kF32);
+      const Tensor v32 = contiguous_copy(v.view(), DType::kF32);
+      f32_fused = time_kernel(c, q32.view(), k32.view(), v32.view(), "fused_hwy", flops);
+    } catch (const Error& e) {
+      f32_note = e.what();
+    }
+  }
   std::optional<Timing> base;
   std::string base_note;
   if (!c.no_baseline && main.kernel != "unfused_blas") {
@@ -197,14 +253,21 @@ void run_bench(BenchCommand c) {
     std::printf(
         "{\n  \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, \"heads\": %lld, "
         "\"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d,\n"
+        "  \"dtype\": \"%s\", \"path\": \"%s\", \"fma_peak_gflops\": %.2f,\n"
         "  \"simd_target\": \"%s\", \"peak_gflops\": %.2f, \"useful_gflop\": %.4f, "
         "\"inputs_outputs_mib\": %.1f, \"openblas_env_set\": %s, \"openblas_core\": \"%s\",\n",
         static_cast<long long>(c.n), static_cast<long long>(c.nk), static_cast<long long>(c.d),
         static_cast<long long>(c.dv), static_cast<long long>(c.heads),
         static_cast<long long>(c.kv_heads), static_cast<long long>(c.batch),
-        c.causal ? "true" : "false", threads, kernels::simd_target_name().c_str(), peak,
-        flops * 1e-9, input_output_mib, blas_env ? "true" : "false", blas_core.c_str());
+        c.causal ? "true" : "false", threads, c.dtype.c_str(), path.c_str(), fma_peak,
+        kernels::simd_target_name().c_str(), peak, flops * 1e-9, input_output_mib,
+        blas_env ? "true" : "false", blas_core.c_str());
     print_json_timing("chosen", main, peak);
+    if (f32_fused) {
+      std::printf(",\n");
+      print_json_timing("f32_fused", *f32_fused, fma_peak);
+      std::printf(",\n  \"speedup_vs_f32_fused\": %.4f", f32_fused->ms / main.ms);
+    }
     if (base) {
       std::printf(",\n");
       print_json_timing("baseline", *base, peak);
@@ -222,17 +285,27 @@ void run_bench(BenchCommand c) {
       static_cast<long long>(c.d), static_cast<long long>(c.dv), c.causal ? " causal" : "", threads,
       kernels::simd_target_name().c_str());
   std::printf("useful work %.3f GFLOP; fp32 FMA peak %.1f GFLOP/s; inputs+output %.1f MiB\n",
-              flops * 1e-9, peak, input_output_mib);
-  auto line = [&](const char* role, const Timing& t) {
+              flops * 1e-9, fma_peak, input_output_mib);
+  if (bf16_dots) std::printf("bf16 dot-product peak %.1f GFLOP/s\n", peak);
+  std::printf("Q, K, V stored and computed as %s; fused_hwy path: %s\n", c.dtype.c_str(),
+              path.c_str());
+  auto line = [&](const char* role, const Timing& t, double of_peak) {
     std::printf(
-        "%-9s %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of peak  "
+        "%-9s %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of %s peak  "
         "peak RSS %.0f MiB\n",
         role, t.kernel.c_str(), t.ms, t.min_ms, t.cpu_ms, t.runs, t.gflops,
-        peak > 0 ? 100.0 * t.gflops / peak : 0.0, t.peak_rss_mib);
+        of_peak > 0 ? 100.0 * t.gflops / of_peak : 0.0, of_peak == fma_peak ? "FMA" : "bf16 dot",
+        t.peak_rss_mib);
   };
-  line("chosen", main);
+  line("chosen", main, peak);
+  if (f32_fused) {
+    line("f32 fused", *f32_fused, fma_peak);
+    std::printf("speedup vs the float32 fused kernel: %.2fx\n", f32_fused->ms / main.ms);
+  } else if (!f32_note.empty()) {
+    std::printf("float32 fused kernel: not run (%s)\n", f32_note.c_str());
+  }
   if (base) {
-    line("baseline", *base);
+    line("baseline", *base, fma_peak);
     std::printf("speedup vs baseline: %.2fx\n", base->ms / main.ms);
   } else if (!base_note.empty()) {
     std::printf("baseline: not run (%s)\n", base_note.c_str());
@@ -294,8 +367,9 @@ void register_bench_command(CLI::App& app) {
       ->excludes(peak_option)
       ->excludes(peak_gflops_option);
   sub->add_option("--dtype", command->dtype,
-                  "with --decode: the cache's storage, f32, bf16, f16 or int8 (default f32)")
-      ->needs(decode_option);
+                  "Q, K and V stored and computed as f32, bf16 or f16 (default f32; bf16 and "
+                  "f16 are also timed against the float32 fused kernel); with --decode: the "
+                  "cache's storage, f32, bf16, f16 or int8");
   CLI::Option* lengths_option =
       sub->add_option("--lengths", command->lengths,
                       "with --decode: L1,L2,... rows of each sequence (B entries; B defaults to "
@@ -319,6 +393,7 @@ void register_bench_command(CLI::App& app) {
       "Examples:\n"
       "  qkv bench --n 4096 --d 64 --heads 8 --causal --threads 2\n"
       "  qkv bench --decode --nk 32768 --heads 8 --d 128 --dtype bf16 --threads 2\n"
+      "  qkv bench --n 4096 --d 64 --heads 8 --dtype bf16 --threads 2\n"
       "  qkv bench --peak --threads 2\n"
       "GFLOP/s count the useful work 2·(d+dv) per allowed (query, key) pair and head.\n"
       "--decode counts the K/V bytes one call must read: rows · Hkv · (d + dv) values of the\n"
