@@ -50,7 +50,7 @@
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 #include "kernels/online_softmax.h"
-#include "kernels/softcap_hwy-inl.h"
+#include "kernels/score_modifiers_hwy-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace qkv::kernels::HWY_NAMESPACE {
@@ -446,32 +446,7 @@ class Chunk {
         mod.alibi_slopes.empty() ? 0.0f
                                  : static_cast<float>(mod.alibi_slopes[static_cast<std::size_t>(head(r))]);
     const std::int64_t offset = r % call_.nq + nk_ - call_.nq - jb;
-    float* s = scratch_.s + r * kBlockKeys;
-    const D df;
-    const hn::RebindToSigned<D> di;
-    constexpr std::int64_t kIntRange = std::int64_t{1} << 30;
-    if (slope != 0 && (offset > kIntRange || offset < -kIntRange)) {
-      for (std::int64_t x = 0; x < kBlockKeys; ++x) {
-        const float capped = cap > 0 ? cap * std::tanh(s[x] / cap) : s[x];
-        const std::int64_t distance = offset >= x ? offset - x : x - offset;
-        s[x] = capped - slope * static_cast<float>(distance);
-      }
-      return;
-    }
-    const V vcap = hn::Set(df, cap);
-    const V inv_cap = hn::Set(df, cap > 0 ? 1.0f / cap : 0.0f);
-    const V neg_slope = hn::Set(df, -slope);
-    const auto lanes = hn::Iota(di, 0);
-    for (std::int64_t x = 0; x < kBlockKeys; x += kLanes) {
-      V v = hn::Load(df, s + x);
-      if (cap > 0) v = Softcap(df, v, vcap, inv_cap);
-      if (slope != 0) {
-        const auto distance =
-            hn::Abs(hn::Sub(hn::Set(di, static_cast<std::int32_t>(offset - x)), lanes));
-        v = hn::MulAdd(neg_slope, hn::ConvertTo(df, distance), v);
-      }
-      hn::Store(v, df, s + x);
-    }
+    ModifyScores(D(), scratch_.s + r * kBlockKeys, kBlockKeys, cap, slope, offset);
   }
 
   void mask_scores(std::int64_t r, std::int64_t jb, std::int64_t bk) const noexcept {

@@ -32,7 +32,7 @@
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
 #include "kernels/fused_tiles.h"
-#include "kernels/softcap_hwy-inl.h"
+#include "kernels/score_modifiers_hwy-inl.h"
 #include "kernels/kernel.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -174,41 +174,10 @@ struct HwyMicro {
     }
   }
 
-  // s_j := cap·tanh(s_j / cap) (cap > 0) - slope·|offset - j| (slope != 0), offset being the
-  // row's diagonal minus the tile's first key: the score modifiers, a vector at a time (a scalar
-  // tanh per score would cost more than the score's 2·d FMAs).
-  // Returns the tile's new max (used when no mask follows).
+  // Softcap and ALiBi on a row of the tile (ModifyScores, shared with the decode kernel); returns
+  // the row's new max (used when no mask follows).
   static float modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
-    const D df;
-    const hn::RebindToSigned<D> di;
-    // Distances in int32 lanes; beyond +-2^30 keys (never in practice) the scalar form.
-    constexpr std::int64_t kIntRange = std::int64_t{1} << 30;
-    if (slope != 0 && (offset > kIntRange || offset < -kIntRange)) {
-      for (std::int64_t j = 0; j < kTile; ++j) {
-        float x = s[j];
-        if (cap > 0) x = cap * std::tanh(x / cap);
-        const std::int64_t distance = offset >= j ? offset - j : j - offset;
-        s[j] = x - slope * static_cast<float>(distance);
-      }
-      return row_max(s);
-    }
-    const V vcap = hn::Set(df, cap);
-    const V inv_cap = hn::Set(df, cap > 0 ? 1.0f / cap : 0.0f);
-    const V neg_slope = hn::Set(df, -slope);
-    const auto lanes = hn::Iota(di, 0);
-    V max = hn::Set(df, -fused::kInfF);
-    for (std::int64_t j = 0; j < kTile; j += kLanes) {
-      V x = hn::Load(df, s + j);
-      if (cap > 0) x = Softcap(df, x, vcap, inv_cap);
-      if (slope != 0) {
-        const auto distance =
-            hn::Abs(hn::Sub(hn::Set(di, static_cast<std::int32_t>(offset - j)), lanes));
-        x = hn::MulAdd(neg_slope, hn::ConvertTo(df, distance), x);
-      }
-      max = hn::Max(max, x);
-      hn::Store(x, df, s + j);
-    }
-    return hn::GetLane(hn::MaxOfLanes(df, max));
+    return ModifyScores(D(), s, kTile, cap, slope, offset);
   }
 
   static void exp_scale(float* s, float max, float factor) noexcept {
