@@ -1,5 +1,6 @@
 #include "qkv/tensor.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -44,11 +45,18 @@ void write_from_double(void* data, DType dtype, std::int64_t at, double value) {
     case DType::kF16:
       static_cast<std::uint16_t*>(data)[at] = core::float_to_f16(core::narrow_to_odd(value));
       break;
+    // Toward zero, saturating; NaN becomes 0 (a plain cast would be undefined for both).
     case DType::kI32:
-      static_cast<std::int32_t*>(data)[at] = static_cast<std::int32_t>(value);
+      static_cast<std::int32_t*>(data)[at] =
+          std::isnan(value) ? 0
+                            : static_cast<std::int32_t>(std::clamp(value, -2147483648.0, 2147483647.0));
       break;
     case DType::kI64:
-      static_cast<std::int64_t*>(data)[at] = static_cast<std::int64_t>(value);
+      static_cast<std::int64_t*>(data)[at] =
+          std::isnan(value) ? 0
+          : value >= 9223372036854775807.0 ? std::numeric_limits<std::int64_t>::max()
+          : value <= -9223372036854775808.0 ? std::numeric_limits<std::int64_t>::min()
+                                             : static_cast<std::int64_t>(value);
       break;
   }
 }

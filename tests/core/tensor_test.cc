@@ -163,5 +163,22 @@ TEST(Tensor, ShapeString) {
   EXPECT_EQ(shape_string({}), "[]");
 }
 
+// Converting to an index type goes toward zero and saturates; NaN becomes 0 (a plain cast of
+// NaN or of an out-of-range value is undefined behaviour, which UBSan reports).
+TEST(Tensor, ToIntegersSaturatesAndTakesNaNAsZero) {
+  Tensor t(DType::kF64, {6});
+  const double values[] = {std::nan(""), 1e20, -1e20, 2.7, -2.7, 1e300};
+  for (int i = 0; i < 6; ++i) t.data_as<double>()[i] = values[i];
+  const Tensor i32 = t.to(DType::kI32);
+  const std::int32_t want32[] = {0, 2147483647, -2147483647 - 1, 2, -2, 2147483647};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(i32.data_as<std::int32_t>()[i], want32[i]) << i;
+  const Tensor i64 = t.to(DType::kI64);
+  EXPECT_EQ(i64.data_as<std::int64_t>()[0], 0);
+  EXPECT_EQ(i64.data_as<std::int64_t>()[1], std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(i64.data_as<std::int64_t>()[2], std::numeric_limits<std::int64_t>::min());
+  EXPECT_EQ(i64.data_as<std::int64_t>()[3], 2);
+  EXPECT_EQ(i64.to(DType::kF64).data_as<double>()[4], -2.0);
+}
+
 }  // namespace
 }  // namespace qkv
