@@ -41,6 +41,18 @@ void apply_call_options(const AttentionOptions& options, std::int64_t d, Attenti
 void bind_output(OutputOperand& slot, const MutableTensorView& view, const Shape& expected,
                  bool has_columns = true);
 
+// Throws qkv::Error naming `view` if its strides do not match its shape or it has no data.
+void require_view_consistent(const TensorView& view);
+
+// The storage type of a call (options.dtype, or the inputs' common 16-bit type), checked and
+// set in p.compute (validate_options.cc, with the two below).
+void apply_storage_type(const AttentionOptions& options, AttentionParams& p);
+
+// A packed batch (options.cu_seqlens_q/k): the offsets of both sides checked against Q's and
+// K's rows and kept in call.cu_q / call.cu_k; the combinations it cannot take refused.
+void apply_packed_batch(const AttentionOptions& options, const TensorView& q, const TensorView& k,
+                        AttentionCall& call);
+
 // The score modifiers of a call (softcap, ALiBi, sinks) for p.shape.h query heads, checked and
 // set in p.modifiers (and the sinks' bound in p.magnitudes); throws qkv::Error naming the
 // option or the tensor.
