@@ -251,7 +251,10 @@ struct HwyMicro {
 
 // The bf16 path (fused_bf16-inl.h) on the x86 AVX-512 targets, for bf16 calls on CPUs with
 // AVX512-BF16; every other call, and a bf16 call elsewhere, runs the float32 micro-kernels.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// GCC builds it (its `#pragma GCC target` adds AVX512-BF16 to the inline intrinsics); clang,
+// which the fuzz build uses, needs the feature on every function that inlines them, so it
+// leaves the path out and bf16 calls take the float32 kernel on rounded tiles.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && !defined(__clang__)
 #include "kernels/fused_bf16-inl.h"
 
 core::KernelStatus FusedForward(const core::AttentionParams& p) {
@@ -273,7 +276,7 @@ namespace qkv::kernels {
 HWY_EXPORT(FusedForward);
 
 bool bf16_dots_supported() noexcept {
-#if HWY_ARCH_X86
+#if HWY_ARCH_X86 && !defined(__clang__)
   static const bool supported = __builtin_cpu_supports("avx512bf16") != 0;
   return supported;
 #else
