@@ -52,11 +52,22 @@ struct ExplainProjection {
 // Where explain's inputs come from and what to call things; labels are optional (one per row).
 struct ExplainSetup {
   std::string title;  // one line saying what is explained
+  std::string story;  // optional paragraphs (blank-line separated) the page shows first
   std::vector<std::string> query_labels;
   std::vector<std::string> key_labels;
+  // What the coordinates mean: d names for the query/key columns, dv for the value columns,
+  // and (layer form) one per column of the samples X (and of the memory, when it has as many).
+  std::vector<std::string> d_labels;
+  std::vector<std::string> dv_labels;
+  std::vector<std::string> sample_labels;
   std::string query_labels_source = "query labels";  // the subject of a label-count error
   std::string key_labels_source = "key labels";
+  std::string d_labels_source = "d labels";
+  std::string dv_labels_source = "dv labels";
   std::int64_t batch = 0;  // which batch element of a batched input
+  // Queries and keys are different sequences (layer form: set by a memory): positions i and j
+  // are not comparable, so no distance |j - i| is reported. The attention form cannot tell.
+  bool cross_attention = false;
 };
 
 namespace explain_detail {
@@ -65,7 +76,10 @@ struct MaskRule;
 
 struct Explanation {
   std::string title;
+  std::string story;  // ExplainSetup::story
   std::int64_t nq = 0, nk = 0, d = 0, dv = 0, heads = 1, kv_heads = 1;
+  std::int64_t batch = 0, batches = 1;  // which batch element this is, of how many
+  bool cross_attention = false;         // ExplainSetup::cross_attention (or a memory was given)
   double scale = 1.0;
   bool causal = false;
   std::optional<Window> window;
@@ -80,6 +94,9 @@ struct Explanation {
   int threads = 0;
   std::vector<std::string> query_labels;  // nq entries (numbers when none were given)
   std::vector<std::string> key_labels;    // nk entries
+  std::vector<std::string> d_labels;      // d entries (empty: unnamed coordinates)
+  std::vector<std::string> dv_labels;     // dv entries (empty: unnamed)
+  std::vector<std::string> sample_labels; // projection->x.cols entries (empty: unnamed)
   std::vector<Matrix> q;                  // per query head, [nq, d]
   std::vector<Matrix> k, v;               // per kv head, [nk, d] and [nk, dv]
   std::vector<Matrix> out;                // per query head, [nq, dv]: attention()'s output
@@ -109,6 +126,19 @@ Explanation explain_layer(const TensorView& x, const LayerWeights& weights,
                           const LayerOptions& options,
                           const std::optional<TensorView>& memory = std::nullopt,
                           const ExplainSetup& setup = {});
+
+// The same for several batch elements at once (one attention() call): one Explanation per
+// index in `batches` (setup.batch is ignored); every index must be in range.
+std::vector<Explanation> explain_attention_batches(const TensorView& q, const TensorView& k,
+                                                   const TensorView& v,
+                                                   const AttentionOptions& options,
+                                                   const std::vector<std::int64_t>& batches,
+                                                   const ExplainSetup& setup = {});
+std::vector<Explanation> explain_layer_batches(const TensorView& x, const LayerWeights& weights,
+                                               const LayerOptions& options,
+                                               const std::optional<TensorView>& memory,
+                                               const std::vector<std::int64_t>& batches,
+                                               const ExplainSetup& setup = {});
 
 // The built-in example: users' tastes as queries, films' genres as keys and what the films give
 // as values (cross-attention), then self-attention over the films themselves.
@@ -156,9 +186,12 @@ struct HeadScan {
   std::int64_t head = 0;
   std::int64_t map_rows = 0, map_cols = 0;  // the pooled map: min(nq, max_side) x min(nk, ..)
   std::vector<float> max_weight;            // [map_rows, map_cols]: max w_ij in each cell
+  std::vector<float> mean_weight;           // [map_rows, map_cols]: mean w_ij over the cell's
+                                            // allowed (i, j) (0 where none is allowed)
   std::vector<float> allowed_share;         // [map_rows, map_cols]: share of (i, j) allowed
   std::vector<double> entropy;              // per row, nats (0 for a row with no allowed key)
-  std::vector<double> distance;             // per row: Σ_j w_ij·|j - (i + nk - nq)|
+  std::vector<double> distance;             // per row: Σ_j w_ij·|j - (i + nk - nq)| (0 for
+                                            // cross-attention, where it means nothing)
   std::vector<double> first_key;            // per row: w_i0
   std::vector<double> max_row_weight;       // per row: max_j w_ij
   std::vector<bool> has_keys;               // per row: at least one allowed key
@@ -178,8 +211,15 @@ std::vector<std::int64_t> interesting_rows(const Explanation& e,
 
 // One self-contained HTML page (inline CSS, JS and data; no network) for one or more
 // explanations: heatmaps per head, mask pattern, head summaries, row walk-throughs.
+// What the page shows when it opens: a part, a head, and a row (-1: that head's most focused row).
+struct PageView {
+  std::int64_t part = 0;
+  std::int64_t head = 0;
+  std::int64_t row = -1;
+};
+
 std::string html_page(const std::vector<Explanation>& parts,
-                      const std::vector<std::vector<HeadScan>>& scans);
+                      const std::vector<std::vector<HeadScan>>& scans, const PageView& open = {});
 
 // One head's heatmap as a standalone SVG (cells pooled to at most max_side per side).
 std::string heatmap_svg(const Explanation& e, std::int64_t head, std::int64_t max_side = 128);
