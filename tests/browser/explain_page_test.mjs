@@ -1,217 +1,345 @@
 // The explain page in a real browser: Debian's headless Chromium driven by playwright-core.
 //
-//   node explain_page_test.mjs --qkv build/qkv --work DIR [--screenshot docs/explain.png]
+//   node explain_page_test.mjs --qkv build/qkv --work DIR [--screenshots docs] [--only NAME,..]
 //
-// For three pages (the built-in example; Q, K, V files with a causal rule and a bool mask;
-// n = 1024, pooled) it checks: no console error and no network request; the heatmap has the
-// right number of cells; hovering names the cell; clicking a cell opens that row's walk-through, whose weights equal
-// `qkv attention --kernel reference --weights` within 1e-6; a screenshot is not blank.
-import { execFileSync } from 'node:child_process';
+// Pages: the built-in example; Q, K, V files (two query heads on one kv head, causal + a bool
+// mask); the same opened at --head 1; a batched input; cross-attention (layer form with
+// --memory); n = 1024 with a window (pooled); n = 4096 random and causal (pooled overviews).
+// Expected numbers come from outside the page: the built-in example worked out here in float64
+// (builtin_example.mjs), or `qkv attention --kernel reference --weights --out-dtype f64`.
+// Tolerance 1e-6 on weights: the page recomputes w_ij = exp(s_ij - lse_i) in float64 from
+// float64 Q, K and lse, so it differs from the reference kernel by rounding (~1e-15); 1e-6 is
+// far below any mistake (a wrong key, scale or mask moves a weight by > 1e-3).
+// --screenshots DIR writes explain.png (built-in, 1400 px), explain-mobile.png (360 px) and
+// explain-large.png (n = 4096 causal) for the README; the default run (ctest) writes none.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { chromium } from 'playwright-core';
+import {
+  arg, canvasCellPixel, canvasStats, check, colourDistance, compareRow, decodePng, drawnShare,
+  failureCount, hexColour, launch, loadChromium, pixelAtCentre, randomValues, readNpyF64,
+  rowWeights, runner, withPage, writeNpy,
+} from './lib.mjs';
+import { builtinAttention, FILMS, GENRES, GIVES, USERS } from './builtin_example.mjs';
 
-const CHROMIUM = '/usr/bin/chromium';
 const TOLERANCE = 1e-6;
+const WIDTHS = [360, 768, 1400];
+// The n = 4096 overview is "not blank" when the luminance of its drawn cells has a standard
+// deviation of at least 10 levels of 255 (variance >= 100): a canvas of one colour has 0, and
+// a colour scale whose cells differ by less than 4% of the range reads as a flat square.
+const MIN_VARIANCE = 100;
 
-function arg(name, fallback) {
-  const at = process.argv.indexOf(name);
-  return at > 0 ? process.argv[at + 1] : fallback;
-}
 const qkv = path.resolve(arg('--qkv', 'build/qkv'));
 const work = path.resolve(arg('--work', fs.mkdtempSync(path.join(os.tmpdir(), 'qkv-browser-'))));
-const screenshotCopy = arg('--screenshot', null);
+const screenshots = arg('--screenshots', null);
+const only = arg('--only', null);
 fs.rmSync(work, { recursive: true, force: true });
 fs.mkdirSync(work, { recursive: true });
+const run = runner(qkv, work);
+const at = (name) => path.join(work, name);
+const wanted = (name) => !only || only.split(',').includes(name);
 
-let failures = 0;
-function check(ok, what) {
-  console.log((ok ? 'ok    ' : 'FAIL  ') + what);
-  if (!ok) failures += 1;
+// The terminal's entropy sentence for one row ("7. entropy ..." without "7. ").
+function terminalEntropy(args, row) {
+  const out = run(['explain', ...args, '--row', String(row)]);
+  const line = out.split('\n').find((l) => /^7\. /.test(l));
+  return line ? line.slice(3).replace(/\s+/g, ' ').trim() : null;
+}
+const squash = (text) => (text || '').replace(/\s+/g, ' ').trim();
+
+async function noOverflow(page, label) {
+  for (const width of WIDTHS) {
+    await page.setViewportSize({ width, height: 900 });
+    await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
+    const [scroll, inner] = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+    check(scroll <= inner, label + ': no horizontal overflow at ' + width + ' px (scrollWidth ' + scroll + ')');
+  }
+  await page.setViewportSize({ width: 1280, height: 900 });
 }
 
-// ---- .npy files, written and read here so that the test needs nothing but node ----
-function writeNpy(file, shape, values, dtype = '<f8') {
-  const dict = "{'descr': '" + dtype + "', 'fortran_order': False, 'shape': (" +
-    shape.join(', ') + (shape.length === 1 ? ',' : '') + '), }';
-  let header = dict + ' '.repeat(64 - ((10 + dict.length + 1) % 64)) + '\n';
-  const head = Buffer.alloc(10);
-  Buffer.from([0x93]).copy(head, 0);
-  head.write('NUMPY', 1, 'latin1');
-  head[6] = 1; head[7] = 0;
-  head.writeUInt16LE(header.length, 8);
-  const body = dtype === '|b1' ? Buffer.from(values.map((v) => (v ? 1 : 0)))
-    : Buffer.from(new Float64Array(values).buffer);
-  fs.writeFileSync(file, Buffer.concat([head, Buffer.from(header, 'latin1'), body]));
+// A masked cell's colour in the exact view: its computed fill and its pixel on screen.
+async function expectMaskedCellColour(page, label) {
+  const want = hexColour(await page.evaluate(() => document.body.dataset.maskedColour));
+  check(want !== null, label + ': body.dataset.maskedColour is #rrggbb');
+  const cell = page.locator('#heatmap svg rect.cell.masked').first();
+  if (!want || await cell.count() === 0) return check(false, label + ': a masked cell is drawn (rect.cell.masked)');
+  await cell.scrollIntoViewIfNeeded();
+  const pixel = await pixelAtCentre(page, cell);
+  check(colourDistance(pixel, want) <= 1, label + ': a masked cell\'s pixel is the masked colour (' + pixel + ' vs ' + want + ')');
 }
 
-function readNpyF64(file) {
-  const bytes = fs.readFileSync(file);
-  const length = bytes.readUInt16LE(8);
-  const header = bytes.subarray(10, 10 + length).toString('latin1');
-  if (!header.includes("'<f8'")) throw new Error(file + ': expected <f8, got ' + header);
-  const shape = header.match(/\(([^)]*)\)/)[1].split(',').filter((s) => s.trim()).map(Number);
-  const data = bytes.subarray(10 + length);
-  return { shape, values: new Float64Array(data.buffer.slice(data.byteOffset, data.byteOffset + data.length)) };
-}
+async function builtinChecks(page) {
+  const part0 = builtinAttention(0);
+  check(await page.locator('#row[data-row]').count() === 1, 'built-in: a walk-through is open on load, without a click');
+  check(await page.locator('#story').count() === 1 && squash(await page.textContent('#story')).length > 40,
+    'built-in: the story is shown (#story)');
+  const headers = (await page.$$eval('.vec th', (ths) => ths.map((t) => t.textContent.trim().toLowerCase())));
+  check(GENRES.every((g) => headers.includes(g)), 'built-in: vector columns are labelled with the genres (' + GENRES + ')');
+  check(GIVES.every((g) => headers.includes(g)), 'built-in: value columns are labelled with what films give (' + GIVES + ')');
+  const kvRows = squash(await page.textContent('table#kv-rows').catch(() => ''));
+  check(FILMS.every((f) => kvRows.includes(f)), 'built-in: table#kv-rows lists all 6 films');
+  const legend = page.locator('#heatmap-legend.legend[role="img"]');
+  check(await legend.count() === 1 && (await legend.getAttribute('aria-label') || '').length > 0,
+    'built-in: #heatmap-legend is an image with an aria-label');
+  check(await page.locator('#heatmap[role][aria-label][tabindex="0"]').count() === 1,
+    'built-in: #heatmap has a role, an aria-label and tabindex 0');
+  check(await page.locator('#heatmap rect.cell').count() === 4 * 6, 'built-in: the heatmap has 4 x 6 cells (users x films)');
 
-// A small deterministic generator (the values only need to be reproducible).
-function random(seed) {
-  let s = seed >>> 0;
-  return () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 4294967296) * 2 - 1;
-}
-function randomValues(count, seed, spread = 1) {
-  const next = random(seed);
-  return Array.from({ length: count }, () => next() * spread);
-}
+  await page.hover('#heatmap rect.cell[data-i="1"][data-j="2"]');
+  const tip = await page.textContent('#tip');
+  const w12 = part0.w[1][2].toFixed(2);
+  check(tip.includes('Ben') && tip.includes('Notting Hill') && tip.includes(w12),
+    'built-in: hovering (Ben, Notting Hill) names both and the weight ' + w12);
 
-function run(args) {
-  return execFileSync(qkv, args, { cwd: work, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-}
-
-// ---- the browser ----
-async function withPage(context, file, body) {
-  const page = await context.newPage();
-  const problems = [];
-  page.on('console', (m) => { if (m.type() === 'error') problems.push('console: ' + m.text()); });
-  page.on('pageerror', (e) => problems.push('page error: ' + e.message));
-  page.on('request', (r) => { if (!r.url().startsWith('file:')) problems.push('request: ' + r.url()); });
-  page.on('requestfailed', (r) => problems.push('failed request: ' + r.url()));
-  await page.goto('file://' + file);
-  await page.waitForSelector('body[data-ready="1"]', { timeout: 30000 });
-  await body(page);
-  check(problems.length === 0, path.basename(file) + ': no console error and no network request' +
-    (problems.length ? ' (' + problems.slice(0, 3).join('; ') + ')' : ''));
-  await page.close();
-}
-
-// Weights of the open row walk-through, every key, as the page shows them.
-async function rowWeights(page) {
-  await page.waitForSelector('#row-all tr[data-j]', { state: 'attached' });
-  return page.$$eval('#row-all tr[data-j]', (rows) => rows.map((r) => Number(r.dataset.weight)));
-}
-
-function maxDiff(a, b) {
-  if (a.length !== b.length) return Infinity;
-  let d = 0;
-  for (let n = 0; n < a.length; ++n) d = Math.max(d, Math.abs(a[n] - b[n]));
-  return d;
-}
-
-// Not blank: the screenshot decoded in the page has many pixels unlike its corner.
-async function notBlank(page, png) {
-  const bytes = Array.from(png);
-  return page.evaluate(async (data) => {
-    const bitmap = await createImageBitmap(new Blob([new Uint8Array(data)], { type: 'image/png' }));
-    const canvas = new OffscreenCanvas(bitmap.width, bitmap.height);
-    const ctx = canvas.getContext('2d');
-    ctx.drawImage(bitmap, 0, 0);
-    const px = ctx.getImageData(0, 0, bitmap.width, bitmap.height).data;
-    let different = 0;
-    for (let n = 0; n < px.length; n += 4) {
-      if (Math.abs(px[n] - px[0]) + Math.abs(px[n + 1] - px[1]) + Math.abs(px[n + 2] - px[2]) > 30) ++different;
+  // Each user's row against the float64 worked example; the stacked sum rebuilds O_i.
+  let worst = 0, worstSum = 0, terms = true;
+  for (let i = 0; i < USERS.length; ++i) {
+    await page.click('#heatmap rect.cell[data-i="' + i + '"][data-j="0"]');
+    const r = compareRow(await rowWeights(page), part0.w[i], TOLERANCE);
+    worst = Math.max(worst, r.worst);
+    check((await page.textContent('#row h2')).includes(USERS[i]), 'built-in: the walk-through of row ' + i + ' names ' + USERS[i]);
+    const sum = await page.$$eval('#stacked-sum g.term[data-j]', (gs) => gs.map((g) => ({ ...g.dataset })));
+    terms = terms && sum.length === FILMS.length;
+    // Σ_j w_j·v_j from the terms' data attributes, against O_i worked out here.
+    const o = [0, 0, 0];
+    for (const t of sum) {
+      const w = Number(t.weight ?? t.w);
+      const v = String(t.value ?? t.v ?? '').split(/[\s,]+/).filter(Boolean).map(Number);
+      for (let c = 0; c < 3; ++c) o[c] += w * (v.length === 3 ? v[c] : NaN);
     }
-    return different / (px.length / 4);
-  }, bytes);
+    worstSum = Math.max(worstSum, ...o.map((x, c) => (Number.isFinite(x) ? Math.abs(x - part0.o[i][c]) : Infinity)));
+  }
+  check(worst <= TOLERANCE, 'built-in: every user\'s row equals the worked example (max diff ' + worst.toExponential(2) + ')');
+  check(terms, 'built-in: #stacked-sum has one g.term per film');
+  check(worstSum <= TOLERANCE, 'built-in: #stacked-sum terms w_j·v_j add up to O_i (max diff ' + worstSum.toExponential(2) + ')');
+
+  // The page says the terminal's entropy sentence for the same row.
+  const sentence = terminalEntropy([], 1);
+  await page.click('#heatmap rect.cell[data-i="1"][data-j="0"]');
+  const shown = squash(await page.textContent('#row .entropy').catch(() => ''));
+  check(sentence !== null && shown === sentence, 'built-in: #row .entropy says the terminal\'s line 7 ("' + shown + '" vs "' + sentence + '")');
+
+  // The keyboard: arrows move the cursor, Enter opens its row, the status names the cell.
+  await page.focus('#heatmap');
+  await page.keyboard.press('ArrowDown');
+  await page.keyboard.press('ArrowDown');
+  await page.keyboard.press('ArrowRight');
+  const cursor = await page.getAttribute('#heatmap', 'data-cursor');
+  await page.keyboard.press('Enter');
+  const [ci, cj] = String(cursor).split(',').map(Number);
+  check(/^\d+,\d+$/.test(String(cursor)) && await page.getAttribute('#row', 'data-row') === String(ci),
+    'built-in: arrows then Enter open the cursor\'s row (cursor ' + cursor + ')');
+  const status = squash(await page.textContent('#heatmap-status').catch(() => ''));
+  check(ci >= 0 && ci < 4 && cj >= 0 && cj < 6 && status.includes(USERS[ci]) && status.includes(FILMS[cj]),
+    'built-in: #heatmap-status announces the cell ("' + status + '")');
+  check(await page.locator('#heatmap-status[aria-live], #heatmap-status[role="status"]').count() === 1,
+    'built-in: #heatmap-status is a live region');
+
+  // Part 1 is cross-attention: no distance column; part 2, the films, has 6 x 6 cells.
+  check(!/distance/i.test(await page.textContent('#summary')), 'built-in part 1 (cross-attention): no distance column');
+  check(await page.locator('#batch').isHidden(), 'built-in: #batch is hidden (one batch element)');
+  await page.selectOption('#part', '1');
+  check(await page.locator('#heatmap rect.cell').count() === 6 * 6, 'built-in: part 2 has 6 x 6 cells');
+  const part1 = builtinAttention(1);
+  await page.click('#heatmap rect.cell[data-i="4"][data-j="0"]');
+  const r = compareRow(await rowWeights(page), part1.w[4], TOLERANCE);
+  check(r.worst <= TOLERANCE, 'built-in part 2: The Matrix\'s row equals the worked example ' + r.why);
+  await page.selectOption('#part', '0');
 }
 
 async function main() {
-  if (!fs.existsSync(CHROMIUM)) throw new Error(CHROMIUM + ' is missing: run scripts/install-deps.sh');
-
-  // 1. The built-in example.
-  const builtin = path.join(work, 'builtin.html');
+  const chromium = await loadChromium();
+  // The built-in example.
+  const builtin = at('builtin.html');
   run(['explain', '--html', builtin]);
-  // 2. Q, K, V files: two query heads sharing one kv head, causal, and a bool mask.
+  // Q, K, V files: two query heads sharing one kv head, causal, and a bool mask.
   const [h, nq, nk, d, dv] = [2, 40, 48, 16, 8];
-  writeNpy(path.join(work, 'q.npy'), [h, nq, d], randomValues(h * nq * d, 1, 2));
-  writeNpy(path.join(work, 'k.npy'), [1, nk, d], randomValues(nk * d, 2, 2));
-  writeNpy(path.join(work, 'v.npy'), [1, nk, dv], randomValues(nk * dv, 3));
-  writeNpy(path.join(work, 'mask.npy'), [nq, nk], randomValues(nq * nk, 4).map((x) => x > -0.6), '|b1');
+  writeNpy(at('q.npy'), [h, nq, d], randomValues(h * nq * d, 1, 2));
+  writeNpy(at('k.npy'), [1, nk, d], randomValues(nk * d, 2, 2));
+  writeNpy(at('v.npy'), [1, nk, dv], randomValues(nk * dv, 3));
+  writeNpy(at('mask.npy'), [nq, nk], randomValues(nq * nk, 4).map((x) => x > -0.6), '|b1');
   const files = ['--q', 'q.npy', '--k', 'k.npy', '--v', 'v.npy', '--causal', '--mask', 'mask.npy'];
-  const masked = path.join(work, 'masked.html');
+  const masked = at('masked.html');
   run(['explain', ...files, '--html', masked]);
-  run(['attention', ...files, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'o.npy',
-    '--weights', 'w.npy']);
-  const reference = readNpyF64(path.join(work, 'w.npy'));
-  // 3. A longer input: the overview is pooled, a click zooms into exact cells.
+  const head1 = at('head1.html');
+  run(['explain', ...files, '--head', '1', '--html', head1]);
+  run(['attention', ...files, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'o.npy', '--weights', 'w.npy']);
+  const reference = readNpyF64(at('w.npy'));
+  // A batch of 2 elements, 1 head, n = 12, causal.
+  writeNpy(at('qb.npy'), [2, 1, 12, 4], randomValues(96, 11, 2));
+  writeNpy(at('kb.npy'), [2, 1, 12, 4], randomValues(96, 12, 2));
+  writeNpy(at('vb.npy'), [2, 1, 12, 3], randomValues(72, 13));
+  const batchFiles = ['--q', 'qb.npy', '--k', 'kb.npy', '--v', 'vb.npy', '--causal'];
+  const batched = at('batched.html');
+  run(['explain', ...batchFiles, '--html', batched]);
+  run(['attention', ...batchFiles, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'ob.npy', '--weights', 'wb.npy']);
+  const referenceB = readNpyF64(at('wb.npy'));
+  // Cross-attention, layer form: X [5, 6] against a memory [9, 6].
+  writeNpy(at('x.npy'), [5, 6], randomValues(30, 21));
+  writeNpy(at('m.npy'), [9, 6], randomValues(54, 22));
+  for (const [name, seed] of [['wq', 23], ['wk', 24], ['wv', 25]]) writeNpy(at(name + '.npy'), [6, 4], randomValues(24, seed));
+  const cross = at('cross.html');
+  run(['explain', '--x', 'x.npy', '--memory', 'm.npy', '--wq', 'wq.npy', '--wk', 'wk.npy', '--wv', 'wv.npy',
+    '--heads', '2', '--html', cross]);
+  // n = 1024 with a window: the overview is pooled, a click zooms into exact cells.
   const n = 1024;
-  writeNpy(path.join(work, 'q2.npy'), [n, d], randomValues(n * d, 5, 2));
-  writeNpy(path.join(work, 'k2.npy'), [n, d], randomValues(n * d, 6, 2));
-  writeNpy(path.join(work, 'v2.npy'), [n, dv], randomValues(n * dv, 7));
+  writeNpy(at('q2.npy'), [n, d], randomValues(n * d, 5, 2));
+  writeNpy(at('k2.npy'), [n, d], randomValues(n * d, 6, 2));
+  writeNpy(at('v2.npy'), [n, dv], randomValues(n * dv, 7));
   const long = ['--q', 'q2.npy', '--k', 'k2.npy', '--v', 'v2.npy', '--window', '200,0'];
-  const pooled = path.join(work, 'pooled.html');
+  const pooled = at('pooled.html');
   run(['explain', ...long, '--html', pooled]);
-  run(['attention', ...long, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'o2.npy',
-    '--weights', 'w2.npy']);
-  const reference2 = readNpyF64(path.join(work, 'w2.npy'));
+  run(['attention', ...long, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'o2.npy', '--weights', 'w2.npy']);
+  const reference2 = readNpyF64(at('w2.npy'));
+  // n = 4096: random, and causal.
+  const big = 4096;
+  writeNpy(at('q3.npy'), [big, d], randomValues(big * d, 8, 2));
+  writeNpy(at('k3.npy'), [big, d], randomValues(big * d, 9, 2));
+  writeNpy(at('v3.npy'), [big, dv], randomValues(big * dv, 10));
+  const bigFiles = ['--q', 'q3.npy', '--k', 'k3.npy', '--v', 'v3.npy'];
+  const large = at('large.html');
+  const largeCausal = at('large-causal.html');
+  run(['explain', ...bigFiles, '--html', large]);
+  run(['explain', ...bigFiles, '--causal', '--html', largeCausal]);
 
-  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'qkv-chromium-'));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    viewport: { width: 1280, height: 900 },
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
-      '--disable-component-update', '--no-first-run'],
-  });
+  const browser = await launch(chromium);
+  const { context } = browser;
   try {
-    await withPage(context, builtin, async (page) => {
-      check(await page.locator('#heatmap rect.cell').count() === 4 * 6,
-        'built-in: the heatmap has 4 x 6 cells (users x films)');
-      await page.hover('#heatmap rect.cell[data-i="1"][data-j="2"]');
-      const tip = await page.textContent('#tip');
-      check(tip.includes('Ben') && tip.includes('Notting Hill') && tip.includes('score s = 2.0000') &&
-        tip.includes('weight w = 0.32'), 'built-in: hovering a cell names i, j, their labels, the score and the weight');
-      await page.click('#heatmap rect.cell[data-i="0"][data-j="4"]');
-      const weights = await rowWeights(page);
-      // Ana's weights, worked out by hand from the example's numbers (see walk_through_test.cc).
-      const scores = [2.0, 1.0, 0.0, 0.1, 2.06, 0.0];
-      const sum = scores.reduce((s, x) => s + Math.exp(x), 0);
-      check(maxDiff(weights, scores.map((x) => Math.exp(x) / sum)) < TOLERANCE,
-        'built-in: clicking Ana\'s row shows her weights');
-      check((await page.textContent('#row h2')).includes('Ana'), 'built-in: the walk-through names the row');
-      const png = await page.screenshot({ path: path.join(work, 'explain.png'), fullPage: true });
-      const share = await notBlank(page, png);
-      check(share > 0.02, 'built-in: the screenshot is not blank (' + (100 * share).toFixed(1) + '% of pixels drawn)');
-      await page.selectOption('#part', '1');
-      check(await page.locator('#heatmap rect.cell').count() === 6 * 6, 'built-in: part 2 has 6 x 6 cells');
-    });
+    if (wanted('builtin')) {
+      await withPage(context, builtin, async (page) => {
+        await builtinChecks(page);
+        await noOverflow(page, 'built-in');
+        const png = await page.screenshot({ fullPage: true });
+        const share = drawnShare(await decodePng(page, png));
+        check(share > 0.02, 'built-in: the screenshot is not blank (' + (100 * share).toFixed(1) + '% of pixels drawn)');
+      });
+    }
 
-    await withPage(context, masked, async (page) => {
-      check(await page.locator('#heatmap rect.cell').count() === nq * nk, 'masked: the heatmap has 40 x 48 cells');
-      check(await page.locator('#mask canvas').count() === 1, 'masked: the mask pattern is drawn');
-      check(await page.locator('#summary tr.head-row').count() === h, 'masked: one summary row per head');
-      let worst = 0;
-      for (const [head, row] of [[0, 0], [0, 17], [1, 5], [1, 39]]) {
-        await page.selectOption('#head', String(head));
-        await page.click('#heatmap rect.cell[data-i="' + row + '"][data-j="0"]');
-        const want = reference.values.slice((head * nq + row) * nk, (head * nq + row + 1) * nk);
-        worst = Math.max(worst, maxDiff(await rowWeights(page), Array.from(want)));
+    if (wanted('masked')) {
+      await withPage(context, masked, async (page) => {
+        check(await page.locator('#heatmap rect.cell').count() === nq * nk, 'masked: the heatmap has 40 x 48 cells');
+        check(await page.locator('#summary tr.head-row').count() === h, 'masked: one summary row per head');
+        check(await page.locator('#mask-legend').count() === 1, 'masked: the mask has a legend (#mask-legend)');
+        // Causal with 8 more keys than queries: (0, 47) is masked whatever the bool mask says.
+        check(await page.locator('#heatmap rect.cell.masked[data-i="0"][data-j="47"]').count() === 1,
+          'masked: cell (0, 47) is drawn as masked');
+        await expectMaskedCellColour(page, 'masked');
+        let worst = 0, why = '';
+        for (const [head, row] of [[0, 0], [0, 17], [1, 5], [1, 39]]) {
+          await page.selectOption('#head', String(head));
+          await page.click('#heatmap rect.cell[data-i="' + row + '"][data-j="0"]');
+          check(await page.getAttribute('#row', 'data-row') === String(row) && await page.getAttribute('#row', 'data-head') === String(head),
+            'masked: clicking (' + row + ', 0) of head ' + head + ' opens that row');
+          const want = Array.from(reference.values.slice((head * nq + row) * nk, (head * nq + row + 1) * nk));
+          const r = compareRow(await rowWeights(page), want, TOLERANCE);
+          if (r.worst > worst) { worst = r.worst; why = r.why; }
+        }
+        check(worst <= TOLERANCE, 'masked: clicked rows list the allowed keys with the reference weights (max diff ' + worst.toExponential(2) + ') ' + why);
+        await page.selectOption('#head', '0');
+        await page.click('#heatmap rect.cell[data-i="17"][data-j="0"]');
+        const sentence = terminalEntropy(files.concat(['--head', '0']), 17);
+        const shown = squash(await page.textContent('#row .entropy').catch(() => ''));
+        check(sentence !== null && shown === sentence, 'masked: #row .entropy says the terminal\'s line 7 ("' + shown + '" vs "' + sentence + '")');
+      });
+    }
+
+    if (wanted('head')) {
+      await withPage(context, head1, async (page) => {
+        check(await page.inputValue('#head') === '1', '--head 1: the page opens head 1');
+        check(await page.getAttribute('#row', 'data-head') === '1', '--head 1: the open walk-through is of head 1');
+        const row = await page.getAttribute('#row', 'data-row');
+        check(await page.locator('.row-highlight').count() >= 1 && await page.getAttribute('#heatmap', 'data-row') === row,
+          '--head 1: the open row ' + row + ' is highlighted (.row-highlight, #heatmap[data-row])');
+      });
+    }
+
+    if (wanted('batched')) {
+      await withPage(context, batched, async (page) => {
+        check(await page.locator('#batch').isVisible() && await page.locator('#batch option').count() === 2,
+          'batched: #batch offers the 2 batch elements');
+        await page.selectOption('#batch', '1');
+        await page.click('#heatmap rect.cell[data-i="7"][data-j="0"]');
+        const want = Array.from(referenceB.values.slice((12 + 7) * 12, (12 + 8) * 12));
+        const r = compareRow(await rowWeights(page), want, TOLERANCE);
+        check(r.worst <= TOLERANCE, 'batched: row 7 of batch element 1 equals the reference ' + r.why);
+      });
+    }
+
+    if (wanted('cross')) {
+      await withPage(context, cross, async (page) => {
+        check(!/distance/i.test(await page.textContent('#summary')), 'cross-attention: no distance column in #summary');
+        check(!/distance/i.test(await page.textContent('#row').catch(() => '')), 'cross-attention: the walk-through reports no distance');
+      });
+    }
+
+    if (wanted('pooled')) {
+      await withPage(context, pooled, async (page) => {
+        const canvas = page.locator('#heatmap canvas');
+        check(await canvas.count() === 1 && await canvas.getAttribute('data-rows') === '512' &&
+          await canvas.getAttribute('data-cols') === '512', 'pooled: the overview is 512 x 512 pooled cells');
+        const box = await canvas.boundingBox();
+        await page.mouse.click(box.x + box.width * 0.5, box.y + box.height * 0.5);
+        check(await page.locator('#heatmap rect.cell').count() === 64 * 64, 'pooled: a click zooms into 64 x 64 exact cells');
+        const first = page.locator('#heatmap rect.cell').first();
+        const row = Number(await first.getAttribute('data-i'));
+        await first.click();
+        const r = compareRow(await rowWeights(page), Array.from(reference2.values.slice(row * n, (row + 1) * n)), TOLERANCE);
+        check(r.worst <= TOLERANCE, 'pooled: the zoomed row ' + row + ' equals the reference ' + r.why);
+      });
+    }
+
+    if (wanted('large')) {
+      for (const [file, label, causal] of [[large, 'n = 4096 random', false], [largeCausal, 'n = 4096 causal', true]]) {
+        await withPage(context, file, async (page) => {
+          const variance = async (what) => {
+            // Cell centres only, and for causal only cells wholly below the diagonal: the masked
+            // half alone would make a blank map look varied.
+            const values = [];
+            for (let r = 0; r < 512; r += 7) {
+              for (let c = 0; c < 512; c += 7) {
+                if (causal && c >= r) continue;
+                const [R, G, B] = await canvasCellPixel(page, '#heatmap canvas', r, c);
+                values.push(0.2126 * R + 0.7152 * G + 0.0722 * B);
+              }
+            }
+            const mean = values.reduce((a, b) => a + b, 0) / values.length;
+            const v = values.reduce((a, b) => a + (b - mean) ** 2, 0) / values.length;
+            check(v >= MIN_VARIANCE, label + ', ' + what + ': the overview is not blank (luminance variance ' + v.toFixed(0) + ' >= ' + MIN_VARIANCE + ')');
+            return v;
+          };
+          check(await page.inputValue('#scale') === 'row', label + ': the default scale is per row');
+          await variance('scale per row');
+          await page.selectOption('#scale', 'global');
+          await page.selectOption('#colour', 'log');
+          await variance('global scale, log colour');
+          await page.selectOption('#colour', 'linear');
+          const stats = await canvasStats(page, '#heatmap canvas');
+          console.log('info  ' + label + ', global scale, linear colour: whole-canvas luminance variance ' + stats.variance.toFixed(0));
+          await page.selectOption('#scale', 'row');
+          if (causal) {
+            const want = hexColour(await page.evaluate(() => document.body.dataset.maskedColour));
+            const pixel = await canvasCellPixel(page, '#heatmap canvas', 0, 511);
+            check(want !== null && colourDistance(pixel, want) <= 1,
+              label + ': the fully masked pooled cell (0, 511) has the masked colour (' + pixel + ' vs ' + want + ')');
+            await noOverflow(page, label);
+          }
+        });
       }
-      check(worst < TOLERANCE, 'masked: clicked rows equal the reference weights (max diff ' + worst.toExponential(2) + ')');
-      const png = await page.screenshot();
-      check(await notBlank(page, png) > 0.02, 'masked: the screenshot is not blank');
-    });
+    }
 
-    await withPage(context, pooled, async (page) => {
-      const canvas = page.locator('#heatmap canvas');
-      check(await canvas.count() === 1 && await canvas.getAttribute('data-rows') === '512' &&
-        await canvas.getAttribute('data-cols') === '512', 'pooled: the overview is 512 x 512 max-pooled cells');
-      const box = await canvas.boundingBox();
-      await page.mouse.click(box.x + box.width * 0.5, box.y + box.height * 0.5);
-      check(await page.locator('#heatmap rect.cell').count() === 64 * 64, 'pooled: a click zooms into 64 x 64 exact cells');
-      const first = await page.locator('#heatmap rect.cell').first();
-      const row = Number(await first.getAttribute('data-i'));
-      await first.click();
-      const want = Array.from(reference2.values.slice(row * n, (row + 1) * n));
-      const diff = maxDiff(await rowWeights(page), want);
-      check(diff < TOLERANCE, 'pooled: the zoomed row ' + row + ' equals the reference (max diff ' + diff.toExponential(2) + ')');
-    });
+    if (screenshots) {
+      fs.mkdirSync(screenshots, { recursive: true });
+      for (const [file, name, width, height] of [[builtin, 'explain.png', 1400, 900], [builtin, 'explain-mobile.png', 360, 780], [largeCausal, 'explain-large.png', 1400, 900]]) {
+        await withPage(context, file, async (page) => {
+          await page.screenshot({ path: path.join(screenshots, name) });
+          console.log('wrote ' + path.join(screenshots, name));
+        }, { width, height });
+      }
+    }
   } finally {
-    await context.close();
-    fs.rmSync(profile, { recursive: true, force: true });
+    await browser.close();
   }
-  if (screenshotCopy) fs.copyFileSync(path.join(work, 'explain.png'), screenshotCopy);
+  const failures = failureCount();
   console.log(failures ? failures + ' check(s) failed' : 'all checks passed');
   process.exit(failures ? 1 : 0);
 }

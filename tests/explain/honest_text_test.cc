@@ -1,0 +1,280 @@
+// The terminal walk-through says only true things about masked rows and cross-attention
+// (issue 12): `qkv explain` is run as a user would, and its whole stdout is scanned.
+//
+// What is checked, and where the expectation comes from (never from qkv's own output):
+//   - which keys a row may see is worked out here from the rule itself (causal: j <= i + nk - nq;
+//     window l,r: diag - l <= j <= diag + r; a bool mask: the file written here);
+//   - a walk-through of a row with A allowed keys of nk lists no forbidden key among its
+//     heaviest keys (keys are labelled "key-<j>" so that every mention can be found), counts
+//     "of A allowed", and never counts nk ("of 30", "all 30 keys") when A < nk;
+//   - a row with no allowed key says so and prints no "exp(entropy) = 0.00 of 0 allowed";
+//   - everywhere: no "-0.0000" (a negative zero printed), no "1 keys"/"1 queries"/"1 heads"
+//     and no "2 key"/"3 query" (counts agree with their noun), "the rest below" is followed by
+//     the line that counts the rest;
+//   - cross-attention (the layer form with --memory, and part 1 of the built-in example, users
+//     against films) reports no distance |j - i|: positions of two sequences are not comparable.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "qkv/io.h"
+#include "support/command_runner.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandRun;
+
+CommandRun qkv_run(const fs::path& dir, const std::vector<std::string>& args) {
+  return testing::run_program(QKV_CLI_PATH, dir, args, 120);
+}
+
+// One row's walk-through: from its "── query i ..." line to the next one (or the next part).
+struct Section {
+  std::int64_t row = -1;
+  std::int64_t head = 0;
+  std::string text;
+};
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
+std::vector<Section> sections_of(const std::string& out) {
+  static const std::regex header("^── query ([0-9]+)[^,─]*(?:\"[^\"]*\")?(?:, head ([0-9]+))?");
+  std::vector<Section> sections;
+  bool open = false;
+  for (const std::string& line : lines_of(out)) {
+    std::smatch m;
+    if (std::regex_search(line, m, header)) {
+      Section s;
+      s.row = std::stoll(m[1].str());
+      s.head = m[2].matched ? std::stoll(m[2].str()) : 0;
+      sections.push_back(s);
+      open = true;
+    } else if (line.rfind("Part ", 0) == 0 || line.rfind("What the example shows", 0) == 0) {
+      open = false;
+    }
+    if (open) sections.back().text += line + "\n";
+  }
+  return sections;
+}
+
+// Rules that hold for any output of qkv explain.
+void expect_honest_everywhere(const std::string& out, const std::string& what) {
+  SCOPED_TRACE(what);
+  // A printed negative zero, at any number of decimals ("-0.00", "-0.0000", not "-0.0001").
+  static const std::regex negative_zero("-0\\.0+(?![0-9])");
+  EXPECT_FALSE(std::regex_search(out, negative_zero)) << out;
+  static const std::regex one_many(
+      "(^|[^0-9.,])1 (queries|keys|heads|rows|values|allowed keys|key/value heads)\\b");
+  std::smatch m;
+  EXPECT_FALSE(std::regex_search(out, m, one_many)) << "'" << m.str() << "' in\n" << out;
+  static const std::regex many_one(
+      "(^|[^0-9.,])(0|[2-9]|[1-9][0-9]+) (query|key|head|row|allowed key)(?![A-Za-z/_-])");
+  EXPECT_FALSE(std::regex_search(out, m, many_one)) << "'" << m.str() << "' in\n" << out;
+  EXPECT_EQ(out.find("of 0 allowed"), std::string::npos) << out;
+  // "the rest below" promises a line that counts the rest ("(22 more) 0.1234 in all").
+  static const std::regex rest_line("\\([0-9]+ more\\)");
+  for (const Section& s : sections_of(out)) {
+    const std::size_t at = s.text.find("the rest below");
+    if (at == std::string::npos) continue;
+    const std::string after = s.text.substr(at);
+    EXPECT_TRUE(std::regex_search(after, rest_line))
+        << "query " << s.row << ", head " << s.head << ": \"the rest below\" and no rest:\n"
+        << s.text;
+  }
+}
+
+// No distance statistic: the word, or the |j - i| it would be computed from.
+void expect_no_distance(const std::string& text, const std::string& what) {
+  SCOPED_TRACE(what);
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  EXPECT_EQ(lower.find("distance"), std::string::npos) << text;
+  EXPECT_EQ(text.find("|j - i|"), std::string::npos) << text;
+  EXPECT_EQ(text.find("|j − i|"), std::string::npos) << text;
+}
+
+// Which keys row i may see, worked out here from the rule.
+using AllowedRule = std::function<bool(std::int64_t i, std::int64_t j)>;
+
+// The checks of one masked walk-through, keys labelled key-<j>, nk keys in all.
+void expect_honest_row(const Section& s, std::int64_t nk, const AllowedRule& allowed) {
+  SCOPED_TRACE("query " + std::to_string(s.row) + ", head " + std::to_string(s.head));
+  std::set<std::int64_t> keys;
+  for (std::int64_t j = 0; j < nk; ++j) {
+    if (allowed(s.row, j)) keys.insert(j);
+  }
+  const auto count = static_cast<std::int64_t>(keys.size());
+  static const std::regex label("key-([0-9]+)\\b");
+  for (auto it = std::sregex_iterator(s.text.begin(), s.text.end(), label);
+       it != std::sregex_iterator(); ++it) {
+    const std::int64_t j = std::stoll((*it)[1].str());
+    EXPECT_TRUE(keys.count(j) == 1) << "lists key-" << j << ", which the mask forbids for row "
+                                    << s.row << ":\n"
+                                    << s.text;
+  }
+  if (count == 0) {
+    EXPECT_TRUE(std::regex_search(s.text, std::regex("[Nn]o (allowed )?key")))
+        << "a row with no allowed key must say so:\n"
+        << s.text;
+    EXPECT_EQ(s.text.find("exp(entropy)"), std::string::npos) << s.text;
+  } else {
+    EXPECT_NE(s.text.find("of " + std::to_string(count) + " allowed"), std::string::npos)
+        << "expected \"of " << count << " allowed\":\n"
+        << s.text;
+  }
+  if (count < nk) {
+    const std::string n = std::to_string(nk);
+    const std::regex counts_all("(of|all) " + n + "\\b|\\b" + n + " keys");
+    std::smatch m;
+    EXPECT_FALSE(std::regex_search(s.text, m, counts_all))
+        << "counts all " << nk << " keys ('" << m.str() << "') where " << count
+        << " are allowed:\n"
+        << s.text;
+  }
+}
+
+class HonestText : public ::testing::Test {
+ protected:
+  static constexpr std::int64_t kNq = 20, kNk = 30;
+  void SetUp() override {
+    // Two query heads sharing one key/value head (GQA): "sharing 1 key/value head".
+    write_npy(dir_ / "q.npy", testing::random_tensor(DType::kF32, {2, kNq, 8}, 11).view(),
+              DType::kF32);
+    write_npy(dir_ / "k.npy", testing::random_tensor(DType::kF32, {1, kNk, 8}, 12).view(),
+              DType::kF32);
+    write_npy(dir_ / "v.npy", testing::random_tensor(DType::kF32, {1, kNk, 4}, 13).view(),
+              DType::kF32);
+    std::ofstream labels(dir_ / "keys.txt");
+    for (std::int64_t j = 0; j < kNk; ++j) labels << "key-" << j << "\n";
+  }
+
+  // Runs explain on q, k, v with `extra` flags, walking through `rows`; checks every section.
+  std::string run_rows(const std::vector<std::string>& extra, const std::string& rows,
+                       const AllowedRule& allowed, std::size_t expected_sections) {
+    std::vector<std::string> args = {"explain", "--q",   "q.npy", "--k",        "k.npy",
+                                     "--v",     "v.npy", "--row", rows, "--labels-k", "keys.txt"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CommandRun run = qkv_run(dir_.path(), args);
+    EXPECT_EQ(run.status, 0) << run.err;
+    const std::vector<Section> sections = sections_of(run.out);
+    EXPECT_EQ(sections.size(), expected_sections) << run.out;
+    for (const Section& s : sections) expect_honest_row(s, kNk, allowed);
+    expect_honest_everywhere(run.out, "qkv explain " + rows);
+    return run.out;
+  }
+
+  testing::ScratchDir dir_;
+};
+
+// Causal with 10 more keys than queries: row i sees keys 0..i+10 (11 to 30 of them).
+TEST_F(HonestText, CausalRowsCountTheirAllowedKeys) {
+  const std::string out = run_rows(
+      {"--causal"}, "0,3,19", [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; },
+      6);
+  EXPECT_NE(out.find("sharing 1 key/value head"), std::string::npos) << out;
+}
+
+// A window of 2 keys to the left: 3 allowed keys per row, fewer than the 8 heaviest shown.
+TEST_F(HonestText, WindowRowsListOnlyAllowedKeys) {
+  run_rows({"--window", "2,0"}, "0,5,19",
+           [](std::int64_t i, std::int64_t j) {
+             const std::int64_t diag = i + kNk - kNq;
+             return j >= diag - 2 && j <= diag;
+           },
+           6);
+}
+
+// A bool mask: row 4 allows 2 keys, row 7 none, row 9 one, the rest about half at random.
+TEST_F(HonestText, BoolMaskRowsWithTwoOneAndNoKeys) {
+  Tensor mask(DType::kBool, {kNq, kNk}, "mask.npy");
+  bool* m = mask.data_as<bool>();
+  const Tensor coin = testing::random_tensor(DType::kF64, {kNq, kNk}, 14);
+  for (std::int64_t e = 0; e < kNq * kNk; ++e) m[e] = coin.data_as<double>()[e] > 0.0;
+  for (std::int64_t j = 0; j < kNk; ++j) {
+    m[4 * kNk + j] = j == 3 || j == 17;
+    m[7 * kNk + j] = false;
+    m[9 * kNk + j] = j == 29;
+  }
+  write_npy(dir_ / "mask.npy", mask.view(), DType::kBool);
+  const std::vector<bool> rule(m, m + kNq * kNk);
+  const std::string out =
+      run_rows({"--mask", "mask.npy"}, "4,7,9,12",
+               [&](std::int64_t i, std::int64_t j) {
+                 return static_cast<bool>(rule[static_cast<std::size_t>(i * kNk + j)]);
+               },
+               8);
+  EXPECT_NE(out.find("of 2 allowed"), std::string::npos) << out;
+  EXPECT_NE(out.find("of 1 allowed"), std::string::npos) << out;
+}
+
+// Causal on a square input: row 0 has exactly one key.
+TEST_F(HonestText, OneKeyRow) {
+  write_npy(dir_ / "k.npy", testing::random_tensor(DType::kF32, {1, kNq, 8}, 15).view(),
+            DType::kF32);
+  write_npy(dir_ / "v.npy", testing::random_tensor(DType::kF32, {1, kNq, 4}, 16).view(),
+            DType::kF32);
+  const CommandRun run = qkv_run(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v",
+                                               "v.npy", "--causal", "--row", "0,1", "--head", "0"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  const std::vector<Section> sections = sections_of(run.out);
+  ASSERT_EQ(sections.size(), 2u) << run.out;
+  EXPECT_NE(sections[0].text.find("of 1 allowed"), std::string::npos) << sections[0].text;
+  EXPECT_NE(sections[1].text.find("of 2 allowed"), std::string::npos) << sections[1].text;
+  expect_honest_everywhere(run.out, "one-key row");
+}
+
+// Cross-attention in the layer form: queries from X (5 rows), keys and values from a memory of
+// 9 rows; no distance is reported, and the rows say nothing untrue.
+TEST(HonestTextCross, LayerFormWithMemoryReportsNoDistance) {
+  testing::ScratchDir dir;
+  write_npy(dir / "x.npy", testing::random_tensor(DType::kF64, {5, 6}, 21).view(), DType::kF64);
+  write_npy(dir / "m.npy", testing::random_tensor(DType::kF64, {9, 6}, 22).view(), DType::kF64);
+  write_npy(dir / "wq.npy", testing::random_tensor(DType::kF64, {6, 4}, 23).view(), DType::kF64);
+  write_npy(dir / "wk.npy", testing::random_tensor(DType::kF64, {6, 4}, 24).view(), DType::kF64);
+  write_npy(dir / "wv.npy", testing::random_tensor(DType::kF64, {6, 4}, 25).view(), DType::kF64);
+  const CommandRun run =
+      qkv_run(dir.path(), {"explain", "--x", "x.npy", "--memory", "m.npy", "--wq", "wq.npy",
+                           "--wk", "wk.npy", "--wv", "wv.npy", "--heads", "2"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_FALSE(sections_of(run.out).empty()) << run.out;
+  expect_no_distance(run.out, "layer form with --memory");
+  expect_honest_everywhere(run.out, "layer form with --memory");
+}
+
+// The built-in example: part 1 (users against films) is cross-attention; the whole text obeys
+// the general rules.
+TEST(HonestTextCross, BuiltinPartOneReportsNoDistance) {
+  testing::ScratchDir dir;
+  const CommandRun run = qkv_run(dir.path(), {"explain"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  const std::size_t part1 = run.out.find("Part 1.");
+  const std::size_t part2 = run.out.find("Part 2.");
+  ASSERT_NE(part1, std::string::npos) << run.out;
+  ASSERT_NE(part2, std::string::npos) << run.out;
+  expect_no_distance(run.out.substr(part1, part2 - part1), "built-in part 1");
+  expect_honest_everywhere(run.out, "built-in example");
+}
+
+}  // namespace
+}  // namespace qkv
