@@ -16,7 +16,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
-  arg, canvasCellPixel, canvasStats, check, colourDistance, compareRow, decodePng, drawnShare,
+  arg, canvasCellLuminances, canvasCellPixel, canvasStats, check, colourDistance, compareRow, decodePng, drawnShare,
   failureCount, hexColour, launch, loadChromium, pixelAtCentre, randomValues, readNpyF64,
   rowWeights, runner, withPage, writeNpy,
 } from './lib.mjs';
@@ -294,14 +294,7 @@ async function main() {
           const variance = async (what) => {
             // Cell centres only, and for causal only cells wholly below the diagonal: the masked
             // half alone would make a blank map look varied.
-            const values = [];
-            for (let r = 0; r < 512; r += 7) {
-              for (let c = 0; c < 512; c += 7) {
-                if (causal && c >= r) continue;
-                const [R, G, B] = await canvasCellPixel(page, '#heatmap canvas', r, c);
-                values.push(0.2126 * R + 0.7152 * G + 0.0722 * B);
-              }
-            }
+            const values = await canvasCellLuminances(page, '#heatmap canvas', 3, causal);
             const mean = values.reduce((a, b) => a + b, 0) / values.length;
             const v = values.reduce((a, b) => a + (b - mean) ** 2, 0) / values.length;
             check(v >= MIN_VARIANCE, label + ', ' + what + ': the overview is not blank (luminance variance ' + v.toFixed(0) + ' >= ' + MIN_VARIANCE + ')');

@@ -213,6 +213,25 @@ export async function canvasStats(page, selector) {
   });
 }
 
+// Luminance at the centre of every `step`-th cell of the canvas's data-rows x data-cols grid
+// (with `strictlyLower`, only cells wholly below the diagonal: col < row).
+export async function canvasCellLuminances(page, selector, step, strictlyLower) {
+  return page.$eval(selector, (canvas, [s, lower]) => {
+    const rows = Number(canvas.dataset.rows), cols = Number(canvas.dataset.cols);
+    const { data } = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height);
+    const out = [];
+    for (let r = 0; r < rows; r += s) {
+      for (let c = 0; c < cols; c += s) {
+        if (lower && c >= r) continue;
+        const x = Math.floor((c + 0.5) * canvas.width / cols), y = Math.floor((r + 0.5) * canvas.height / rows);
+        const p = 4 * (y * canvas.width + x);
+        out.push(0.2126 * data[p] + 0.7152 * data[p + 1] + 0.0722 * data[p + 2]);
+      }
+    }
+    return out;
+  }, [step, strictlyLower]);
+}
+
 // The canvas's own pixel at cell (row, col) of its data-rows x data-cols grid.
 export async function canvasCellPixel(page, selector, row, col) {
   return page.$eval(selector, (canvas, [r, c]) => {

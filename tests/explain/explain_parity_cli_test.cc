@@ -150,8 +150,7 @@ class ExplainParity : public ::testing::Test {
   const std::string all_rows = "0,1,2,3,4,5";
   void SetUp() override {
     save(dir_, "x.npy", random_f64({kN, kD}, 31));
-    wqkv_ = random_f64({kD, kWidth}, 32);
-    save(dir_, "wqkv.npy", wqkv_);
+    save(dir_, "wqkv.npy", random_f64({kD, kWidth}, 32));
     save(dir_, "bqkv.npy", random_f64({kWidth}, 33));
   }
   Tensor layer(const std::vector<std::string>& flags, const std::string& out = "o.npy") {
@@ -226,7 +225,7 @@ TEST_F(ExplainParity, LinearLayoutFromSafetensors) {
 
 // A fused weight stored [(H + 2·Hkv)·dk, d] (nn.Linear) with --linear-layout.
 TEST_F(ExplainParity, FusedLinearLayout) {
-  save(dir_, "wqkv_t.npy", transposed(wqkv_));
+  save(dir_, "wqkv_t.npy", transposed(read_npy(dir_ / "wqkv.npy")));
   const std::vector<std::string> flags = {"--x",    "x.npy",    "--wqkv",          "wqkv_t.npy",
                                           "--bqkv", "bqkv.npy", "--linear-layout", "--heads",
                                           "2"};
