@@ -87,9 +87,12 @@ async function builtinChecks(page) {
 
   await page.hover('#heatmap rect.cell[data-i="1"][data-j="2"]');
   const tip = await page.textContent('#tip');
-  const w12 = part0.w[1][2].toFixed(2);
-  check(tip.includes('Ben') && tip.includes('Notting Hill') && tip.includes(w12),
-    'built-in: hovering (Ben, Notting Hill) names both and the weight ' + w12);
+  // The tip's numbers, each within half a unit of its last printed decimal of w(Ben, Notting Hill).
+  const w12 = part0.w[1][2];
+  const near = (tip.match(/-?\d+\.\d{2,}/g) || []).some((x) =>
+    Math.abs(Number(x) - w12) <= 0.5 * 10 ** -(x.split('.')[1].length) + 1e-12);
+  check(tip.includes('Ben') && tip.includes('Notting Hill') && near,
+    'built-in: hovering (Ben, Notting Hill) names both and the weight ' + w12.toFixed(4) + ' ("' + squash(tip) + '")');
 
   // Each user's row against the float64 worked example; the stacked sum rebuilds O_i.
   let worst = 0, worstSum = 0, terms = true;

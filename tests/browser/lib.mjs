@@ -108,6 +108,7 @@ export async function launch(chromium, viewport = { width: 1280, height: 900 }) 
 // the remaining pages still run.
 export async function withPage(context, file, body, viewport) {
   const page = await context.newPage();
+  page.setDefaultTimeout(10000);
   if (viewport) await page.setViewportSize(viewport);
   const problems = [];
   page.on('console', (m) => { if (m.type() === 'error') problems.push('console: ' + m.text()); });
