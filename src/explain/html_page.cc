@@ -218,7 +218,7 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans) 
 }  // namespace
 
 std::string html_page(const std::vector<Explanation>& parts,
-                      const std::vector<std::vector<HeadScan>>& scans) {
+                      const std::vector<std::vector<HeadScan>>& scans, const PageView& /*open*/) {
   std::string page =
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
