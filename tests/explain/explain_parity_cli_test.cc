@@ -85,8 +85,21 @@ struct PrintedRow {
   std::vector<double> values;
 };
 
+// "── query 3 \"label\", head 1, batch element 1 ──": the row and the head (0 when unnamed);
+// the head is looked for after the label's closing quote.
+bool parse_header(const std::string& line, std::int64_t& row, std::int64_t& head) {
+  static const std::regex start("^── query ([0-9]+)");
+  static const std::regex head_part(", head ([0-9]+)");
+  std::smatch m;
+  if (!std::regex_search(line, m, start)) return false;
+  row = std::stoll(m[1].str());
+  const std::size_t quote = line.rfind('"');
+  const std::string rest = quote == std::string::npos ? line : line.substr(quote);
+  head = std::regex_search(rest, m, head_part) ? std::stoll(m[1].str()) : 0;
+  return true;
+}
+
 std::vector<PrintedRow> printed_outputs(const std::string& out) {
-  static const std::regex header("^── query ([0-9]+).*?(?:, head ([0-9]+))? ──");
   std::vector<PrintedRow> rows;
   std::int64_t row = -1, head = 0;
   std::size_t start = 0;
@@ -94,10 +107,8 @@ std::vector<PrintedRow> printed_outputs(const std::string& out) {
     const std::size_t end = std::min(out.find('\n', start), out.size());
     const std::string line = out.substr(start, end - start);
     start = end + 1;
-    std::smatch m;
-    if (std::regex_search(line, m, header)) {
-      row = std::stoll(m[1].str());
-      head = m[2].matched ? std::stoll(m[2].str()) : 0;
+    if (parse_header(line, row, head)) {
+      continue;
     } else if (line.rfind("6. O_", 0) == 0 && row >= 0) {
       rows.push_back({row, head, bracket_values(line)});
     }
@@ -340,24 +351,35 @@ TEST_F(ExplainParity, QuietWritesThePageOnly) {
 }
 
 // Coordinate labels: one per line, d of them for queries/keys and dv for values. The right
-// counts are used (the page carries them); a wrong count is one line naming the file.
-TEST_F(ExplainParity, CoordinateLabelsAreCounted) {
-  save(dir_, "q.npy", random_f64({5, 4}, 46));
-  save(dir_, "k.npy", random_f64({6, 4}, 47));
-  save(dir_, "v.npy", random_f64({6, 3}, 48));
-  std::ofstream(dir_ / "d4.txt") << "alpha-coord\nbeta-coord\ngamma-coord\ndelta-coord\n";
-  std::ofstream(dir_ / "d3.txt") << "alpha\nbeta\ngamma\n";
-  std::ofstream(dir_ / "dv3.txt") << "thrill-coord\nlaughs-coord\ntears-coord\n";
-  std::ofstream(dir_ / "dv4.txt") << "a\nb\nc\nd\n";
-  const std::vector<std::string> inputs = {"explain", "--q", "q.npy", "--k", "k.npy", "--v",
-                                           "v.npy"};
-  const CommandRun ok = qkv_run(dir_.path(), concat(inputs, {"--labels-d", "d4.txt", "--labels-dv",
-                                                             "dv3.txt", "--html", "ok.html"}));
-  ASSERT_EQ(ok.status, 0) << ok.err;
-  const std::string page = testing::slurp(dir_ / "ok.html");
-  for (const char* label : {"alpha-coord", "delta-coord", "thrill-coord", "tears-coord"}) {
-    EXPECT_NE(page.find(label), std::string::npos) << label;
+// counts are used (the walk-through names the coordinates); a wrong count is one line naming
+// the file, and nothing is written.
+class CoordinateLabels : public ExplainParity {
+ protected:
+  void SetUp() override {
+    save(dir_, "q.npy", random_f64({5, 4}, 46));
+    save(dir_, "k.npy", random_f64({6, 4}, 47));
+    save(dir_, "v.npy", random_f64({6, 3}, 48));
+    std::ofstream(dir_ / "d4.txt") << "alpha-coord\nbeta-coord\ngamma-coord\ndelta-coord\n";
+    std::ofstream(dir_ / "d3.txt") << "alpha\nbeta\ngamma\n";
+    std::ofstream(dir_ / "dv3.txt") << "thrill-coord\nlaughs-coord\ntears-coord\n";
+    std::ofstream(dir_ / "dv4.txt") << "a\nb\nc\nd\n";
   }
+  const std::vector<std::string> inputs = {"explain", "--q", "q.npy", "--k",  "k.npy",
+                                           "--v",     "v.npy", "--row", "1"};
+  const std::vector<std::string> labels = {"alpha-coord", "delta-coord", "thrill-coord",
+                                           "tears-coord"};
+};
+
+TEST_F(CoordinateLabels, WalkThroughNamesTheCoordinates) {
+  const CommandRun ok = qkv_run(
+      dir_.path(), concat(inputs, {"--labels-d", "d4.txt", "--labels-dv", "dv3.txt"}));
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  for (const std::string& label : labels) {
+    EXPECT_NE(ok.out.find(label), std::string::npos) << label << "\n" << ok.out;
+  }
+}
+
+TEST_F(CoordinateLabels, WrongCountIsOneLineNamingTheFile) {
   expect_clean_failure(dir_.path(),
                        concat(inputs, {"--labels-d", "d3.txt", "--html", "bad.html"}), "d3.txt");
   expect_clean_failure(dir_.path(),
@@ -365,6 +387,18 @@ TEST_F(ExplainParity, CoordinateLabelsAreCounted) {
                        "dv4.txt");
   expect_clean_failure(dir_.path(),
                        concat(inputs, {"--labels-d", "dv3.txt", "--svg", "bad.svg"}), "dv3.txt");
+}
+
+// The page carries the labels too (its vector tables' column headers).
+TEST_F(CoordinateLabels, PageCarriesTheLabels) {
+  const CommandRun ok =
+      qkv_run(dir_.path(), concat(inputs, {"--labels-d", "d4.txt", "--labels-dv", "dv3.txt",
+                                           "--quiet", "--html", "ok.html"}));
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  const std::string page = testing::slurp(dir_ / "ok.html");
+  for (const std::string& label : labels) {
+    EXPECT_NE(page.find(label), std::string::npos) << label;
+  }
 }
 
 }  // namespace

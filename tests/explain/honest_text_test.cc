@@ -57,16 +57,26 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
+// "── query 3 \"label\", head 1, batch element 1 ──": the row and the head (0 when unnamed);
+// the head is looked for after the label's closing quote.
+bool parse_header(const std::string& line, std::int64_t& row, std::int64_t& head) {
+  static const std::regex start("^── query ([0-9]+)");
+  static const std::regex head_part(", head ([0-9]+)");
+  std::smatch m;
+  if (!std::regex_search(line, m, start)) return false;
+  row = std::stoll(m[1].str());
+  const std::size_t quote = line.rfind('"');
+  const std::string rest = quote == std::string::npos ? line : line.substr(quote);
+  head = std::regex_search(rest, m, head_part) ? std::stoll(m[1].str()) : 0;
+  return true;
+}
+
 std::vector<Section> sections_of(const std::string& out) {
-  static const std::regex header("^── query ([0-9]+)[^,─]*(?:\"[^\"]*\")?(?:, head ([0-9]+))?");
   std::vector<Section> sections;
   bool open = false;
   for (const std::string& line : lines_of(out)) {
-    std::smatch m;
-    if (std::regex_search(line, m, header)) {
-      Section s;
-      s.row = std::stoll(m[1].str());
-      s.head = m[2].matched ? std::stoll(m[2].str()) : 0;
+    Section s;
+    if (parse_header(line, s.row, s.head)) {
       sections.push_back(s);
       open = true;
     } else if (line.rfind("Part ", 0) == 0 || line.rfind("What the example shows", 0) == 0) {
@@ -92,7 +102,7 @@ void expect_honest_everywhere(const std::string& out, const std::string& what) {
   EXPECT_FALSE(std::regex_search(out, m, many_one)) << "'" << m.str() << "' in\n" << out;
   EXPECT_EQ(out.find("of 0 allowed"), std::string::npos) << out;
   // "the rest below" promises a line that counts the rest ("(22 more) 0.1234 in all").
-  static const std::regex rest_line("\\([0-9]+ more\\)");
+  static const std::regex rest_line("\\([0-9]+ more[^)]*\\)");
   for (const Section& s : sections_of(out)) {
     const std::size_t at = s.text.find("the rest below");
     if (at == std::string::npos) continue;
@@ -103,15 +113,22 @@ void expect_honest_everywhere(const std::string& out, const std::string& what) {
   }
 }
 
-// No distance statistic: the word, or the |j - i| it would be computed from.
+// No distance statistic: a line that mentions distance (or |j - i|) only says there is none
+// ("no distance ... is measured") and holds no number.
 void expect_no_distance(const std::string& text, const std::string& what) {
   SCOPED_TRACE(what);
-  std::string lower = text;
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  EXPECT_EQ(lower.find("distance"), std::string::npos) << text;
-  EXPECT_EQ(text.find("|j - i|"), std::string::npos) << text;
-  EXPECT_EQ(text.find("|j − i|"), std::string::npos) << text;
+  static const std::regex number("[0-9]+\\.[0-9]+");
+  for (const std::string& line : lines_of(text)) {
+    std::string lower = line;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (lower.find("distance") == std::string::npos && line.find("|j - i|") == std::string::npos &&
+        line.find("|j − i|") == std::string::npos) {
+      continue;
+    }
+    EXPECT_NE(lower.find("no distance"), std::string::npos) << "a distance statistic: " << line;
+    EXPECT_FALSE(std::regex_search(line, number)) << "a distance statistic: " << line;
+  }
 }
 
 // Which keys row i may see, worked out here from the rule.
@@ -143,14 +160,39 @@ void expect_honest_row(const Section& s, std::int64_t nk, const AllowedRule& all
         << "expected \"of " << count << " allowed\":\n"
         << s.text;
   }
+  // "(28 keys are not allowed ...)" must count the forbidden keys: nk - A.
+  static const std::regex forbidden("([0-9]+) keys? (are|is) not allowed");
+  std::string rest = s.text;
+  std::smatch m;
+  if (std::regex_search(s.text, m, forbidden)) {
+    EXPECT_EQ(std::stoll(m[1].str()), nk - count) << s.text;
+    rest = m.prefix().str() + m.suffix().str();
+  }
   if (count < nk) {
     const std::string n = std::to_string(nk);
     const std::regex counts_all("(of|all) " + n + "\\b|\\b" + n + " keys");
-    std::smatch m;
-    EXPECT_FALSE(std::regex_search(s.text, m, counts_all))
+    EXPECT_FALSE(std::regex_search(rest, m, counts_all))
         << "counts all " << nk << " keys ('" << m.str() << "') where " << count
         << " are allowed:\n"
         << s.text;
+  }
+  // Step 4 ranks every allowed key: its bars (one line per key) and its "(K more ...)" line
+  // add up to A.
+  const std::size_t step4 = s.text.find("\n4. ");
+  const std::size_t step6 = s.text.find("\n6. ");
+  if (count > 0 && step4 != std::string::npos && step6 != std::string::npos) {
+    const std::string ranked = s.text.substr(step4, step6 - step4);
+    const std::size_t step5 = ranked.find("\n5. ");
+    const std::string bars_text = ranked.substr(0, step5);
+    static const std::regex bar_line("\n +key-[0-9]+ +[0-9]\\.[0-9]+ ");
+    static const std::regex more_line("\\(([0-9]+) more");
+    const auto bars = std::distance(
+        std::sregex_iterator(bars_text.begin(), bars_text.end(), bar_line), std::sregex_iterator());
+    const std::int64_t more =
+        std::regex_search(bars_text, m, more_line) ? std::stoll(m[1].str()) : 0;
+    EXPECT_EQ(bars + more, count) << "step 4 ranks " << bars << " keys and " << more
+                                  << " more, of " << count << " allowed:\n"
+                                  << s.text;
   }
 }
 
