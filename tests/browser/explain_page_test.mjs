@@ -183,6 +183,14 @@ async function main() {
   run(['explain', ...files, '--head', '1', '--html', head1]);
   run(['attention', ...files, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'o.npy', '--weights', 'w.npy']);
   const reference = readNpyF64(at('w.npy'));
+  // A row with no allowed key (row 2 of a bool mask): the page says what the terminal says.
+  writeNpy(at('q4.npy'), [6, 4], randomValues(24, 31));
+  writeNpy(at('k4.npy'), [6, 4], randomValues(24, 32));
+  writeNpy(at('v4.npy'), [6, 3], randomValues(18, 33));
+  writeNpy(at('mask4.npy'), [6, 6], Array.from({ length: 36 }, (_, e) => Math.floor(e / 6) !== 2), '|b1');
+  const noKeyFiles = ['--q', 'q4.npy', '--k', 'k4.npy', '--v', 'v4.npy', '--mask', 'mask4.npy'];
+  const noKey = at('nokey.html');
+  run(['explain', ...noKeyFiles, '--html', noKey]);
   // A batch of 2 elements, 1 head, n = 12, causal.
   writeNpy(at('qb.npy'), [2, 1, 12, 4], randomValues(96, 11, 2));
   writeNpy(at('kb.npy'), [2, 1, 12, 4], randomValues(96, 12, 2));
@@ -258,6 +266,16 @@ async function main() {
         const sentence = terminalEntropy(files.concat(['--head', '0']), 17);
         const shown = squash(await page.textContent('#row .entropy').catch(() => ''));
         check(sentence !== null && shown === sentence, 'masked: #row .entropy says the terminal\'s line 7 ("' + shown + '" vs "' + sentence + '")');
+      });
+    }
+
+    if (wanted('masked')) {
+      await withPage(context, noKey, async (page) => {
+        await page.click('#heatmap rect.cell[data-i="2"][data-j="0"]');
+        check(await page.locator('#row-all tr[data-j]').count() === 0, 'no-key row: no key is listed');
+        const sentence = terminalEntropy(noKeyFiles, 2);
+        const shown = squash(await page.textContent('#row .entropy').catch(() => ''));
+        check(sentence !== null && shown === sentence, 'no-key row: #row .entropy says the terminal\'s line 7 ("' + shown + '" vs "' + sentence + '")');
       });
     }
 
@@ -342,6 +360,10 @@ async function main() {
             check(want !== null && colourDistance(pixel, want) <= 1,
               label + ': the fully masked pooled cell (0, 511) has the masked colour (' + pixel + ' vs ' + want + ')');
             await noOverflow(page, label);
+            // Zoomed into the top right (all masked): the exact cells have the same colour.
+            const box = await page.locator('#heatmap canvas').boundingBox();
+            await page.mouse.click(box.x + box.width * 0.97, box.y + box.height * 0.03);
+            await expectMaskedCellColour(page, label + ', zoomed');
           }
         });
       }
