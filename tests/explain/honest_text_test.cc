@@ -93,14 +93,26 @@ void expect_honest_everywhere(const std::string& out, const std::string& what) {
   // A printed negative zero, at any number of decimals ("-0.00", "-0.0000", not "-0.0001").
   static const std::regex negative_zero("-0\\.0+(?![0-9])");
   EXPECT_FALSE(std::regex_search(out, negative_zero)) << out;
+  // Nouns and verbs agree with their counts: "1 key", "1 more allowed key", "1 other allowed
+  // key weighs", "1 key is"; "2 keys", "5 other allowed keys weigh", "28 keys are".
   static const std::regex one_many(
-      "(^|[^0-9.,])1 (queries|keys|heads|rows|values|allowed keys|key/value heads)\\b");
+      "(^|[^0-9.,])1 (more |other )?(allowed )?(queries|keys|heads|rows|values|key/value heads)"
+      "\\b|(^|[^0-9.,])1 (other )?(allowed )?key (weigh|are)\\b");
   std::smatch m;
   EXPECT_FALSE(std::regex_search(out, m, one_many)) << "'" << m.str() << "' in\n" << out;
   static const std::regex many_one(
-      "(^|[^0-9.,])(0|[2-9]|[1-9][0-9]+) (query|key|head|row|allowed key)(?![A-Za-z/_-])");
+      "(^|[^0-9.,])(0|[2-9]|[1-9][0-9]+) (more |other )?(allowed )?(query|key|head|row)"
+      "(?![A-Za-z/_-])|(^|[^0-9.,])(0|[2-9]|[1-9][0-9]+) (other )?(allowed )?keys (weighs|is)\\b");
   EXPECT_FALSE(std::regex_search(out, m, many_one)) << "'" << m.str() << "' in\n" << out;
   EXPECT_EQ(out.find("of 0 allowed"), std::string::npos) << out;
+  // An effective number of keys, exp(entropy), cannot exceed the keys it is counted among:
+  // exp(H) <= A for any distribution over A keys (2 decimals printed: 0.005 of slack).
+  static const std::regex effective("exp\\(entropy\\) = ([0-9.]+) of ([0-9]+) allowed");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), effective);
+       it != std::sregex_iterator(); ++it) {
+    EXPECT_LE(std::stod((*it)[1].str()), std::stod((*it)[2].str()) + 0.005)
+        << "'" << it->str() << "': more effective keys than allowed ones";
+  }
   // "the rest below" promises a line that counts the rest ("(22 more) 0.1234 in all").
   static const std::regex rest_line("\\([0-9]+ more[^)]*\\)");
   for (const Section& s : sections_of(out)) {
@@ -289,6 +301,71 @@ TEST_F(HonestText, OneKeyRow) {
     expect_honest_row(s, kNq, [](std::int64_t i, std::int64_t j) { return j <= i; });
   }
   expect_honest_everywhere(run.out, "one-key row");
+}
+
+// Values that round to zero: Q, K and V hold tiny negative numbers (-1e-7) and every modifier
+// that prints a column is on (softcap, ALiBi: its term is -0.0 on the diagonal, sinks); no
+// "-0.0000" may appear anywhere.
+TEST_F(HonestText, TinyNegativeValuesPrintAsZero) {
+  Tensor q = testing::random_tensor(DType::kF64, {2, kNq, 8}, 17);
+  Tensor k = testing::random_tensor(DType::kF64, {1, kNk, 8}, 18);
+  Tensor v = testing::random_tensor(DType::kF64, {1, kNk, 4}, 19);
+  for (Tensor* t : {&q, &k, &v}) {
+    for (std::int64_t e = 0; e < t->numel(); e += 3) t->data_as<double>()[e] = -1e-7;
+  }
+  write_npy(dir_ / "q.npy", q.view(), DType::kF64);
+  write_npy(dir_ / "k.npy", k.view(), DType::kF64);
+  write_npy(dir_ / "v.npy", v.view(), DType::kF64);
+  write_npy(dir_ / "s.npy", testing::random_tensor(DType::kF64, {2}, 20).view(), DType::kF64);
+  run_rows({"--causal", "--softcap", "2", "--alibi", "--sinks", "s.npy"}, "0,1,19",
+           [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; }, 6);
+}
+
+// --top 1 and --top 2 on rows with 2, 3 and 11 allowed keys: "1 more allowed key", "1 other
+// allowed key weighs less", and the plurals, wherever the text counts what it leaves out.
+TEST_F(HonestText, SmallTopCountsAgree) {
+  for (const char* top : {"1", "2"}) {
+    run_rows({"--window", "2,0", "--top", top}, "0,1",
+             [](std::int64_t i, std::int64_t j) {
+               const std::int64_t diag = i + kNk - kNq;
+               return j >= diag - 2 && j <= diag;
+             },
+             4);
+    run_rows({"--causal", "--top", top}, "0",
+             [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; }, 2);
+  }
+}
+
+// A bool mask with a row of no allowed key, and sinks: the sink takes the whole denominator.
+TEST_F(HonestText, NoKeyRowWithSinks) {
+  Tensor mask(DType::kBool, {kNq, kNk}, "mask.npy");
+  bool* m = mask.data_as<bool>();
+  for (std::int64_t e = 0; e < kNq * kNk; ++e) m[e] = e / kNk != 3;
+  write_npy(dir_ / "mask.npy", mask.view(), DType::kBool);
+  write_npy(dir_ / "s.npy", testing::random_tensor(DType::kF64, {2}, 20).view(), DType::kF64);
+  run_rows({"--mask", "mask.npy", "--sinks", "s.npy"}, "2,3",
+           [](std::int64_t i, std::int64_t) { return i != 3; }, 4);
+}
+
+// A sink is a term of the softmax's denominator, so with one the key weights sum to less than
+// 1; the entropy and effective number of keys must still describe a distribution over the
+// allowed keys (or say the sink is counted), never more effective keys than allowed ones.
+// Row 0 of a square causal input has one key: "exp(entropy) = 1.00 of 1 allowed" at most.
+TEST_F(HonestText, SinkKeepsEffectiveKeysWithinAllowed) {
+  write_npy(dir_ / "k.npy", testing::random_tensor(DType::kF32, {1, kNq, 8}, 15).view(),
+            DType::kF32);
+  write_npy(dir_ / "v.npy", testing::random_tensor(DType::kF32, {1, kNq, 4}, 16).view(),
+            DType::kF32);
+  Tensor sinks(DType::kF64, {2}, "s.npy");
+  sinks.data_as<double>()[0] = 0.0;
+  sinks.data_as<double>()[1] = 1.0;
+  write_npy(dir_ / "s.npy", sinks.view(), DType::kF64);
+  const CommandRun run = qkv_run(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v",
+                                               "v.npy", "--causal", "--sinks", "s.npy", "--row",
+                                               "0,1,5"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(sections_of(run.out).size(), 6u) << run.out;
+  expect_honest_everywhere(run.out, "sinks");
 }
 
 // Cross-attention in the layer form: queries from X (5 rows), keys and values from a memory of
