@@ -40,11 +40,34 @@ const run = runner(qkv, work);
 const at = (name) => path.join(work, name);
 const wanted = (name) => !only || only.split(',').includes(name);
 
-// The terminal's entropy sentence for one row ("7. entropy ..." without "7. ").
+// The terminal's sentences for one row that the page must say word for word: the
+// parenthesised notes, step 4's heading, step 6's sum (before its values), line 7 and the
+// no-key lines; step numbers ("4. ") dropped. The first walk-through of the output is used.
+function terminalSentences(args, row) {
+  const out = run(['explain', ...args, '--row', String(row)]);
+  const lines = out.split('\n');
+  const start = lines.findIndex((l) => l.startsWith('── query '));
+  const end = lines.findIndex((l, n) => n > start && (l.startsWith('── query ') || l.trim() === ''));
+  return lines.slice(start + 1, end < 0 ? undefined : end)
+    .map((l) => l.trim())
+    .filter((l) => /^\(|^4\. weights|^6\. O_|^7\. |no key is allowed/.test(l))
+    .map((l) => l.replace(/^\d\. /, '').replace(/ = \[.*\]$/, '').replace(/\s+/g, ' '));
+}
+// Line 7 alone ("entropy ... of N allowed"), the one sentence #row .entropy holds.
 function terminalEntropy(args, row) {
   const out = run(['explain', ...args, '--row', String(row)]);
   const line = out.split('\n').find((l) => /^7\. /.test(l));
   return line ? line.slice(3).replace(/\s+/g, ' ').trim() : null;
+}
+async function expectSameSentences(page, args, row, label) {
+  const sentences = terminalSentences(args, row);
+  // Compared without whitespace: a sentence split over table cells loses its spaces in
+  // textContent, and its words must still all be there in order.
+  const bare = (t) => t.replace(/\s+/g, '');
+  const shown = bare(await page.textContent('#row'));
+  const missing = sentences.filter((t) => !shown.includes(bare(t)));
+  check(sentences.length >= 3 && missing.length === 0, label + ': the walk-through says the terminal\'s ' +
+    sentences.length + ' sentences' + (missing.length ? ' (missing: "' + missing.slice(0, 2).join('", "') + '")' : ''));
 }
 const squash = (text) => (text || '').replace(/\s+/g, ' ').trim();
 
@@ -134,6 +157,7 @@ async function builtinChecks(page) {
   // The page says the terminal's entropy sentence for the same row.
   const sentence = terminalEntropy([], 1);
   await page.click('#heatmap rect.cell[data-i="1"][data-j="0"]');
+  await expectSameSentences(page, [], 1, 'built-in');
   const shown = squash(await page.textContent('#row .entropy').catch(() => ''));
   check(sentence !== null && shown === sentence, 'built-in: #row .entropy says the terminal\'s line 7 ("' + shown + '" vs "' + sentence + '")');
 
@@ -191,6 +215,14 @@ async function main() {
   const noKeyFiles = ['--q', 'q4.npy', '--k', 'k4.npy', '--v', 'v4.npy', '--mask', 'mask4.npy'];
   const noKey = at('nokey.html');
   run(['explain', ...noKeyFiles, '--html', noKey]);
+  // A sink (a logit of 1 with no value) on a causal input of 8: row 0 has one key.
+  writeNpy(at('q5.npy'), [8, 4], randomValues(32, 41));
+  writeNpy(at('k5.npy'), [8, 4], randomValues(32, 42));
+  writeNpy(at('v5.npy'), [8, 3], randomValues(24, 43));
+  writeNpy(at('s5.npy'), [1], [1.0]);
+  const sinkFiles = ['--q', 'q5.npy', '--k', 'k5.npy', '--v', 'v5.npy', '--causal', '--sinks', 's5.npy'];
+  const sink = at('sink.html');
+  run(['explain', ...sinkFiles, '--html', sink]);
   // A batch of 2 elements, 1 head, n = 12, causal.
   writeNpy(at('qb.npy'), [2, 1, 12, 4], randomValues(96, 11, 2));
   writeNpy(at('kb.npy'), [2, 1, 12, 4], randomValues(96, 12, 2));
@@ -264,6 +296,7 @@ async function main() {
         await page.selectOption('#head', '0');
         await page.click('#heatmap rect.cell[data-i="17"][data-j="0"]');
         const sentence = terminalEntropy(files.concat(['--head', '0']), 17);
+        await expectSameSentences(page, files.concat(['--head', '0']), 17, 'masked');
         const shown = squash(await page.textContent('#row .entropy').catch(() => ''));
         check(sentence !== null && shown === sentence, 'masked: #row .entropy says the terminal\'s line 7 ("' + shown + '" vs "' + sentence + '")');
       });
@@ -274,8 +307,22 @@ async function main() {
         await page.click('#heatmap rect.cell[data-i="2"][data-j="0"]');
         check(await page.locator('#row-all tr[data-j]').count() === 0, 'no-key row: no key is listed');
         const sentence = terminalEntropy(noKeyFiles, 2);
+        await expectSameSentences(page, noKeyFiles, 2, 'no-key row');
         const shown = squash(await page.textContent('#row .entropy').catch(() => ''));
         check(sentence !== null && shown === sentence, 'no-key row: #row .entropy says the terminal\'s line 7 ("' + shown + '" vs "' + sentence + '")');
+      });
+    }
+
+    if (wanted('masked')) {
+      await withPage(context, sink, async (page) => {
+        for (const row of [0, 3]) {
+          await page.click('#heatmap rect.cell[data-i="' + row + '"][data-j="0"]');
+          await expectSameSentences(page, sinkFiles, row, 'sink, row ' + row);
+          // exp(H) <= A for any distribution over A keys (2 decimals printed).
+          const m = /exp\(entropy\) = ([\d.]+) of (\d+) allowed/.exec(await page.textContent('#row .entropy').catch(() => ''));
+          check(m !== null && Number(m[1]) <= Number(m[2]) + 0.005,
+            'sink, row ' + row + ': no more effective keys than allowed ones (' + (m ? m[0] : 'no entropy line') + ')');
+        }
       });
     }
 

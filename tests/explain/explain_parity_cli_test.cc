@@ -295,6 +295,38 @@ TEST_F(ExplainParity, BatchElementOfABatchedInput) {
                        "--batch");
 }
 
+// Cross-attention: K and V from a memory of 9 rows, with grouped heads and biases.
+TEST_F(ExplainParity, MemoryGivesTheLayersRows) {
+  save(dir_, "m.npy", random_f64({9, 5}, 50));
+  save(dir_, "wq.npy", random_f64({kD, 2 * kDk}, 51));
+  save(dir_, "wk.npy", random_f64({5, kDk}, 52));
+  save(dir_, "wv.npy", random_f64({5, kDk}, 53));
+  save(dir_, "bk.npy", random_f64({kDk}, 54));
+  const std::vector<std::string> flags = {"--x",  "x.npy",  "--memory", "m.npy",      "--wq",
+                                          "wq.npy", "--wk", "wk.npy",   "--wv",       "wv.npy",
+                                          "--bk", "bk.npy", "--heads",  "2",          "--kv-heads",
+                                          "1"};
+  expect_same_outputs(explain(flags), layer(flags), kDk, 0, kN * kHeads);
+}
+
+// Q, K and V rounded to bfloat16 (--dtype), and the score modifiers (softcap, ALiBi, sinks)
+// with a window: explain shows what the layer computes with the same flags.
+TEST_F(ExplainParity, StorageTypeAndScoreModifiers) {
+  save(dir_, "s.npy", random_f64({kHeads}, 55));
+  const std::vector<std::string> flags = {
+      "--x",       "x.npy", "--wqkv",  "wqkv.npy", "--bqkv",  "bqkv.npy", "--heads", "2",
+      "--dtype",   "bf16",  "--softcap", "3",      "--alibi", "--sinks",  "s.npy",   "--window",
+      "2,1"};
+  const Tensor o = layer(flags);
+  EXPECT_GT(output_change(o, layer({"--x", "x.npy", "--wqkv", "wqkv.npy", "--bqkv", "bqkv.npy",
+                                    "--heads", "2", "--softcap", "3", "--alibi", "--sinks",
+                                    "s.npy", "--window", "2,1"},
+                                   "f64.npy")),
+            1e-4)
+      << "bfloat16 rounding must matter on these inputs";
+  expect_same_outputs(explain(flags), o, kDk, 0, kN * kHeads);
+}
+
 // The attention form: Q, K, V files with a causal rule, against qkv attention --out.
 TEST_F(ExplainParity, AttentionFormGivesAttentionsRows) {
   save(dir_, "q.npy", random_f64({2, 7, 4}, 42));
