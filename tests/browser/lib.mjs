@@ -4,22 +4,16 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { createRequire } from 'node:module';
 
 export const CHROMIUM = '/usr/bin/chromium';
 
-// playwright-core from this folder's node_modules, or from the main checkout's (a worktree
-// without `npm ci` run in it).
+// playwright-core from this folder's node_modules (scripts/install-deps.sh runs `npm ci` here).
 export async function loadChromium() {
-  const here = path.dirname(new URL(import.meta.url).pathname);
-  for (const base of [here, path.resolve(here, '../../../main/tests/browser')]) {
-    try {
-      const require = createRequire(path.join(base, 'package.json'));
-      return require('playwright-core').chromium;
-    } catch { /* the next place */ }
+  try {
+    return (await import('playwright-core')).chromium;
+  } catch (e) {
+    throw new Error('playwright-core is missing: run `npm ci` in tests/browser (' + e.message + ')');
   }
-  const { chromium } = await import('playwright-core');
-  return chromium;
 }
 
 export function arg(name, fallback) {
