@@ -362,6 +362,41 @@ TEST_F(ExplainParity, LayerFormNeedsHeads) {
                        "--heads");
 }
 
+// Weight flags refused as qkv layer refuses them, and layer-only flags refused for Q, K, V
+// files and the built-in example: one line naming the flag or file, nothing written.
+TEST_F(ExplainParity, WeightFlagsRefusedAsTheLayerRefusesThem) {
+  save(dir_, "w.npy", random_f64({kD, kHeads * kDk}, 56));
+  save(dir_, "q.npy", random_f64({5, 4}, 57));
+  const std::vector<std::string> html = {"--html", "page.html"};
+  expect_clean_failure(dir_.path(),
+                       concat({"explain", "--x", "x.npy", "--wqkv", "wqkv.npy", "--wq", "w.npy",
+                               "--heads", "2"},
+                              html),
+                       "--wqkv");
+  expect_clean_failure(dir_.path(),
+                       concat({"explain", "--x", "x.npy", "--wqkv", "wqkv.npy", "--bqkv",
+                               "bqkv.npy", "--bq", "bqkv.npy", "--heads", "2"},
+                              html),
+                       "--bqkv");
+  // 18 columns do not split into 4 + 2 x 4 heads.
+  expect_clean_failure(dir_.path(),
+                       concat({"explain", "--x", "x.npy", "--wqkv", "wqkv.npy", "--heads", "4"},
+                              html),
+                       "wqkv.npy");
+  expect_clean_failure(dir_.path(),
+                       concat({"explain", "--x", "x.npy", "--wq", "w.npy", "--wk", "w.npy",
+                               "--heads", "2"},
+                              html),
+                       "--wv");
+  expect_clean_failure(dir_.path(),
+                       concat({"explain", "--q", "q.npy", "--k", "q.npy", "--v", "q.npy",
+                               "--linear-layout"},
+                              html),
+                       "--linear-layout");
+  expect_clean_failure(dir_.path(), concat({"explain", "--linear-layout"}, html),
+                       "--linear-layout");
+}
+
 // --quiet: the page (or SVG) is written; stdout holds no walk-through, at most "wrote FILE".
 TEST_F(ExplainParity, QuietWritesThePageOnly) {
   for (const std::vector<std::string>& args :
