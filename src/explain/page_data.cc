@@ -86,6 +86,19 @@ std::string map_b64(const std::vector<float>& map, bool quantised) {
   return base64(bytes.data(), bytes.size());
 }
 
+// The row a head opens on: the most focused among rows with more than one allowed key (a row
+// with one key is trivially focused: causal row 0), else scan_head()'s most focused.
+std::int64_t opening_row(const HeadScan& s) {
+  std::int64_t best = -1;
+  for (std::size_t i = 0; i < s.entropy.size(); ++i) {
+    if (s.allowed_keys.size() > i && s.allowed_keys[i] > 1 &&
+        (best < 0 || s.entropy[i] < s.entropy[static_cast<std::size_t>(best)])) {
+      best = static_cast<std::int64_t>(i);
+    }
+  }
+  return best < 0 ? s.most_focused : best;
+}
+
 std::string scan_json(const HeadScan& s, bool quantised) {
   std::vector<unsigned char> allowed(s.allowed_share.size());
   for (std::size_t c = 0; c < allowed.size(); ++c) {
@@ -102,7 +115,8 @@ std::string scan_json(const HeadScan& s, bool quantised) {
          ",\"meanFirstKey\":" + json_number(s.mean_first_key) +
          ",\"meanMaxWeight\":" + json_number(s.mean_max_weight) +
          ",\"mostFocused\":" + json_int(s.most_focused) +
-         ",\"leastFocused\":" + json_int(s.least_focused) + "}";
+         ",\"leastFocused\":" + json_int(s.least_focused) +
+         ",\"openRow\":" + json_int(opening_row(s)) + "}";
 }
 
 template <typename Each>
@@ -142,7 +156,7 @@ std::string kv_rows_json(const Explanation& e) {
 // The rows a sampled head carries: the named ones and an even spread.
 std::vector<std::int64_t> sampled_rows(const Explanation& e, const HeadScan& s,
                                        std::int64_t open_row) {
-  std::set<std::int64_t> rows = {s.most_focused, s.least_focused};
+  std::set<std::int64_t> rows = {s.most_focused, s.least_focused, opening_row(s)};
   if (open_row >= 0 && open_row < e.nq) rows.insert(open_row);
   const std::int64_t spread = std::min(e.nq, kSpreadRows);
   for (std::int64_t k = 0; k < spread; ++k) {

@@ -98,7 +98,7 @@ function showRow(i, opts = {}) {
 function walkHtml(p, h, d, note, focus) {
   const i = d.row, sub = (s) => '<sub>' + s + '</sub>';
   const hasWeights = isFinite(d.lse) && d.allowed > 0;
-  let html = '<h2>Query ' + i + ' “' + esc(qlabel(p, i)) + '”' + (p.heads > 1 ? ', head ' + h : '') +
+  let html = '<h2>Query ' + i + (p.queryLabels ? ' “' + esc(qlabel(p, i)) + '”' : '') + (p.heads > 1 ? ', head ' + h : '') +
     (p.batches > 1 ? ', batch element ' + p.batch : '') + '</h2>';
   if (note) html += '<p class="note" id="row-note">' + esc(note) + '</p>';
   if (!exactRows(p)) html += '<p class="muted">A sampled row: its numbers were computed in C++ when the page was made (vectors to float32).</p>';

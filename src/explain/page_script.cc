@@ -259,7 +259,7 @@ function modeNote(p) {
 function defaultRow() {
   const p = part();
   if (state.part === DATA.open.part && DATA.open.row >= 0 && DATA.open.row < p.nq) return DATA.open.row;
-  return p.scans[state.head].mostFocused;
+  return p.scans[state.head].openRow;
 }
 
 function init() {

@@ -22,7 +22,9 @@ function renderStory() {
       ', and <span class="flow">m<sub>j</sub> → ·W<sup>V</sup> → v<sub>j</sub></span> what it gives when attended to' +
       (p.dvLabels ? ' (' + esc(p.dvLabels.slice(0, 6).join(', ')) + (p.dvLabels.length > 6 ? ', …' : '') + ')' : '') +
       '. A query q<sub>i</sub> = x<sub>i</sub>·W<sup>Q</sup> is compared with every k<sub>j</sub>; the output O<sub>i</sub> mixes the v<sub>j</sub>.</p>' +
-      '<div id="kv-box"></div>';
+      // A generic input's table is long: folded unless the part tells a story or is short.
+      '<details id="kv-details"' + (p.story || p.nk <= 12 ? ' open' : '') + '><summary>the key/value rows (' +
+      (p.kvRows.rows < p.nk ? 'first ' + p.kvRows.rows + ' of ' + p.nk : count(p.nk, 'row', 'rows')) + ')</summary><div id="kv-box"></div></details>';
   }
   box.innerHTML = html;
 }

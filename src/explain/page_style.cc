@@ -13,6 +13,7 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin:
 header { background: #12325e; color: #fff; padding: 12px 16px; }
 header h1 { font-size: 18px; margin: 0 0 4px; }
 header p { margin: 0; opacity: .9; }
+header .muted { color: #d5def0; }
 #part-facts { white-space: pre-line; }
 main { display: grid; grid-template-columns: minmax(0, 1fr); gap: 14px; padding: 14px 12px;
        max-width: 2400px; margin: 0 auto; }
