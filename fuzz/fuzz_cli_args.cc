@@ -1,8 +1,10 @@
 // Fuzz target: the command line. The input is split at NUL bytes into arguments for the qkv
-// app with its `attention` and `layer` commands, run in a scratch folder (on tmpfs where there
-// is one) holding a few small valid inputs that the seeds name (q.npy, k.npy, v.npy, x.npy,
-// w.npy, m.npy, model.safetensors, and for the version-2 flags --dtype, --softcap, --alibi,
-// --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy, s.npy, cq.npy, ck.npy). Whatever the arguments, parsing and running must end in
+// app with its `attention`, `layer` and `explain` commands, run in a scratch folder (on tmpfs
+// where there is one) holding a few small valid inputs that the seeds name (q.npy, k.npy, v.npy,
+// x.npy, w.npy, m.npy, model.safetensors, and for the version-2 flags --dtype, --softcap,
+// --alibi, --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy, s.npy,
+// cq.npy, ck.npy; for explain's labels, l.txt). explain's walk-through goes to stdout, which is
+// /dev/null here. Whatever the arguments, parsing and running must end in
 // success, a usage error (CLI::Error) or qkv::Error with a one-line message; any other
 // exception or crash is a finding.
 #include <unistd.h>
@@ -87,7 +89,10 @@ void prepare_scratch_folder() {
   file.append(static_cast<const char*>(w.data()), w.nbytes());
   file.append(static_cast<const char*>(c.data()), c.nbytes());
   write_file(dir / "model.safetensors", file);
+  write_file(dir / "l.txt", "first\nsecond\nthird\nfourth\n");
   if (::chdir(dir.c_str()) != 0) qkv::fuzz::fail("cannot enter the scratch folder");
+  // libFuzzer reports on stderr; explain's text would only flood the log.
+  if (std::freopen("/dev/null", "w", stdout) == nullptr) qkv::fuzz::fail("cannot silence stdout");
   // write_npy installed qkv's temporary-file cleanup for SIGALRM (among others), which it does
   // only while a signal has its default action. libFuzzer, which starts after this, keeps any
   // handler it finds instead of installing its own, and its -timeout timer is SIGALRM: with
@@ -123,6 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   app.require_subcommand(1);
   qkv::cli::register_attention_command(app);
   qkv::cli::register_layer_command(app);
+  qkv::cli::register_explain_command(app);
   // QKV_FUZZ_VERBOSE=1 says how each input ended (to check that the seeds reach the commands).
   static const bool verbose = std::getenv("QKV_FUZZ_VERBOSE") != nullptr;
   std::string outcome = "ran";

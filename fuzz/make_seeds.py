@@ -105,6 +105,12 @@ def main():
         "layer_dtype": "layer --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --dtype bf16 --softcap 5 "
                        "--alibi --out o.npy",
         "help": "layer --help",
+        # explain: the built-in example, Q/K/V files, and the layer form read as qkv layer reads it.
+        "explain_builtin": "explain --quiet --html p.html --head 0",
+        "explain_files": "explain --q q.npy --k k.npy --v v.npy --causal --row 1 --top 2 --labels-d l.txt "
+                         "--html p.html --svg s.svg",
+        "explain_layer": "explain --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --row 0,4 --softcap 3",
+        "explain_fused": "explain --x x.npy --wqkv model.safetensors:c_attn --heads 2 --quiet --html p.html",
     }
     for name, line in commands.items():
         write("cli_args", name, b"\x00".join(arg.encode() for arg in line.split(" ")))

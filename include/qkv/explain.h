@@ -56,10 +56,11 @@ struct ExplainSetup {
   std::vector<std::string> query_labels;
   std::vector<std::string> key_labels;
   // What the coordinates mean: d names for the query/key columns, dv for the value columns,
-  // and (layer form) one per column of the samples X (and of the memory, when it has as many).
+  // and (layer form) one per column of the samples X and of the memory M.
   std::vector<std::string> d_labels;
   std::vector<std::string> dv_labels;
   std::vector<std::string> sample_labels;
+  std::vector<std::string> memory_labels;
   std::string query_labels_source = "query labels";  // the subject of a label-count error
   std::string key_labels_source = "key labels";
   std::string d_labels_source = "d labels";
@@ -97,6 +98,7 @@ struct Explanation {
   std::vector<std::string> d_labels;      // d entries (empty: unnamed coordinates)
   std::vector<std::string> dv_labels;     // dv entries (empty: unnamed)
   std::vector<std::string> sample_labels; // projection->x.cols entries (empty: unnamed)
+  std::vector<std::string> memory_labels; // projection->memory.cols entries (empty: unnamed)
   std::vector<Matrix> q;                  // per query head, [nq, d]
   std::vector<Matrix> k, v;               // per kv head, [nk, d] and [nk, dv]
   std::vector<Matrix> out;                // per query head, [nq, dv]: attention()'s output

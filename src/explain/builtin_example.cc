@@ -62,6 +62,29 @@ const std::vector<std::string> kFilmNames = {"Alien",         "Die Hard",   "Not
                                              "Groundhog Day", "The Matrix", "Titanic"};
 const std::vector<std::string> kUserNames = {"Ana", "Ben", "Chloe", "Dev"};
 
+// What the coordinates mean: the columns of the film rows, of keys (and tastes), of values.
+const std::vector<std::string> kFilmContents = {"car chases", "spaceships", "kisses", "jokes",
+                                                "sad ending"};
+const std::vector<std::string> kGenres = {"action", "sci-fi", "romance", "comedy"};
+const std::vector<std::string> kGives = {"thrill", "laughs", "tears"};
+
+constexpr const char* kRecommendStory =
+    "Four users and six films. A user's taste is the query: how much they like action, sci-fi, "
+    "romance and comedy. A film's key says which of those genres it belongs to, and its value "
+    "what watching it gives: thrill, laughs, tears. Both come from the same row of the film "
+    "(what is in it: car chases, spaceships, kisses, jokes, a sad ending), through W^K and "
+    "W^V.\n\n"
+    "The score of a film for a user is how well its genres match the taste (q_i·k_j, scaled). "
+    "The softmax turns the scores into weights that sum to 1, and the user's output O_i is the "
+    "weighted sum of what every film gives: not one recommended film, but a blend of all of "
+    "them, the good matches counting most.";
+constexpr const char* kFilmsStory =
+    "Self-attention over the same films: each film's query is its own genre profile "
+    "(W^Q = W^K), so a film attends most to the films of its own genres, and its output blends "
+    "what those films give.\n\n"
+    "Keys and values are two transforms of the same rows: the key decides how much a film "
+    "counts, the value is what it brings.";
+
 template <std::size_t R, std::size_t C>
 TensorView view_of(const double (&m)[R][C], const char* name) {
   return TensorView{m,
@@ -85,8 +108,13 @@ std::vector<Explanation> builtin_examples() {
   users.title =
       "Cross-attention: users' tastes (queries) against films' genres (keys); values are what "
       "each film gives (thrill, laughs, tears)";
+  users.story = kRecommendStory;
   users.query_labels = kUserNames;
   users.key_labels = kFilmNames;
+  users.d_labels = kGenres;
+  users.dv_labels = kGives;
+  users.sample_labels = kGenres;  // a taste is already in genre terms
+  users.memory_labels = kFilmContents;
   const LayerWeights user_weights{view_of(kWqUsers, "W^Q (tastes)"), view_of(kWk, "W^K (genres)"),
                                   view_of(kWv, "W^V (what it gives)")};
   Explanation recommend = explain_layer(view_of(kUsers, "users"), user_weights, options,
@@ -96,8 +124,12 @@ std::vector<Explanation> builtin_examples() {
   films.title =
       "Self-attention over the films: each film's query is its own genre profile (W^Q = W^K), "
       "so a film attends to films like itself";
+  films.story = kFilmsStory;
   films.query_labels = kFilmNames;
   films.key_labels = kFilmNames;
+  films.d_labels = kGenres;
+  films.dv_labels = kGives;
+  films.sample_labels = kFilmContents;
   const LayerWeights film_weights{view_of(kWk, "W^Q = W^K (genres)"), view_of(kWk, "W^K (genres)"),
                                   view_of(kWv, "W^V (what it gives)")};
   Explanation similar =

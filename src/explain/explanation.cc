@@ -47,11 +47,25 @@ std::vector<std::string> labels_or_numbers(const std::vector<std::string>& given
   return given;
 }
 
-// Runs attention() as the caller asked, plus the lse in float64, and fills everything but the
-// projection. `mask_owner` holds the copy of the mask that the options point at.
-Explanation run_and_collect(const TensorView& q, const TensorView& k, const TensorView& v,
-                            AttentionOptions options, Tensor mask_owner,
-                            const ExplainSetup& setup) {
+// Coordinate labels: none, or exactly `count` of them.
+std::vector<std::string> coordinate_labels(const std::vector<std::string>& given,
+                                           std::int64_t count, const std::string& subject,
+                                           const std::string& what) {
+  if (!given.empty() && static_cast<std::int64_t>(given.size()) != count) {
+    throw Error(subject, "has " + str(static_cast<std::int64_t>(given.size())) + " labels but " +
+                             what + " has " + str(count));
+  }
+  return given;
+}
+
+// Runs attention() once as the caller asked, plus the lse in float64, and fills, for each batch
+// element asked for, everything but the projection. `mask_owner` holds the copy of the mask
+// that the options point at; the explanations share it.
+std::vector<Explanation> run_and_collect(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, AttentionOptions options,
+                                         Tensor mask_owner,
+                                         const std::vector<std::int64_t>& batches,
+                                         const ExplainSetup& setup) {
   if (options.cu_seqlens_q || options.cu_seqlens_k) {
     throw Error("cu_seqlens", "explain takes one sequence, not a packed batch: pass that "
                               "sequence's rows");
@@ -59,61 +73,79 @@ Explanation run_and_collect(const TensorView& q, const TensorView& k, const Tens
   options.return_weights = false;
   options.return_lse = true;
   options.out_dtype = DType::kF64;
-  const AttentionResult result = attention(q, k, v, options);
   const core::AttentionCall call = core::validate_attention(q, k, v, options);
   const core::AttentionParams& p = call.params;
   const core::AttentionShape& s = p.shape;
-  if (setup.batch < 0 || setup.batch >= s.b) {
-    throw Error("batch", "index " + str(setup.batch) + " is outside the input's " + str(s.b) +
-                             " batch elements");
+  for (const std::int64_t b : batches) {
+    if (b < 0 || b >= s.b) {
+      throw Error("batch", "index " + str(b) + " is outside the input's " + str(s.b) +
+                               (s.b == 1 ? " batch element" : " batch elements"));
+    }
   }
-  const std::int64_t b = setup.batch;
+  const AttentionResult result = attention(q, k, v, options);
+  const std::vector<std::string> query_labels =
+      labels_or_numbers(setup.query_labels, s.nq, setup.query_labels_source, q.name);
+  const std::vector<std::string> key_labels =
+      labels_or_numbers(setup.key_labels, s.nk, setup.key_labels_source, k.name);
+  const std::vector<std::string> d_labels = coordinate_labels(
+      setup.d_labels, s.d, setup.d_labels_source, "d_k (the width of a query and a key)");
+  const std::vector<std::string> dv_labels = coordinate_labels(
+      setup.dv_labels, s.dv, setup.dv_labels_source, "d_v (the width of a value)");
 
-  Explanation e;
-  e.title = setup.title;
-  e.nq = s.nq;
-  e.nk = s.nk;
-  e.d = s.d;
-  e.dv = s.dv;
-  e.heads = s.h;
-  e.kv_heads = s.hkv;
-  e.scale = p.scale;
-  e.causal = options.causal;
-  e.window = options.window;
-  e.softcap = p.modifiers.softcap;
-  e.alibi_slopes = p.modifiers.alibi_slopes;
-  e.sinks = p.modifiers.sinks;
-  e.dtype = p.compute;
-  e.kernel = result.kernel;
-  e.threads = options.threads;
-  e.query_labels = labels_or_numbers(setup.query_labels, s.nq, setup.query_labels_source, q.name);
-  e.key_labels = labels_or_numbers(setup.key_labels, s.nk, setup.key_labels_source, k.name);
-  for (std::int64_t h = 0; h < s.h; ++h) {
-    e.q.push_back(gather(p.q, p.compute, b, h, s.nq, s.d));
-    // The outputs are contiguous [.., H, nq, dv] and [.., H, nq] (B and H are 1 when absent).
-    const std::int64_t head_row0 = (b * s.h + h) * s.nq;
-    const double* out = result.out.data_as<double>() + head_row0 * s.dv;
-    e.out.push_back(Matrix{s.nq, s.dv, std::vector<double>(out, out + s.nq * s.dv)});
-    const double* lse = result.lse.data_as<double>() + head_row0;
-    e.lse.emplace_back(lse, lse + s.nq);
+  const auto shared_mask = std::make_shared<const Tensor>(std::move(mask_owner));
+  std::vector<Explanation> parts;
+  for (const std::int64_t b : batches) {
+    Explanation& e = parts.emplace_back();
+    e.title = setup.title;
+    e.story = setup.story;
+    e.nq = s.nq;
+    e.nk = s.nk;
+    e.d = s.d;
+    e.dv = s.dv;
+    e.heads = s.h;
+    e.kv_heads = s.hkv;
+    e.batch = b;
+    e.batches = s.b;
+    e.cross_attention = setup.cross_attention;
+    e.scale = p.scale;
+    e.causal = options.causal;
+    e.window = options.window;
+    e.softcap = p.modifiers.softcap;
+    e.alibi_slopes = p.modifiers.alibi_slopes;
+    e.sinks = p.modifiers.sinks;
+    e.dtype = p.compute;
+    e.kernel = result.kernel;
+    e.threads = options.threads;
+    e.query_labels = query_labels;
+    e.key_labels = key_labels;
+    e.d_labels = d_labels;
+    e.dv_labels = dv_labels;
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      e.q.push_back(gather(p.q, p.compute, b, h, s.nq, s.d));
+      // The outputs are contiguous [.., H, nq, dv] and [.., H, nq] (B and H are 1 when absent).
+      const std::int64_t head_row0 = (b * s.h + h) * s.nq;
+      const double* out = result.out.data_as<double>() + head_row0 * s.dv;
+      e.out.push_back(Matrix{s.nq, s.dv, std::vector<double>(out, out + s.nq * s.dv)});
+      const double* lse = result.lse.data_as<double>() + head_row0;
+      e.lse.emplace_back(lse, lse + s.nq);
+    }
+    for (std::int64_t h = 0; h < s.hkv; ++h) {
+      e.k.push_back(gather(p.k, p.compute, b, h, s.nk, s.d));
+      e.v.push_back(gather(p.v, p.compute, b, h, s.nk, s.dv));
+    }
+    auto rule = std::make_shared<explain_detail::MaskRule>();
+    rule->masking = p.masking;
+    rule->batch = b;
+    rule->nq = s.nq;
+    rule->nk = s.nk;
+    if (options.mask) {
+      e.mask_name = options.mask->name;
+      e.mask_varies_by_head = p.masking.mask_strides.h != 0;
+      rule->mask = shared_mask;  // the storage the masking's pointer points into
+    }
+    e.mask_rule = std::move(rule);
   }
-  for (std::int64_t h = 0; h < s.hkv; ++h) {
-    e.k.push_back(gather(p.k, p.compute, b, h, s.nk, s.d));
-    e.v.push_back(gather(p.v, p.compute, b, h, s.nk, s.dv));
-  }
-
-  auto rule = std::make_shared<explain_detail::MaskRule>();
-  rule->masking = p.masking;
-  rule->batch = b;
-  rule->nq = s.nq;
-  rule->nk = s.nk;
-  if (options.mask) {
-    e.mask_name = options.mask->name;
-    e.mask_varies_by_head = p.masking.mask_strides.h != 0;
-    rule->mask = std::move(mask_owner);  // the storage moves with it: the pointer stays valid
-  }
-  e.mask_rule = std::move(rule);
-  return e;
+  return parts;
 }
 
 // The mask copied into storage the explanation owns, and the options pointing at the copy.
@@ -185,16 +217,26 @@ double Explanation::score(std::int64_t head, std::int64_t i, std::int64_t j,
   return core::softcap(scale * raw, softcap) + alibi(head, i, j) + b;
 }
 
-Explanation explain_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                              const AttentionOptions& options, const ExplainSetup& setup) {
+std::vector<Explanation> explain_attention_batches(const TensorView& q, const TensorView& k,
+                                                   const TensorView& v,
+                                                   const AttentionOptions& options,
+                                                   const std::vector<std::int64_t>& batches,
+                                                   const ExplainSetup& setup) {
   AttentionOptions run = options;
   Tensor mask = own_mask(run);
-  return run_and_collect(q, k, v, run, std::move(mask), setup);
+  return run_and_collect(q, k, v, run, std::move(mask), batches, setup);
 }
 
-Explanation explain_layer(const TensorView& x, const LayerWeights& weights,
-                          const LayerOptions& options, const std::optional<TensorView>& memory,
-                          const ExplainSetup& setup) {
+Explanation explain_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const AttentionOptions& options, const ExplainSetup& setup) {
+  return std::move(explain_attention_batches(q, k, v, options, {setup.batch}, setup).front());
+}
+
+std::vector<Explanation> explain_layer_batches(const TensorView& x, const LayerWeights& weights,
+                                               const LayerOptions& options,
+                                               const std::optional<TensorView>& memory,
+                                               const std::vector<std::int64_t>& batches,
+                                               const ExplainSetup& setup) {
   if (x.rank() != 2 && x.rank() != 3) {
     throw Error(x.name, "expected [N, d] or [B, N, d] (one sample per row), got " + str(x.rank()) +
                             " dims " + shape_string(x.shape));
@@ -243,15 +285,20 @@ Explanation explain_layer(const TensorView& x, const LayerWeights& weights,
 
   AttentionOptions run = options.attention;
   Tensor mask = own_mask(run);
-  Explanation e = run_and_collect(
+  ExplainSetup layer_setup = setup;
+  layer_setup.cross_attention = setup.cross_attention || memory.has_value();
+  std::vector<Explanation> parts = run_and_collect(
       head_view(q, batched, batch, nq, heads, dk, "Q = " + x.name + "·" + weights.wq.name),
       head_view(k, batched, batch, nk, kv_heads, dk, "K = " + source.name + "·" + weights.wk.name),
       head_view(v, batched, batch, nk, kv_heads, dv, "V = " + source.name + "·" + weights.wv.name),
-      run, std::move(mask), setup);
+      run, std::move(mask), batches, layer_setup);
+  const std::vector<std::string> sample_labels =
+      coordinate_labels(setup.sample_labels, x.dim(-1), "sample labels", x.name + "'s width");
+  const std::vector<std::string> memory_labels = coordinate_labels(
+      memory ? setup.memory_labels : setup.sample_labels, source.dim(-1), "memory labels",
+      source.name + "'s width");
 
   ExplainProjection projection;
-  projection.x = sample_rows(x, setup.batch);
-  projection.memory = sample_rows(source, setup.batch);
   projection.x_name = x.name;
   projection.memory_name = source.name;
   const Tensor bq = weights.bq ? contiguous_copy(*weights.bq, DType::kF64) : Tensor();
@@ -266,8 +313,20 @@ Explanation explain_layer(const TensorView& x, const LayerWeights& weights,
     projection.wk.push_back(column_block(weights.wk, h * dk, dk));
     projection.wv.push_back(column_block(weights.wv, h * dv, dv));
   }
-  e.projection = std::move(projection);
-  return e;
+  for (Explanation& e : parts) {
+    e.projection = projection;
+    e.projection->x = sample_rows(x, e.batch);
+    e.projection->memory = sample_rows(source, e.batch);
+    e.sample_labels = sample_labels;
+    e.memory_labels = memory_labels;
+  }
+  return parts;
+}
+
+Explanation explain_layer(const TensorView& x, const LayerWeights& weights,
+                          const LayerOptions& options, const std::optional<TensorView>& memory,
+                          const ExplainSetup& setup) {
+  return std::move(explain_layer_batches(x, weights, options, memory, {setup.batch}, setup).front());
 }
 
 }  // namespace qkv

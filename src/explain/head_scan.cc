@@ -33,7 +33,8 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
   s.map_cols = std::min(e.nk, max_side);
   const auto cells = static_cast<std::size_t>(s.map_rows * s.map_cols);
   s.max_weight.assign(cells, 0.0f);
-  std::vector<double> allowed(cells, 0.0), total(cells, 0.0);
+  s.mean_weight.assign(cells, 0.0f);
+  std::vector<double> allowed(cells, 0.0), total(cells, 0.0), cell_weight(cells, 0.0);
   const auto nq = static_cast<std::size_t>(e.nq);
   s.entropy.assign(nq, 0.0);
   s.distance.assign(nq, 0.0);
@@ -84,19 +85,23 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
         weight_sum += w;
         distance += w * std::abs(static_cast<double>(j) - diag);
         top = std::max(top, w);
+        cell_weight[cell] += w;
         s.max_weight[cell] = std::max(s.max_weight[cell], static_cast<float>(w));
         if (j == 0) s.first_key[si] = w;
       }
       s.has_keys[si] = std::isfinite(lse_i) && allowed_in_row > 0;
       s.allowed_keys[si] = allowed_in_row;
       s.entropy[si] = s.has_keys[si] ? std::max(0.0, lse_i * weight_sum - weighted_score) : 0.0;
-      s.distance[si] = distance;
+      // Positions of two different sequences are not comparable: no distance to report.
+      s.distance[si] = e.cross_attention ? 0.0 : distance;
       s.max_row_weight[si] = top;
     }
   }
   s.allowed_share.resize(cells);
+  s.mean_weight.resize(cells);
   for (std::size_t c = 0; c < cells; ++c) {
     s.allowed_share[c] = total[c] > 0 ? static_cast<float>(allowed[c] / total[c]) : 0.0f;
+    s.mean_weight[c] = allowed[c] > 0 ? static_cast<float>(cell_weight[c] / allowed[c]) : 0.0f;
   }
 
   double counted = 0.0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/params.h"
 #include "qkv/explain.h"
@@ -11,8 +12,10 @@
 namespace qkv::explain_detail {
 
 struct MaskRule {
-  core::Masking masking;  // points into `mask` (a copy the rule owns) when there is a mask
-  Tensor mask;
+  // Points into `mask` (a copy the rules of every explained batch element share) when there is
+  // a mask.
+  core::Masking masking;
+  std::shared_ptr<const Tensor> mask;
   std::int64_t batch = 0;
   std::int64_t nq = 0, nk = 0;
 };

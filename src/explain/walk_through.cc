@@ -7,10 +7,15 @@
 #include <string>
 
 #include "core/score_modifiers.h"
+#include "explain/wording.h"
 #include "qkv/explain.h"
 
 namespace qkv {
 namespace {
+
+using explain_detail::count;
+using explain_detail::fixed;
+using explain_detail::say;
 
 std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
 std::string printf_string(const char* format, ...) {
@@ -22,10 +27,7 @@ std::string printf_string(const char* format, ...) {
   return buffer;
 }
 
-std::string num(double value) {
-  if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
-  return printf_string("%.4f", value);
-}
+std::string num(double value) { return fixed(value, 4); }
 
 // Terminal columns of a UTF-8 string: one per code point (continuation bytes do not count).
 std::size_t columns(const std::string& text) {
@@ -39,11 +41,17 @@ std::string pad(const std::string& text, std::size_t width) {
   return used >= width ? text : text + std::string(width - used, ' ');
 }
 
-// "[ 1.0000  0.5000 ... ]", at most `limit` entries and a count of the rest.
-std::string vector_text(const std::vector<double>& values, std::size_t limit = 8) {
+// "[ 1.0000  0.5000 ... ]", or with the coordinates' names "[ action 1.0000  sci-fi 0.5000 ]",
+// at most `limit` entries and a count of the rest.
+std::string vector_text(const std::vector<double>& values,
+                        const std::vector<std::string>& labels = {}, std::size_t limit = 8) {
   std::string text = "[";
   for (std::size_t c = 0; c < values.size() && c < limit; ++c) {
-    text += printf_string(" %8.4f", values[c]);
+    if (c < labels.size()) {
+      text += (c ? "  " : " ") + labels[c] + " " + num(values[c]);
+    } else {
+      text += printf_string(" %8s", num(values[c]).c_str());
+    }
   }
   if (values.size() > limit) text += printf_string("  ... %zu more", values.size() - limit);
   return text + " ]";
@@ -123,10 +131,17 @@ RowWalkThrough walk_through(const Explanation& e, std::int64_t head, std::int64_
 
 std::string format_overview(const Explanation& e) {
   std::string text = e.title.empty() ? std::string() : e.title + "\n";
-  text += "  " + sz(e.nq) + " queries, " + sz(e.nk) + " keys, d_k = " + sz(e.d) +
-          ", d_v = " + sz(e.dv) + ", " + sz(e.heads) + (e.heads == 1 ? " head" : " heads");
-  if (e.kv_heads != e.heads) text += " sharing " + sz(e.kv_heads) + " key/value heads";
+  text += "  " + say("overview.sizes", {{"nq", sz(e.nq)},
+                                         {"nk", sz(e.nk)},
+                                         {"d", sz(e.d)},
+                                         {"dv", sz(e.dv)},
+                                         {"heads", sz(e.heads)}});
+  if (e.kv_heads != e.heads) text += say("overview.kv_heads", {{"kv_heads", sz(e.kv_heads)}});
   text += printf_string(", scale %.6g", e.scale);
+  if (e.batches > 1) {
+    text += "\n  " + say("overview.batch", {{"batch", sz(e.batch)}, {"batches", sz(e.batches)}});
+  }
+  if (e.cross_attention) text += "\n  " + say("overview.cross");
   text += "\n  masking: ";
   std::vector<std::string> rules;
   if (e.causal) rules.push_back("causal");
@@ -137,7 +152,7 @@ std::string format_overview(const Explanation& e) {
     if (!masking.empty()) masking += " + ";
     masking += rule;
   }
-  text += masking.empty() ? "none (every query sees every key)" : masking;
+  text += masking.empty() ? say("overview.no_masking") : masking;
   text += "; kernel " + e.kernel + "\n";
   std::vector<std::string> modifiers;
   if (e.softcap > 0) modifiers.push_back(printf_string("softcap %.6g", e.softcap));
@@ -167,43 +182,53 @@ std::string format_overview(const Explanation& e) {
 std::string format_walk_through(const Explanation& e, const RowWalkThrough& w,
                                 std::int64_t top_keys) {
   const auto& qlabel = e.query_labels[static_cast<std::size_t>(w.row)];
+  const std::string i = sz(w.row);
   std::string t;
-  t += "── query " + sz(w.row) + " \"" + qlabel + "\"";
+  t += "── query " + i + " \"" + qlabel + "\"";
   if (e.heads > 1) t += ", head " + sz(w.head);
+  if (e.batches > 1) t += ", batch element " + sz(e.batch);
   t += " ──\n";
 
   // 1. q_i, and where it came from.
   if (e.projection) {
     const ExplainProjection& p = *e.projection;
-    t += "1. x_" + sz(w.row) + " (row " + sz(w.row) + " of " + p.x_name +
-         ") = " + vector_text(w.x) + "\n";
-    t += "   q_" + sz(w.row) + " = x_" + sz(w.row) + "·W^Q";
+    t += "1. x_" + i + " (row " + i + " of " + p.x_name + ") = " + vector_text(w.x, e.sample_labels) +
+         "\n";
+    t += "   q_" + i + " = x_" + i + "·W^Q";
     if (e.heads > 1) t += " (columns of head " + sz(w.head) + ")";
     if (!p.bq.empty()) t += " + b^Q";
-    t += " = " + vector_text(w.q) + "\n";
+    t += " = " + vector_text(w.q, e.d_labels) + "\n";
   } else {
-    t += "1. q_" + sz(w.row) + " (row " + sz(w.row) + " of Q) = " + vector_text(w.q) + "\n";
+    t += "1. q_" + i + " (row " + i + " of Q) = " + vector_text(w.q, e.d_labels) + "\n";
   }
 
-  // 2-3. raw relevance and scaled, masked scores; all keys when few, else the heaviest.
+  // Only allowed keys are ranked and counted; a short row lists every key, forbidden ones
+  // with s = -inf, so that the mask's effect shows.
   const auto nk = static_cast<std::int64_t>(w.raw.size());
+  std::vector<std::int64_t> ranked;  // allowed keys, heaviest first
+  for (const std::int64_t j : w.by_weight) {
+    if (std::isfinite(w.score[static_cast<std::size_t>(j)])) ranked.push_back(j);
+  }
+  const auto allowed = static_cast<std::int64_t>(ranked.size());
   const bool all_keys = nk <= top_keys + 4;
+  const std::int64_t listed = allowed <= top_keys + 4 ? allowed : top_keys;
   std::vector<std::int64_t> shown;
   if (all_keys) {
     for (std::int64_t j = 0; j < nk; ++j) shown.push_back(j);
   } else {
-    shown.assign(w.by_weight.begin(), w.by_weight.begin() + top_keys);
+    shown.assign(ranked.begin(), ranked.begin() + listed);
   }
   std::size_t label_width = 6;
   for (std::int64_t j : shown) {
     label_width = std::max(label_width, columns(e.key_labels[static_cast<std::size_t>(j)]));
   }
   label_width = std::min<std::size_t>(label_width, 24);
-  t += "2. raw relevance r_" + sz(w.row) + "j = q_" + sz(w.row) +
-       "·k_j (how well each key matches the query)\n";
+
+  // 2-3. raw relevance and scaled, masked scores.
+  t += "2. raw relevance r_" + i + "j = q_" + i + "·k_j (how well each key matches the query)\n";
   const bool capped = e.softcap > 0, alibi = !e.alibi_slopes.empty();
-  const std::string scaled = printf_string("%.6g·r_%lldj", e.scale, static_cast<long long>(w.row));
-  t += printf_string("3. scores s_%lldj = ", static_cast<long long>(w.row));
+  const std::string scaled = printf_string("%.6g·r_%sj", e.scale, i.c_str());
+  t += "3. scores s_" + i + "j = ";
   t += capped ? printf_string("%.6g·tanh(", e.softcap) + scaled +
                     printf_string(" / %.6g)", e.softcap)
               : scaled;
@@ -218,59 +243,67 @@ std::string format_walk_through(const Explanation& e, const RowWalkThrough& w,
                        e.softcap, e.softcap, e.softcap, e.softcap);
   }
   if (alibi) t += "     (ALiBi: a penalty that grows with the distance from the query's position)\n";
-  t += "     " + pad("key", label_width) + "          r";
-  if (capped) t += "     capped";
-  if (alibi) t += "      ALiBi";
-  t += "          s\n";
+  if (!shown.empty()) {
+    t += "     " + pad("key", label_width) + "          r";
+    if (capped) t += "     capped";
+    if (alibi) t += "      ALiBi";
+    t += "          s\n";
+  }
   for (std::int64_t j : shown) {
     const auto sj = static_cast<std::size_t>(j);
-    t += "     " + pad(e.key_labels[sj], label_width) + printf_string(" %10s", num(w.raw[sj]).c_str());
+    t += "     " + pad(e.key_labels[sj], label_width) +
+         printf_string(" %10s", num(w.raw[sj]).c_str());
     if (capped) t += printf_string(" %10s", num(w.capped[sj]).c_str());
     if (alibi) t += printf_string(" %10s", num(w.alibi[sj]).c_str());
     t += printf_string(" %10s\n", num(w.score[sj]).c_str());
   }
-  if (!all_keys) {
-    t += "     (the " + sz(top_keys) + " heaviest keys of " + sz(nk) + "; the rest below)\n";
+  if (!all_keys && listed < allowed) {
+    t += "     " + say("scores.heaviest", {{"shown", sz(listed)},
+                                            {"allowed", sz(allowed)},
+                                            {"hidden", sz(allowed - listed)}}) +
+         "\n";
+  }
+  if (!all_keys && allowed < nk) {
+    t += "     " + say("scores.left_out", {{"masked", sz(nk - allowed)}}) + "\n";
   }
 
-  // 4. weights as a sorted bar chart.
-  t += "4. weights w_" + sz(w.row) + "j = softmax(s)_j = exp(s_" + sz(w.row) +
-       "j - lse), lse = " + num(w.lse) + "; heaviest first\n";
+  // 4. weights as a sorted bar chart, allowed keys only.
+  const bool has_weights = std::isfinite(w.lse) && allowed > 0;
+  t += "4. " + say("weights.heading", {{"row", i}, {"lse", num(w.lse)}}) + "\n";
   if (!e.sinks.empty()) {
     const double sink = e.sinks[static_cast<std::size_t>(w.head)];
-    t += "     the sink (a logit of " + num(sink) + " with no value) is one more term of the "
-         "denominator: it takes " + printf_string("%.4f", w.sink_share) +
-         " of it, so the weights sum to " + printf_string("%.4f", 1.0 - w.sink_share) + "\n";
-    if (w.allowed_keys == 0) {
-      t += "     no key is allowed for this query: the sink takes everything, O_i = 0 and "
-           "lse = the sink\n";
-    }
-  } else if (!std::isfinite(w.lse)) {
-    t += "     no key is allowed for this query: every weight is 0 and O_i = 0\n";
+    t += "     " +
+         say("weights.sink", {{"sink", num(sink)},
+                              {"share", num(w.sink_share)},
+                              {"sum", num(1.0 - w.sink_share)}}) +
+         "\n";
+    if (allowed == 0) t += "     " + say("weights.none_sink", {{"row", i}}) + "\n";
+  } else if (!has_weights) {
+    t += "     " + say("weights.none", {{"row", i}}) + "\n";
   }
-  const double top = w.weight.empty() ? 0.0 : w.weight[static_cast<std::size_t>(w.by_weight[0])];
-  const std::int64_t bars = std::min(nk, all_keys ? nk : top_keys);
+  const double top = has_weights ? w.weight[static_cast<std::size_t>(ranked.front())] : 0.0;
+  const std::int64_t bars = has_weights ? listed : 0;
   double rest = 1.0 - w.sink_share;
-  for (std::int64_t r = 0; r < bars && std::isfinite(w.lse) && w.allowed_keys > 0; ++r) {
-    const auto sj = static_cast<std::size_t>(w.by_weight[static_cast<std::size_t>(r)]);
+  for (std::int64_t r = 0; r < bars; ++r) {
+    const auto sj = static_cast<std::size_t>(ranked[static_cast<std::size_t>(r)]);
     rest -= w.weight[sj];
-    t += "     " + pad(e.key_labels[sj], label_width) + printf_string(" %.4f ", w.weight[sj]) +
+    t += "     " + pad(e.key_labels[sj], label_width) + " " + num(w.weight[sj]) + " " +
          bar(top > 0 ? w.weight[sj] / top : 0.0, 30) + "\n";
   }
-  if (bars < nk && std::isfinite(w.lse) && w.allowed_keys > 0) {
-    t += "     " + pad("(" + sz(nk - bars) + " more)", label_width) +
-         printf_string(" %.4f in all\n", std::max(rest, 0.0));
+  if (bars < allowed && has_weights) {
+    t += "     " + pad(say("weights.more", {{"rest", sz(allowed - bars)}}), label_width) + " " +
+         say("weights.more_sum", {{"sum", num(std::max(rest, 0.0))}}) + "\n";
   }
 
   // 5. the values that contribute most, and 6. the output.
-  if (std::isfinite(w.lse) && w.allowed_keys > 0) {
+  if (has_weights) {
     const Matrix& v = e.v[static_cast<std::size_t>(e.kv_head_of(w.head))];
-    t += "5. values v_j of the heaviest keys (V: another transform of the same key rows)\n";
+    t += "5. " + say("values.heading") + "\n";
     for (std::int64_t r = 0; r < std::min<std::int64_t>(bars, 3); ++r) {
-      const std::int64_t j = w.by_weight[static_cast<std::size_t>(r)];
+      const std::int64_t j = ranked[static_cast<std::size_t>(r)];
       const std::vector<double> vj(v.row(j), v.row(j) + e.dv);
-      t += "     " + pad(e.key_labels[static_cast<std::size_t>(j)], label_width) +
-           printf_string(" %.4f × ", w.weight[static_cast<std::size_t>(j)]) + vector_text(vj) +
+      t += "     " + pad(e.key_labels[static_cast<std::size_t>(j)], label_width) + " " +
+           num(w.weight[static_cast<std::size_t>(j)]) + " × " + vector_text(vj, e.dv_labels) +
            "\n";
     }
   }
@@ -278,17 +311,21 @@ std::string format_walk_through(const Explanation& e, const RowWalkThrough& w,
   for (std::size_t c = 0; c < w.out.size(); ++c) {
     diff = std::max(diff, std::abs(w.out[c] - w.weighted_sum[c]));
   }
-  t += "6. O_" + sz(w.row) + " = Σ_j w_" + sz(w.row) + "j·v_j over all " + sz(nk) +
-       " keys = " + vector_text(w.out) + "\n";
+  t += "6. " +
+       (!has_weights    ? say("output.none", {{"row", i}})
+        : allowed == nk ? say("output.sum_all", {{"row", i}, {"nk", sz(nk)}})
+                        : say("output.sum", {{"row", i}, {"allowed", sz(allowed)}})) +
+       " = " + vector_text(w.out, e.dv_labels) + "\n";
   // The bound, not the difference itself: the text stays the same across kernels that agree.
   double bound = 1e-12;
   while (bound < diff && bound < 1.0) bound *= 1e3;
-  t += printf_string(
-      "     (attention()'s output; Σ_j w_%lldj·v_j recomputed here agrees within %.0e)\n",
-      static_cast<long long>(w.row), bound);
-  t += printf_string(
-      "7. entropy %.4f nats; effective number of keys exp(entropy) = %.2f of %lld allowed\n",
-      w.entropy, w.effective_keys, static_cast<long long>(w.allowed_keys));
+  t += "     " + say("output.check", {{"row", i}, {"bound", printf_string("%.0e", bound)}}) + "\n";
+  t += "7. " +
+       (has_weights ? say("entropy", {{"entropy", num(w.entropy)},
+                                      {"effective", fixed(w.effective_keys, 2)},
+                                      {"allowed", sz(allowed)}})
+                    : say("entropy.none")) +
+       "\n";
   return t;
 }
 
@@ -309,11 +346,12 @@ std::string format_key_value_rows(const Explanation& e, std::int64_t kv_head, st
   for (std::int64_t j = 0; j < std::min(e.nk, limit); ++j) {
     const std::vector<double> mj(p.memory.row(j), p.memory.row(j) + p.memory.cols);
     const std::vector<double> kj(k.row(j), k.row(j) + e.d), vj(v.row(j), v.row(j) + e.dv);
-    t += "  " + pad(e.key_labels[static_cast<std::size_t>(j)], width) + " m " + vector_text(mj, 6) +
-         "\n  " + std::string(width, ' ') + " k " + vector_text(kj, 6) + "\n  " +
-         std::string(width, ' ') + " v " + vector_text(vj, 6) + "\n";
+    t += "  " + pad(e.key_labels[static_cast<std::size_t>(j)], width) + " m " +
+         vector_text(mj, e.memory_labels, 6) + "\n  " + std::string(width, ' ') + " k " +
+         vector_text(kj, e.d_labels, 6) + "\n  " + std::string(width, ' ') + " v " +
+         vector_text(vj, e.dv_labels, 6) + "\n";
   }
-  if (e.nk > limit) t += "  (" + sz(e.nk - limit) + " more rows)\n";
+  if (e.nk > limit) t += "  (" + count(e.nk - limit, "more row", "more rows") + ")\n";
   return t;
 }
 

@@ -110,7 +110,8 @@ TEST(CliEdges, EmptySafetensorsTensorsAndLayerInputs) {
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_EQ(read_npy(dir / "o.npy").shape(), (Shape{0, 8}));
   expect_no_crash(run_qkv(dir.path(), {"explain", "--x", "x.npy", "--wq", "wq.npy", "--wk",
-                                       "wk.npy", "--wv", "wv.npy", "--html", "page.html"}),
+                                       "wk.npy", "--wv", "wv.npy", "--heads", "2", "--html",
+                                       "page.html"}),
                   "explain on an empty X");
 }
 

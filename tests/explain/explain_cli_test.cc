@@ -83,7 +83,7 @@ TEST_F(ExplainFiles, WalksThroughChosenRowsWithLabels) {
                         "--row", "3,19", "--labels-k", "keys.txt"});
   ASSERT_EQ(run.status, 0) << run.err;
   for (const char* expected : {"── query 3 \"3\", head 0 ──", "── query 19 \"19\", head 1 ──",
-                               "masking: causal", "key-13", "(22 more)"}) {
+                               "masking: causal", "key-13", "(22 more allowed keys)"}) {
     EXPECT_NE(run.out.find(expected), std::string::npos) << expected << "\n" << run.out;
   }
   // Causal with 10 more keys than queries: row 3 sees keys 0..13 only.

@@ -38,6 +38,10 @@ void expect_scan_matches(const Explanation& e, std::int64_t head, const std::vec
   ASSERT_EQ(s.map_rows, std::min(e.nq, max_side));
   ASSERT_EQ(s.map_cols, std::min(e.nk, max_side));
   std::vector<float> pooled(static_cast<std::size_t>(s.map_rows * s.map_cols), 0.0f);
+  struct CellTotal {
+    double sum = 0.0, allowed = 0.0;
+  };
+  std::vector<CellTotal> cells(pooled.size());
   for (std::int64_t i = 0; i < e.nq; ++i) {
     double entropy = 0.0, distance = 0.0, top = 0.0, sum = 0.0;
     std::int64_t allowed = 0;
@@ -48,15 +52,20 @@ void expect_scan_matches(const Explanation& e, std::int64_t head, const std::vec
       if (wij > 0) entropy -= wij * std::log(wij);
       distance += wij * std::abs(static_cast<double>(j - (i + e.nk - e.nq)));
       top = std::max(top, wij);
-      auto& cell = pooled[static_cast<std::size_t>((i * s.map_rows / e.nq) * s.map_cols +
-                                                   j * s.map_cols / e.nk)];
-      cell = std::max(cell, static_cast<float>(wij));
+      const auto c = static_cast<std::size_t>((i * s.map_rows / e.nq) * s.map_cols +
+                                              j * s.map_cols / e.nk);
+      pooled[c] = std::max(pooled[c], static_cast<float>(wij));
+      if (std::isfinite(e.bias(head, i, j))) {
+        cells[c].sum += wij;
+        cells[c].allowed += 1.0;
+      }
     }
     const auto si = static_cast<std::size_t>(i);
     EXPECT_EQ(s.has_keys[si], sum > 0.5) << "row " << i;
     EXPECT_EQ(s.allowed_keys[si], allowed) << "row " << i;
     EXPECT_NEAR(s.entropy[si], entropy, 1e-10) << "row " << i;
-    EXPECT_NEAR(s.distance[si], distance, 1e-10) << "row " << i;
+    // Cross-attention: positions of two sequences are not comparable, so no distance.
+    EXPECT_NEAR(s.distance[si], e.cross_attention ? 0.0 : distance, 1e-10) << "row " << i;
     EXPECT_NEAR(s.first_key[si], w[si * static_cast<std::size_t>(e.nk)], 1e-12);
     EXPECT_NEAR(s.max_row_weight[si], top, 1e-12);
     // walk_through agrees with the full weights too.
@@ -66,7 +75,12 @@ void expect_scan_matches(const Explanation& e, std::int64_t head, const std::vec
                   w[static_cast<std::size_t>(i * e.nk + j)], 1e-12);
     }
   }
-  for (std::size_t c = 0; c < pooled.size(); ++c) EXPECT_NEAR(s.max_weight[c], pooled[c], 1e-7);
+  for (std::size_t c = 0; c < pooled.size(); ++c) {
+    EXPECT_NEAR(s.max_weight[c], pooled[c], 1e-7);
+    // Mean pooling: the mean over the cell's allowed (i, j), 0 where none is.
+    EXPECT_NEAR(s.mean_weight[c], cells[c].allowed > 0 ? cells[c].sum / cells[c].allowed : 0.0,
+                1e-7);
+  }
 }
 
 TEST(HeadScan, MaskedGroupedBatchedHeadsMatchFullWeights) {

@@ -214,8 +214,8 @@ TEST(InputMemory, InputsOverTheBudgetAreRefusedBeforeReading) {
       {"layer", "--x", "s.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy", "--wo",
        "big.safetensors:t", "--heads", "1", "--out", "o.npy"},
       {"explain", "--q", "big.npy", "--k", "s.npy", "--v", "s.npy"},
-      {"explain", "--x", "s.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy", "--memory",
-       "big.npy"},
+      {"explain", "--x", "s.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy", "--heads", "1",
+       "--memory", "big.npy"},
   };
   for (std::vector<std::string> args : commands) {
     args.insert(args.end(), {"--max-memory", "64M"});

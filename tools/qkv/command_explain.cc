@@ -11,6 +11,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "layer_weights.h"
 #include "qkv/error.h"
 #include "qkv/explain.h"
 #include "qkv/io.h"
@@ -21,17 +22,21 @@ namespace {
 
 struct ExplainCommand {
   std::string q_path, k_path, v_path;
-  std::string x_path, wq_path, wk_path, wv_path, wo_path;
-  std::string bq_path, bk_path, bv_path, bo_path, memory_path;
-  std::int64_t heads = 1;
-  std::int64_t kv_heads = 0;
-  std::string rows, labels_q, labels_k, html_path, svg_path;
+  std::string x_path, memory_path;
+  WeightFlags weights;
+  std::string rows, labels_q, labels_k, labels_d, labels_dv, html_path, svg_path;
   std::int64_t head = -1;
   std::int64_t batch = 0;
   std::int64_t top = 8;
+  bool quiet = false;
   AttentionFlags flags;
   CLI::App* app = nullptr;
 };
+
+// The page holds every batch element of a batched input when there are at most this many and
+// their weights are few enough to scan (B·H·nq·nk); otherwise only the one --batch names.
+constexpr std::int64_t kMaxPageBatches = 8;
+constexpr double kMaxPageBatchScores = 268435456.0;  // 2^28 weights
 
 constexpr const char* kConclusions =
     "What the example shows\n"
@@ -82,10 +87,10 @@ std::vector<std::int64_t> parse_rows(const std::string& text, std::int64_t nq) {
 
 // Options that only make sense with input files.
 void reject_for_builtin(const ExplainCommand& c) {
-  const char* const needs_inputs[] = {"--mask",    "--causal",   "--window",  "--scale",
-                                      "--labels-q", "--labels-k", "--batch",   "--heads",
-                                      "--kv-heads", "--dtype",    "--softcap", "--alibi",
-                                      "--alibi-slopes", "--sinks"};
+  const char* const needs_inputs[] = {
+      "--mask",     "--causal",    "--window",   "--scale",   "--labels-q",     "--labels-k",
+      "--labels-d", "--labels-dv", "--batch",    "--heads",   "--kv-heads",     "--dtype",
+      "--softcap",  "--alibi",     "--alibi-slopes", "--sinks", "--linear-layout"};
   for (const char* name : needs_inputs) {
     if (c.app->count(name) > 0) {
       throw Error(name,
@@ -116,13 +121,31 @@ struct Inputs {
   bool builtin = false;
   std::deque<Tensor> owned;  // a deque: references to earlier inputs stay valid
   AttentionTensors tensors;  // --mask, --alibi-slopes, --sinks
-  std::optional<Tensor> wo, bo;
+  LoadedWeights weights;     // the layer form's, read as qkv layer reads them
 };
+
+// The batch elements to explain: all of a few small ones (the page offers them all), else the
+// one --batch names. `batches` is the input's batch size (1 when unbatched).
+std::vector<std::int64_t> batches_to_explain(const ExplainCommand& c, std::int64_t batches,
+                                             double scores_per_batch) {
+  if (c.batch >= batches) {
+    throw Error("--batch", "batch element " + std::to_string(c.batch) + " is outside the " +
+                               std::to_string(batches) +
+                               (batches == 1 ? " batch element of the input"
+                                             : " batch elements of the input"));
+  }
+  std::vector<std::int64_t> chosen;
+  const bool all = !c.html_path.empty() && batches <= kMaxPageBatches &&
+                   static_cast<double>(batches) * scores_per_batch <= kMaxPageBatchScores;
+  for (std::int64_t b = 0; b < batches; ++b) {
+    if (all || b == c.batch) chosen.push_back(b);
+  }
+  return chosen;
+}
 
 std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
   const bool attention_form = !c.q_path.empty() || !c.k_path.empty() || !c.v_path.empty();
-  const bool layer_form =
-      !c.x_path.empty() || !c.wq_path.empty() || !c.wk_path.empty() || !c.wv_path.empty();
+  const bool layer_form = !c.x_path.empty() || any_weight(c.weights);
   if (!attention_form && !layer_form) {
     reject_for_builtin(c);
     in.builtin = true;
@@ -131,25 +154,42 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
   if (attention_form && layer_form) {
     throw Error("--q",
                 "give either Q, K, V (--q --k --v) or X and the W files (--x --wq --wk "
-                "--wv), not both");
+                "--wv, or --wqkv), not both");
   }
   ExplainSetup setup;
   setup.title = "qkv explain";
   setup.query_labels = read_labels(c.labels_q);
   setup.key_labels = read_labels(c.labels_k);
+  setup.d_labels = read_labels(c.labels_d);
+  setup.dv_labels = read_labels(c.labels_dv);
   setup.query_labels_source = c.labels_q;
   setup.key_labels_source = c.labels_k;
-  setup.batch = c.batch;
+  setup.d_labels_source = c.labels_d;
+  setup.dv_labels_source = c.labels_dv;
   if (attention_form) {
     require_together({{&c.q_path, "--q"}, {&c.k_path, "--k"}, {&c.v_path, "--v"}});
+    for (const char* layer_only : {"--heads", "--kv-heads", "--linear-layout", "--memory"}) {
+      if (c.app->count(layer_only) > 0) {
+        throw Error(layer_only,
+                    "applies to X and the W files (--x ...); Q, K and V files carry their heads "
+                    "in their shapes");
+      }
+    }
   } else {
-    require_together(
-        {{&c.x_path, "--x"}, {&c.wq_path, "--wq"}, {&c.wk_path, "--wk"}, {&c.wv_path, "--wv"}});
+    if (c.x_path.empty()) throw Error("--x", "is needed: the weights project the samples X");
+    check_weight_flags(c.weights);
+    if (c.app->count("--heads") == 0) {
+      throw Error("--heads",
+                  "is required with X and the W files: how many heads W^Q's columns hold "
+                  "(as for qkv layer)");
+    }
   }
   // Every input either form reads (the other form's paths are empty), counted before any is.
-  const std::uint64_t input_bytes = check_input_sizes(
-      c.flags, {c.q_path, c.k_path, c.v_path, c.x_path, c.wq_path, c.wk_path, c.wv_path, c.wo_path,
-                c.bq_path, c.bk_path, c.bv_path, c.bo_path, c.memory_path});
+  std::vector<std::string> specs = weight_specs(c.weights);
+  for (const std::string* path : {&c.q_path, &c.k_path, &c.v_path, &c.x_path, &c.memory_path}) {
+    specs.push_back(*path);
+  }
+  const std::uint64_t input_bytes = check_input_sizes(c.flags, specs);
   in.tensors = load_attention_tensors(c.flags);
   AttentionOptions options = attention_options(c.flags, in.tensors);
   if (attention_form) {
@@ -158,32 +198,41 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
     const Tensor& v = in.owned.emplace_back(read_input(c.v_path));
     setup.title = "qkv explain: attention on " + c.q_path + ", " + c.k_path + ", " + c.v_path;
     apply_memory_budget(c.flags, input_bytes, options);
-    return {within_memory_budget("explain", [&] {
-      return explain_attention(q.view(), k.view(), v.view(), options, setup);
-    })};
+    const Shape& qs = q.shape();
+    const Shape& ks = k.shape();
+    const std::int64_t batches = qs.size() == 4 ? std::max<std::int64_t>(qs[0], 1) : 1;
+    const std::int64_t nk = ks.size() >= 2 ? ks[ks.size() - 2] : 0;
+    const double query_rows = static_cast<double>(q.numel()) /
+                              static_cast<double>(std::max<std::int64_t>(qs.back(), 1)) /
+                              static_cast<double>(batches);  // H·nq
+    const std::vector<std::int64_t> chosen =
+        batches_to_explain(c, batches, query_rows * static_cast<double>(nk));
+    return within_memory_budget("explain", [&] {
+      return explain_attention_batches(q.view(), k.view(), v.view(), options, chosen, setup);
+    });
   }
   const Tensor& x = in.owned.emplace_back(read_input(c.x_path));
-  const Tensor& wq = in.owned.emplace_back(read_input(c.wq_path));
-  const Tensor& wk = in.owned.emplace_back(read_input(c.wk_path));
-  const Tensor& wv = in.owned.emplace_back(read_input(c.wv_path));
-  const std::optional<Tensor> bq = read_optional(c.bq_path);
-  const std::optional<Tensor> bk = read_optional(c.bk_path);
-  const std::optional<Tensor> bv = read_optional(c.bv_path);
+  load_weights(c.weights, in.weights);
   const std::optional<Tensor> memory = read_optional(c.memory_path);
-  in.wo = read_optional(c.wo_path);
-  in.bo = read_optional(c.bo_path);
-  if (in.bo && !in.wo) throw Error(c.bo_path, "an output bias needs an output projection (--wo)");
   LayerOptions layer;
-  layer.heads = c.heads;
-  layer.kv_heads = c.kv_heads;
+  layer.heads = c.weights.heads;
+  layer.kv_heads = c.weights.kv_heads;
   layer.attention = options;
-  const LayerWeights weights{wq.view(),   wk.view(),   wv.view(),   std::nullopt,
-                             view_of(bq), view_of(bk), view_of(bv), std::nullopt};
   setup.title = "qkv explain: the layer on " + c.x_path +
                 (c.memory_path.empty() ? "" : " with memory " + c.memory_path);
   apply_memory_budget(c.flags, input_bytes, layer.attention);
-  return {within_memory_budget(
-      "explain", [&] { return explain_layer(x.view(), weights, layer, view_of(memory), setup); })};
+  const Shape& xs = x.shape();
+  const std::int64_t batches = xs.size() == 3 ? xs[0] : 1;
+  const std::int64_t n = xs.size() >= 2 ? xs[xs.size() - 2] : 0;
+  const Shape ms = memory ? memory->shape() : xs;
+  const std::int64_t nk = ms.size() >= 2 ? ms[ms.size() - 2] : 0;
+  const std::vector<std::int64_t> chosen = batches_to_explain(
+      c, batches, static_cast<double>(c.weights.heads) * static_cast<double>(n) *
+                      static_cast<double>(nk));
+  return within_memory_budget("explain", [&] {
+    return explain_layer_batches(x.view(), in.weights.weights, layer, view_of(memory), chosen,
+                                 setup);
+  });
 }
 
 // The layer's final output for one row: concat_h O_i,h · W^O + b^O.
@@ -208,6 +257,9 @@ std::string layer_output_line(const Explanation& e, std::int64_t row, const Tens
 }
 
 void run_explain(const ExplainCommand& c) {
+  if (c.quiet && c.html_path.empty() && c.svg_path.empty()) {
+    throw Error("--quiet", "leaves nothing to do without --html or --svg");
+  }
   Inputs inputs;
   const std::vector<Explanation> parts = explain_inputs(c, inputs);
   const bool builtin = inputs.builtin;
@@ -219,14 +271,19 @@ void run_explain(const ExplainCommand& c) {
         "classic explanation: a query asks, keys say what they match, values are what they\n"
         "give; O_i = Σ_j softmax(scale·q_i·K^T)_j·v_j.\n\n";
   }
+  PageView open;
+  open.head = std::max<std::int64_t>(c.head, 0);
   for (std::size_t n = 0; n < parts.size(); ++n) {
     const Explanation& e = parts[n];
     if (c.head >= e.heads) {
       throw Error("--head", "head " + std::to_string(c.head) + " is outside the " +
-                                std::to_string(e.heads) + " heads");
+                                std::to_string(e.heads) + (e.heads == 1 ? " head" : " heads"));
     }
     auto& head_scans = scans.emplace_back();
     for (std::int64_t h = 0; h < e.heads; ++h) head_scans.push_back(scan_head(e, h));
+    // The terminal walks through the batch element --batch names; the page has them all.
+    if (e.batch != c.batch && !builtin) continue;
+    if (!builtin) open.part = static_cast<std::int64_t>(n);
     std::vector<std::int64_t> rows = interesting_rows(e, head_scans);
     if (!c.rows.empty()) {
       // The built-in example's parts differ in length: a row applies to the parts that have it.
@@ -234,7 +291,9 @@ void run_explain(const ExplainCommand& c) {
       for (const Explanation& part : parts) longest = std::max(longest, part.nq);
       rows = parse_rows(c.rows, longest);
       std::erase_if(rows, [&](std::int64_t row) { return row >= e.nq; });
+      if (static_cast<std::int64_t>(n) == open.part && !rows.empty()) open.row = rows.front();
     }
+    if (c.quiet) continue;
     text += (builtin ? "Part " + std::to_string(n + 1) + ". " : std::string()) +
             format_overview(e) + "\n";
     if (e.projection && (builtin || e.nk <= 12)) text += format_key_value_rows(e) + "\n";
@@ -243,22 +302,26 @@ void run_explain(const ExplainCommand& c) {
         if (c.head >= 0 && h != c.head) continue;
         text += format_walk_through(e, walk_through(e, h, row), c.top) + "\n";
       }
-      if (inputs.wo) text += layer_output_line(e, row, *inputs.wo, inputs.bo, c.flags.threads);
+      if (inputs.weights.wo) {
+        text += layer_output_line(e, row, *inputs.weights.wo, inputs.weights.bo, c.flags.threads);
+      }
     }
   }
-  if (builtin) text += kConclusions;
+  if (builtin && !c.quiet) text += kConclusions;
 
   // Every output is made before any is written, and they appear together or not at all.
   OutputFiles files;
   if (!c.html_path.empty()) {
-    const std::string page = html_page(parts, scans);
+    const std::string page = html_page(parts, scans, open);
     files.stage(c.html_path, std::vector<char>(page.begin(), page.end()));
   }
   if (!c.svg_path.empty()) {
-    const std::string svg = heatmap_svg(parts.front(), c.head < 0 ? 0 : c.head);
+    const std::string svg =
+        heatmap_svg(parts[static_cast<std::size_t>(open.part)], c.head < 0 ? 0 : c.head);
     files.stage(c.svg_path, std::vector<char>(svg.begin(), svg.end()));
   }
   files.commit();
+  if (c.quiet) return;
   std::fwrite(text.data(), 1, text.size(), stdout);
   if (!c.html_path.empty()) std::printf("wrote %s\n", c.html_path.c_str());
   if (!c.svg_path.empty()) std::printf("wrote %s\n", c.svg_path.c_str());
@@ -277,19 +340,8 @@ void register_explain_command(CLI::App& app) {
   sub->add_option("--k", command->k_path, "keys, as for qkv attention");
   sub->add_option("--v", command->v_path, "values, as for qkv attention");
   sub->add_option("--x", command->x_path, "samples, one per row, as for qkv layer");
-  sub->add_option("--wq", command->wq_path, "W^Q [d, H·dk]");
-  sub->add_option("--wk", command->wk_path, "W^K [d_m, Hkv·dk]");
-  sub->add_option("--wv", command->wv_path, "W^V [d_m, Hkv·dv]");
-  sub->add_option("--wo", command->wo_path, "W^O: also print each row's layer output");
-  sub->add_option("--bq", command->bq_path, "bias of Q");
-  sub->add_option("--bk", command->bk_path, "bias of K");
-  sub->add_option("--bv", command->bv_path, "bias of V");
-  sub->add_option("--bo", command->bo_path, "bias of the output (needs --wo)");
+  add_weight_flags(*sub, command->weights, /*heads_required=*/false);
   sub->add_option("--memory", command->memory_path, "cross-attention: K and V from M");
-  sub->add_option("--heads", command->heads, "query heads H (layer form)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--kv-heads", command->kv_heads, "key/value heads Hkv (default H)")
-      ->check(CLI::PositiveNumber);
   // A packed batch is refused: explain walks through one sequence.
   add_attention_flags(*sub, command->flags, FlagGroups{.precision = true, .score_modifiers = true});
   // explain writes no tensors: the outputs of qkv attention do not apply.
@@ -306,14 +358,29 @@ void register_explain_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--labels-q", command->labels_q, "query labels, one per line");
   sub->add_option("--labels-k", command->labels_k, "key labels, one per line");
+  sub->add_option("--labels-d", command->labels_d,
+                  "names of the d_k query/key coordinates, one per line");
+  sub->add_option("--labels-dv", command->labels_dv,
+                  "names of the d_v value coordinates, one per line");
   sub->add_option("--html", command->html_path, "write a self-contained attention page");
   sub->add_option("--svg", command->svg_path, "write one head's heatmap as SVG");
+  sub->add_flag("--quiet", command->quiet,
+                "write the page (--html) or heatmap (--svg) without printing the walk-through");
   sub->footer(
       "Examples:\n"
       "  qkv explain                                  the built-in example\n"
       "  qkv explain --html qkv-explain.html          ... and its page\n"
       "  qkv explain --q q.npy --k k.npy --v v.npy --causal --row 3 --labels-k words.txt\n"
-      "  qkv explain --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --heads 4 --html page.html");
+      "  qkv explain --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --heads 4 --html page.html\n"
+      "  qkv explain --x h.npy --wqkv gpt2.safetensors:h.0.attn.c_attn.weight \\\n"
+      "              --bqkv gpt2.safetensors:h.0.attn.c_attn.bias --heads 12 --causal --quiet \\\n"
+      "              --html gpt2-layer0.html\n"
+      "Weights are read as qkv layer reads them (--wqkv, --bqkv, --linear-layout, "
+      "FILE.safetensors:NAME);\n"
+      "--heads is required with them. A batched input: the terminal walks through --batch "
+      "(default 0),\n"
+      "the page holds every batch element when there are at most 8 (else the one --batch "
+      "names).");
   sub->callback([command] { run_explain(*command); });
 }
 
