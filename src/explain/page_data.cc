@@ -278,6 +278,7 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans, 
   j += ",\"dLabels\":" + json_optional_strings(e.d_labels);
   j += ",\"dvLabels\":" + json_optional_strings(e.dv_labels);
   j += ",\"sampleLabels\":" + json_optional_strings(e.sample_labels);
+  j += ",\"memoryLabels\":" + json_optional_strings(e.memory_labels);
   if (e.projection) {
     const ExplainProjection& p = *e.projection;
     j += ",\"projection\":{\"xName\":" + json_string(p.x_name) +
@@ -303,23 +304,33 @@ std::string page_data_json(const std::vector<Explanation>& parts,
   const bool quantised = base64_size(cells * 9) > kFloatMapBudget;
   std::int64_t left = kDataBudget - base64_size(cells * (quantised ? 3 : 9));
   for (const Explanation& e : parts) left -= sampled_bytes(e);
-  std::string j = "{\"parts\":[";
+  // The opened part chooses first (several batch elements share the budget), then the others
+  // in order; each part's exact form replaces its sampled one, so it may use what that took.
+  std::vector<std::size_t> order;
+  if (open.part >= 0 && static_cast<std::size_t>(open.part) < parts.size()) {
+    order.push_back(static_cast<std::size_t>(open.part));
+  }
   for (std::size_t n = 0; n < parts.size(); ++n) {
+    if (order.empty() || n != order.front()) order.push_back(n);
+  }
+  std::vector<Rows> rows(parts.size(), Rows::kSampled);
+  for (const std::size_t n : order) {
     const Explanation& e = parts[n];
-    // Each part's exact form replaces its sampled one: it may use what that would have taken.
     left += sampled_bytes(e);
-    Rows rows = Rows::kSampled;
     if (exact_bytes(e, 8) <= left) {
-      rows = Rows::kExactF64;
+      rows[n] = Rows::kExactF64;
       left -= exact_bytes(e, 8);
     } else if (exact_bytes(e, 4) <= left) {
-      rows = Rows::kExactF32;
+      rows[n] = Rows::kExactF32;
       left -= exact_bytes(e, 4);
     } else {
       left -= sampled_bytes(e);
     }
+  }
+  std::string j = "{\"parts\":[";
+  for (std::size_t n = 0; n < parts.size(); ++n) {
     const std::int64_t open_row = static_cast<std::int64_t>(n) == open.part ? open.row : -1;
-    j += (n ? "," : "") + part_json(e, scans[n], rows, quantised, open_row);
+    j += (n ? "," : "") + part_json(parts[n], scans[n], rows[n], quantised, open_row);
   }
   j += "],\"open\":{\"part\":" + json_int(open.part) + ",\"head\":" + json_int(open.head) +
        ",\"row\":" + json_int(open.row) + "},\"budget\":" + json_int(kDataBudget) + "}";

@@ -29,11 +29,6 @@ function renderStory() {
   box.innerHTML = html;
 }
 
-// Names of the key/value-side columns: the memory's own, or the samples' when the rows are X.
-function memoryLabels(p) {
-  if (p.memoryLabels) return p.memoryLabels;
-  return p.projection.dm === p.projection.dx ? p.sampleLabels : null;
-}
 
 // The key/value rows of the current head's kv head: m_j beside k_j and v_j.
 function renderStoryTables() {
@@ -43,7 +38,7 @@ function renderStoryTables() {
   const m = arr(t, 'm', null, Float64Array), k = arr(t, 'k', kv, Float64Array), v = arr(t, 'v', kv, Float64Array);
   const more = (shown, all) => (all > shown ? '<th class="muted">…</th>' : '');
   const moreCell = (shown, all) => (all > shown ? '<td class="muted">' + (all - shown) + ' more</td>' : '');
-  const labels = memoryLabels(p);
+  const labels = p.memoryLabels;
   let html = '<div class="scroll"><table id="kv-rows" class="vec"><tr><th class="label" rowspan="2">' +
     (p.cross ? 'key/value row' : 'row') + '</th><th class="group" colspan="' + (t.dm + (p.projection.dm > t.dm)) + '">m<sub>j</sub> (row of ' +
     esc(t.memoryName) + ')</th><th class="group" colspan="' + (t.d + (p.d > t.d)) + '">k<sub>j</sub> = m<sub>j</sub>·W<sup>K</sup>' +
