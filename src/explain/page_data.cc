@@ -9,8 +9,9 @@
 //                    most and least focused, the opened row, an even spread): each row's counts,
 //                    entropy, lse, heaviest allowed keys with their weights and values (what the
 //                    stacked sum O_i = Σ w_ij·v_j needs); `qkv explain --row i` gives any other row
-// The pooled overview maps go as float32 when small and as 8-bit log-quantised weights otherwise
-// (weights 1e-6..1 in 254 steps, each a factor of 10^(6/254) ≈ 1.056; 0 stays 0).
+// The pooled overview maps go as float32 unless that would cost some part its exact float64 rows,
+// else as 8-bit log-quantised weights (1e-6..1 in 254 steps, each a factor of 10^(6/254) ≈ 1.056;
+// 0 stays 0).
 #include "explain/page_data.h"
 
 #include <algorithm>
@@ -24,8 +25,6 @@ namespace {
 
 // Everything the data block may take; the markup, style and script add about 80 kB.
 constexpr std::int64_t kDataBudget = 11'000'000;
-// The pooled maps go as float32 while all of them take at most this; 8-bit log past it.
-constexpr std::int64_t kFloatMapBudget = 2'500'000;
 // A sampled walk-through keeps this many of the row's heaviest allowed keys.
 constexpr std::int64_t kSampledKeys = 16;
 // Rows spread evenly over each head in sampled mode (besides the named ones).
@@ -295,17 +294,12 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans, 
   return j + "}";
 }
 
-}  // namespace
-
-std::string page_data_json(const std::vector<Explanation>& parts,
-                           const std::vector<std::vector<HeadScan>>& scans, const PageView& open) {
-  std::int64_t cells = 0;
-  for (const auto& heads : scans) cells += map_cells(heads);
-  const bool quantised = base64_size(cells * 9) > kFloatMapBudget;
-  std::int64_t left = kDataBudget - base64_size(cells * (quantised ? 3 : 9));
+// Which form each part's rows take for a given map encoding: the opened part chooses first
+// (several batch elements share the budget), then the others in order; each part's exact form
+// replaces its sampled one, so it may use what that would have taken.
+std::vector<Rows> plan_rows(const std::vector<Explanation>& parts, const PageView& open,
+                            std::int64_t left) {
   for (const Explanation& e : parts) left -= sampled_bytes(e);
-  // The opened part chooses first (several batch elements share the budget), then the others
-  // in order; each part's exact form replaces its sampled one, so it may use what that took.
   std::vector<std::size_t> order;
   if (open.part >= 0 && static_cast<std::size_t>(open.part) < parts.size()) {
     order.push_back(static_cast<std::size_t>(open.part));
@@ -326,6 +320,22 @@ std::string page_data_json(const std::vector<Explanation>& parts,
     } else {
       left -= sampled_bytes(e);
     }
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::string page_data_json(const std::vector<Explanation>& parts,
+                           const std::vector<std::vector<HeadScan>>& scans, const PageView& open) {
+  std::int64_t cells = 0;
+  for (const auto& heads : scans) cells += map_cells(heads);
+  // Float32 maps (exact tooltips) unless they would cost some part its exact float64 rows.
+  bool quantised = false;
+  std::vector<Rows> rows = plan_rows(parts, open, kDataBudget - base64_size(cells * 9));
+  if (std::any_of(rows.begin(), rows.end(), [](Rows r) { return r != Rows::kExactF64; })) {
+    quantised = true;
+    rows = plan_rows(parts, open, kDataBudget - base64_size(cells * 3));
   }
   std::string j = "{\"parts\":[";
   for (std::size_t n = 0; n < parts.size(); ++n) {

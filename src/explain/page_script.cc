@@ -245,14 +245,18 @@ function selectPart(n, head = 0, row = null) {
 }
 
 function modeNote(p) {
+  const maps = p.mapEncoding === 'log8'
+    ? ' Maps: weights quantised to 8 bits on a log scale from 1e-6 to 1 (steps of ×1.056; 0 stays 0).' : '';
   if (exactRows(p)) {
     return 'Rows: exact (' + (p.precision === 'f64' ? 'float64' : 'float32, 7 digits') +
-      '): every row and zoomed block is recomputed here from Q, K and the lse attention() returned.';
+      '): every row and zoomed block is recomputed here from Q, K and the lse attention() returned.' + maps;
   }
-  return 'Rows: sampled. This input is too large to embed whole, so the page carries ' +
-    'walk-throughs of ' + count(p.samples[0].length, 'row', 'rows') + ' per head (the most and least focused and an even spread); ' +
-    'qkv explain --row i walks through any row in the terminal.' +
-    (p.mapEncoding === 'log8' ? ' Maps: weights quantised to 8 bits on a log scale from 1e-6 to 1 (steps of ×1.056).' : '');
+  const sizes = p.samples.map((s) => s.length);
+  const least = Math.min(...sizes), most = Math.max(...sizes);
+  return 'Rows: sampled. This input is too large to embed whole, so the page carries walk-throughs of ' +
+    (least === most ? count(least, 'row', 'rows') : least + ' to ' + most + ' rows') +
+    ' per head (the most and least focused and an even spread), each with its heaviest allowed keys; ' +
+    'qkv explain --row i walks through any row in the terminal.' + maps;
 }
 
 // The row a head opens on: PageView.row for the opened part, else the head's most focused row.
