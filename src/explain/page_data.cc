@@ -23,8 +23,8 @@
 namespace qkv::explain_detail {
 namespace {
 
-// Everything the data block may take; the markup, style and script add about 80 kB.
-constexpr std::int64_t kDataBudget = 11'000'000;
+// Everything the data block may take; the markup, style and script add about 80 kB (12 MB in all).
+constexpr std::int64_t kDataBudget = 11'700'000;
 // A sampled walk-through keeps this many of the row's heaviest allowed keys.
 constexpr std::int64_t kSampledKeys = 16;
 // Rows spread evenly over each head in sampled mode (besides the named ones).
@@ -35,10 +35,22 @@ constexpr std::int64_t kTableCols = 16;
 
 enum class Rows { kExactF64, kExactF32, kSampled };
 
-std::int64_t map_cells(const std::vector<HeadScan>& scans) {
-  std::int64_t cells = 0;
-  for (const HeadScan& s : scans) cells += s.map_rows * s.map_cols;
-  return cells;
+// A head whose mask pattern equals head 0's (the usual case: only a per-head mask differs)
+// borrows head 0's allowed-share map instead of carrying its own.
+bool shares_allowed(const std::vector<HeadScan>& scans, std::size_t h) {
+  return h > 0 && scans[h].allowed_share == scans[0].allowed_share;
+}
+
+// Bytes of one part's pooled maps: max and mean (4 bytes a cell, or 1 quantised) and the allowed
+// shares (1 byte, unless borrowed).
+std::int64_t map_bytes(const std::vector<HeadScan>& scans, bool quantised) {
+  std::int64_t bytes = 0;
+  for (std::size_t h = 0; h < scans.size(); ++h) {
+    const std::int64_t cells = scans[h].map_rows * scans[h].map_cols;
+    bytes += base64_size(cells * (quantised ? 1 : 4)) * 2;
+    if (!shares_allowed(scans, h)) bytes += base64_size(cells);
+  }
+  return bytes;
 }
 
 // Mask values the page needs to recompute rows (only an explicit mask: the causal and window
@@ -98,18 +110,20 @@ std::int64_t opening_row(const HeadScan& s) {
   return best < 0 ? s.most_focused : best;
 }
 
-std::string scan_json(const HeadScan& s, bool quantised) {
+std::string scan_json(const HeadScan& s, bool quantised, bool borrow_allowed) {
   std::vector<unsigned char> allowed(s.allowed_share.size());
   for (std::size_t c = 0; c < allowed.size(); ++c) {
     allowed[c] = static_cast<unsigned char>(std::lround(s.allowed_share[c] * 255.0f));
   }
+  const std::string allowed_json =
+      borrow_allowed ? std::string("\"allowedFrom\":0")
+                     : "\"allowed\":\"" + base64(allowed.data(), allowed.size()) + "\"";
   // Until mean pooling is computed, the mean map is the max map (the page says which it shows).
   const bool has_mean = s.mean_weight.size() == s.max_weight.size() && !s.mean_weight.empty();
   return "{\"mapRows\":" + json_int(s.map_rows) + ",\"mapCols\":" + json_int(s.map_cols) +
          ",\"max\":\"" + map_b64(s.max_weight, quantised) + "\",\"mean\":" +
          (has_mean ? "\"" + map_b64(s.mean_weight, quantised) + "\"" : std::string("null")) +
-         ",\"allowed\":\"" + base64(allowed.data(), allowed.size()) +
-         "\",\"meanEntropy\":" + json_number(s.mean_entropy) +
+         "," + allowed_json + ",\"meanEntropy\":" + json_number(s.mean_entropy) +
          ",\"meanDistance\":" + json_number(s.mean_distance) +
          ",\"meanFirstKey\":" + json_number(s.mean_first_key) +
          ",\"meanMaxWeight\":" + json_number(s.mean_max_weight) +
@@ -289,7 +303,7 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans, 
   j += rows_json(e, rows, scans, open_row);
   j += std::string(",\"mapEncoding\":\"") + (quantised ? "log8" : "f32") + "\"";
   j += ",\"scans\":" + json_list(scans.size(), [&](std::size_t h) {
-         return scan_json(scans[h], quantised);
+         return scan_json(scans[h], quantised, shares_allowed(scans, h));
        });
   return j + "}";
 }
@@ -328,14 +342,17 @@ std::vector<Rows> plan_rows(const std::vector<Explanation>& parts, const PageVie
 
 std::string page_data_json(const std::vector<Explanation>& parts,
                            const std::vector<std::vector<HeadScan>>& scans, const PageView& open) {
-  std::int64_t cells = 0;
-  for (const auto& heads : scans) cells += map_cells(heads);
+  const auto maps = [&](bool quantised) {
+    std::int64_t bytes = 0;
+    for (const auto& heads : scans) bytes += map_bytes(heads, quantised);
+    return bytes;
+  };
   // Float32 maps (exact tooltips) unless they would cost some part its exact float64 rows.
   bool quantised = false;
-  std::vector<Rows> rows = plan_rows(parts, open, kDataBudget - base64_size(cells * 9));
+  std::vector<Rows> rows = plan_rows(parts, open, kDataBudget - maps(false));
   if (std::any_of(rows.begin(), rows.end(), [](Rows r) { return r != Rows::kExactF64; })) {
     quantised = true;
-    rows = plan_rows(parts, open, kDataBudget - base64_size(cells * 3));
+    rows = plan_rows(parts, open, kDataBudget - maps(true));
   }
   std::string j = "{\"parts\":[";
   for (std::size_t n = 0; n < parts.size(); ++n) {

@@ -49,6 +49,12 @@ function pooledMap(p, s, which) {
   return (s[slot] = out);
 }
 
+// The share of each pooled cell's (i, j) that are allowed, 0..255 (a head whose pattern is head
+// 0's borrows it).
+function allowedShares(p, s) {
+  return arr(s.allowed === undefined ? p.scans[s.allowedFrom] : s, 'allowed', null, Uint8Array);
+}
+
 function isPooledView() {
   const p = part();
   return !state.view && !(exactRows(p) && p.nq <= EXACT_CELLS && p.nk <= EXACT_CELLS);
@@ -172,7 +178,7 @@ function drawPooled(wrap, p, h) {
   const s = p.scans[h], R = s.mapRows, C = s.mapCols;
   const mean = state.pooling === 'mean' && s.mean;
   const map = pooledMap(p, s, mean ? 'mean' : 'max');
-  const share = arr(s, 'allowed', null, Uint8Array);
+  const share = allowedShares(p, s);
   const left = 44, top = 22;
   const width = Math.min(512, mapWidth(left));
   const height = Math.max(64, Math.round(width * Math.min(2, R / C)));
@@ -241,7 +247,7 @@ function pooledAt(canvas, ev) {
 
 function blockText(p, s, map, a, b, mean) {
   const [i0, i1] = block(a, p.nq, s.mapRows), [j0, j1] = block(b, p.nk, s.mapCols);
-  const share = arr(s, 'allowed', null, Uint8Array)[a * s.mapCols + b];
+  const share = allowedShares(p, s)[a * s.mapCols + b];
   const range = (x, y) => (x === y ? String(x) : x + '–' + y);
   return 'queries ' + range(i0, i1) + ', keys ' + range(j0, j1) + ': ' +
     (share === 0 ? 'not allowed (masked)' : (mean ? 'mean' : 'largest') + ' weight ' +
@@ -348,7 +354,7 @@ function renderMask() {
   legend.innerHTML = '';
   legend.hidden = !p.masked;
   if (!p.masked) { box.textContent = 'No mask: every query may attend to every key.'; return; }
-  const share = arr(s, 'allowed', null, Uint8Array);
+  const share = allowedShares(p, s);
   const canvas = document.createElement('canvas');
   canvas.width = s.mapCols; canvas.height = s.mapRows;
   const width = Math.min(256, Math.max(120, box.clientWidth - 4));
