@@ -27,8 +27,10 @@ namespace {
 constexpr std::int64_t kDataBudget = 11'700'000;
 // A sampled walk-through keeps this many of the row's heaviest allowed keys.
 constexpr std::int64_t kSampledKeys = 16;
-// Rows spread evenly over each head in sampled mode (besides the named ones).
+// Rows spread evenly over each head in sampled mode (besides the named ones), unless many batch
+// elements share the budget: then fewer, down to kLeastSpreadRows.
 constexpr std::int64_t kSpreadRows = 48;
+constexpr std::int64_t kLeastSpreadRows = 6;
 // The key/value table shows at most this many rows and this many columns of each vector.
 constexpr std::int64_t kTableRows = 64;
 constexpr std::int64_t kTableCols = 16;
@@ -67,11 +69,11 @@ std::int64_t exact_bytes(const Explanation& e, std::int64_t bytes_per_value) {
   return base64_size(values * bytes_per_value) + base64_size(e.heads * e.nq * 8);
 }
 
-std::int64_t sampled_bytes(const Explanation& e) {
+std::int64_t sampled_bytes(const Explanation& e, std::int64_t spread) {
   const std::int64_t dx = e.projection ? e.projection->x.cols : 0;
   const std::int64_t per_row =
       base64_size((e.d + dx + 2 * e.dv + kSampledKeys * e.dv) * 4) + kSampledKeys * 70 + 200;
-  return e.heads * (kSpreadRows + 4) * per_row;
+  return e.heads * (spread + 4) * per_row;
 }
 
 std::string masking_text(const Explanation& e) {
@@ -168,10 +170,10 @@ std::string kv_rows_json(const Explanation& e) {
 
 // The rows a sampled head carries: the named ones and an even spread.
 std::vector<std::int64_t> sampled_rows(const Explanation& e, const HeadScan& s,
-                                       std::int64_t open_row) {
+                                       std::int64_t open_row, std::int64_t spread_rows) {
   std::set<std::int64_t> rows = {s.most_focused, s.least_focused, opening_row(s)};
   if (open_row >= 0 && open_row < e.nq) rows.insert(open_row);
-  const std::int64_t spread = std::min(e.nq, kSpreadRows);
+  const std::int64_t spread = std::min(e.nq, spread_rows);
   for (std::int64_t k = 0; k < spread; ++k) {
     rows.insert(spread > 1 ? (k * (e.nq - 1) + (spread - 1) / 2) / (spread - 1) : 0);
   }
@@ -215,13 +217,13 @@ std::string sampled_row_json(const Explanation& e, std::int64_t head, std::int64
 }
 
 std::string rows_json(const Explanation& e, Rows rows, const std::vector<HeadScan>& scans,
-                      std::int64_t open_row) {
+                      std::int64_t open_row, std::int64_t spread) {
   const auto heads = static_cast<std::size_t>(e.heads);
   const auto kv = static_cast<std::size_t>(e.kv_heads);
   if (rows == Rows::kSampled) {
     return ",\"rowsMode\":\"sampled\",\"samples\":" + json_list(heads, [&](std::size_t h) {
              const auto head = static_cast<std::int64_t>(h);
-             const std::vector<std::int64_t> list = sampled_rows(e, scans[h], open_row);
+             const std::vector<std::int64_t> list = sampled_rows(e, scans[h], open_row, spread);
              return json_list(list.size(), [&](std::size_t n) {
                return sampled_row_json(e, head, list[n]);
              });
@@ -257,7 +259,7 @@ std::string rows_json(const Explanation& e, Rows rows, const std::vector<HeadSca
 }
 
 std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans, Rows rows,
-                      bool quantised, std::int64_t open_row) {
+                      bool quantised, std::int64_t open_row, std::int64_t spread) {
   std::string facts = format_overview(e);
   if (!e.title.empty() && facts.rfind(e.title, 0) == 0) facts = facts.substr(e.title.size() + 1);
   std::string j = "{";
@@ -300,7 +302,7 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans, 
          ",\"bias\":" + (p.bq.empty() ? "false" : "true") + "}";
     j += ",\"kvRows\":" + kv_rows_json(e);
   }
-  j += rows_json(e, rows, scans, open_row);
+  j += rows_json(e, rows, scans, open_row, spread);
   j += std::string(",\"mapEncoding\":\"") + (quantised ? "log8" : "f32") + "\"";
   j += ",\"scans\":" + json_list(scans.size(), [&](std::size_t h) {
          return scan_json(scans[h], quantised, shares_allowed(scans, h));
@@ -308,12 +310,45 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans, 
   return j + "}";
 }
 
+// The map pooled once more, 2 x 2 cells into one (only along a side of even length, so that
+// head_scan.cc's bins still hold: index j is in cell floor(j·cells / n)). Max of maxima; the
+// mean weighted by each cell's allowed share (cells differ by at most one index in size, so
+// this is the mean over the allowed (i, j) to within that); the mean allowed share.
+HeadScan halved(const HeadScan& s) {
+  const std::int64_t fr = s.map_rows % 2 == 0 ? 2 : 1, fc = s.map_cols % 2 == 0 ? 2 : 1;
+  HeadScan h = s;
+  h.map_rows = s.map_rows / fr;
+  h.map_cols = s.map_cols / fc;
+  const auto cells = static_cast<std::size_t>(h.map_rows * h.map_cols);
+  h.max_weight.assign(cells, 0.0f);
+  h.allowed_share.assign(cells, 0.0f);
+  const bool has_mean = s.mean_weight.size() == s.max_weight.size();
+  h.mean_weight.assign(has_mean ? cells : 0, 0.0f);
+  for (std::int64_t a = 0; a < h.map_rows; ++a) {
+    for (std::int64_t b = 0; b < h.map_cols; ++b) {
+      const auto to = static_cast<std::size_t>(a * h.map_cols + b);
+      double share = 0.0, mean = 0.0;
+      for (std::int64_t y = a * fr; y < (a + 1) * fr; ++y) {
+        for (std::int64_t x = b * fc; x < (b + 1) * fc; ++x) {
+          const auto from = static_cast<std::size_t>(y * s.map_cols + x);
+          h.max_weight[to] = std::max(h.max_weight[to], s.max_weight[from]);
+          share += s.allowed_share[from];
+          if (has_mean) mean += static_cast<double>(s.mean_weight[from]) * s.allowed_share[from];
+        }
+      }
+      h.allowed_share[to] = static_cast<float>(share / static_cast<double>(fr * fc));
+      if (has_mean) h.mean_weight[to] = share > 0 ? static_cast<float>(mean / share) : 0.0f;
+    }
+  }
+  return h;
+}
+
 // Which form each part's rows take for a given map encoding: the opened part chooses first
 // (several batch elements share the budget), then the others in order; each part's exact form
 // replaces its sampled one, so it may use what that would have taken.
 std::vector<Rows> plan_rows(const std::vector<Explanation>& parts, const PageView& open,
-                            std::int64_t left) {
-  for (const Explanation& e : parts) left -= sampled_bytes(e);
+                            std::int64_t left, std::int64_t spread) {
+  for (const Explanation& e : parts) left -= sampled_bytes(e, spread);
   std::vector<std::size_t> order;
   if (open.part >= 0 && static_cast<std::size_t>(open.part) < parts.size()) {
     order.push_back(static_cast<std::size_t>(open.part));
@@ -324,7 +359,7 @@ std::vector<Rows> plan_rows(const std::vector<Explanation>& parts, const PageVie
   std::vector<Rows> rows(parts.size(), Rows::kSampled);
   for (const std::size_t n : order) {
     const Explanation& e = parts[n];
-    left += sampled_bytes(e);
+    left += sampled_bytes(e, spread);
     if (exact_bytes(e, 8) <= left) {
       rows[n] = Rows::kExactF64;
       left -= exact_bytes(e, 8);
@@ -332,7 +367,7 @@ std::vector<Rows> plan_rows(const std::vector<Explanation>& parts, const PageVie
       rows[n] = Rows::kExactF32;
       left -= exact_bytes(e, 4);
     } else {
-      left -= sampled_bytes(e);
+      left -= sampled_bytes(e, spread);
     }
   }
   return rows;
@@ -342,22 +377,48 @@ std::vector<Rows> plan_rows(const std::vector<Explanation>& parts, const PageVie
 
 std::string page_data_json(const std::vector<Explanation>& parts,
                            const std::vector<std::vector<HeadScan>>& scans, const PageView& open) {
+  // Many batch elements' maps may not fit even quantised beside their sampled rows: then every
+  // map is pooled further (512 to 256 cells a side, then 128), then fewer rows are sampled.
+  std::vector<std::vector<HeadScan>> pooled;
+  const std::vector<std::vector<HeadScan>>* maps_of = &scans;
   const auto maps = [&](bool quantised) {
     std::int64_t bytes = 0;
-    for (const auto& heads : scans) bytes += map_bytes(heads, quantised);
+    for (const auto& heads : *maps_of) bytes += map_bytes(heads, quantised);
     return bytes;
   };
+  std::int64_t spread = kSpreadRows;
+  const auto least = [&] {
+    std::int64_t bytes = maps(true);
+    for (const Explanation& e : parts) bytes += sampled_bytes(e, spread);
+    return bytes;
+  };
+  while (least() > kDataBudget) {
+    if (pooled.empty()) pooled = scans;
+    bool smaller = false;
+    for (auto& heads : pooled) {
+      for (HeadScan& h : heads) {
+        if (h.map_rows < 256 && h.map_cols < 256) continue;
+        const std::int64_t before = h.map_rows * h.map_cols;
+        h = halved(h);
+        smaller = smaller || h.map_rows * h.map_cols < before;
+      }
+    }
+    maps_of = &pooled;
+    if (smaller) continue;
+    if (spread <= kLeastSpreadRows) break;  // as small as the page gets
+    spread /= 2;
+  }
   // Float32 maps (exact tooltips) unless they would cost some part its exact float64 rows.
   bool quantised = false;
-  std::vector<Rows> rows = plan_rows(parts, open, kDataBudget - maps(false));
+  std::vector<Rows> rows = plan_rows(parts, open, kDataBudget - maps(false), spread);
   if (std::any_of(rows.begin(), rows.end(), [](Rows r) { return r != Rows::kExactF64; })) {
     quantised = true;
-    rows = plan_rows(parts, open, kDataBudget - maps(true));
+    rows = plan_rows(parts, open, kDataBudget - maps(true), spread);
   }
   std::string j = "{\"parts\":[";
   for (std::size_t n = 0; n < parts.size(); ++n) {
     const std::int64_t open_row = static_cast<std::int64_t>(n) == open.part ? open.row : -1;
-    j += (n ? "," : "") + part_json(parts[n], scans[n], rows[n], quantised, open_row);
+    j += (n ? "," : "") + part_json(parts[n], (*maps_of)[n], rows[n], quantised, open_row, spread);
   }
   j += "],\"open\":{\"part\":" + json_int(open.part) + ",\"head\":" + json_int(open.head) +
        ",\"row\":" + json_int(open.row) + "},\"budget\":" + json_int(kDataBudget) + "}";
