@@ -65,18 +65,18 @@ const coord = (labels, c) => (labels && labels[c] !== undefined ? labels[c] : 'c
 const kvOf = (p, h) => Math.floor(h / (p.heads / p.kvHeads));
 const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c]));
 
-// explain_detail::fixed: printf's %.Nf (ties to even on the exact binary value, as glibc does),
-// never "-0.0000", and inf / -inf / nan.
+// explain_detail::fixed: printf's %.Nf, never "-0.0000", and inf / -inf / nan. toFixed rounds an
+// exact tie away from zero where glibc's printf rounds it to even: the long exact expansion
+// (toFixed is exact) finds true ties.
 function fixed(x, digits = 4) {
   if (x === Infinity) return 'inf';
   if (x === -Infinity) return '-inf';
   if (Number.isNaN(x)) return 'nan';
   let s = x.toFixed(digits);
-  const scaled = Math.abs(x) * 10 ** digits;
-  if (scaled < 2 ** 52 && scaled - Math.floor(scaled) === 0.5 && Math.floor(scaled) % 2 === 0) {
-    // toFixed rounds an exact tie away from zero; printf to even.
-    s = (Math.sign(x) * Math.floor(scaled) / 10 ** digits).toFixed(digits);
-    if (x < 0 && !s.startsWith('-')) s = '-' + s;
+  const long = Math.abs(x).toFixed(Math.min(100, digits + 60)), dot = long.indexOf('.');
+  if (/^50*$/.test(long.slice(dot + 1 + digits))) {
+    const kept = digits ? long.slice(0, dot + 1 + digits) : long.slice(0, dot);
+    if (+kept[kept.length - 1] % 2 === 0) s = (x < 0 ? '-' : '') + kept;
   }
   if (/^-[0.]*$/.test(s)) s = s.slice(1);
   return s;
@@ -231,9 +231,9 @@ function selectPart(n, head = 0, row = null) {
   for (const m of g) batch.add(new Option('batch element ' + DATA.parts[m].batch + ' of ' + DATA.parts[m].batches, m));
   batch.value = n;
   batch.hidden = $('batch-box').hidden = g.length < 2;
-  $('batch-note').textContent = p.batches <= 1 ? '' : g.length > 1
-    ? say('overview.batch', { batch: p.batch, batches: p.batches })
-    : say('overview.batch_choice', { batch: p.batch, batches: p.batches }) + ': run qkv explain --batch N --html for another.';
+  // The batch select names the element; with only one of several embedded, say how to get another.
+  $('batch-note').textContent = p.batches > 1 && g.length < 2
+    ? say('overview.batch_choice', { batch: p.batch, batches: p.batches }) : '';
   const heads = $('head');
   heads.innerHTML = '';
   for (let h = 0; h < p.heads; ++h) heads.add(new Option('head ' + h, h));
