@@ -117,16 +117,22 @@ function walkHtml(p, h, d, note, focus) {
   const listed = d.allowed <= TOP_KEYS + 4 ? d.allowed : TOP_KEYS;
   const shown = allKeys ? Array.from({ length: p.nk }, (_, j) => j) : d.order.slice(0, listed);
   html += '<li>Scores s' + sub(i + 'j') + ' = ' +
-    (p.softcap > 0 ? p.softcap.toPrecision(6) + '·tanh(' + p.scale.toPrecision(6) + '·r' + sub(i + 'j') + ' / ' + p.softcap.toPrecision(6) + ') (soft-capped)'
-                   : +p.scale.toPrecision(6) + '·r' + sub(i + 'j')) +
-    (p.alibi ? ' − ' + p.alibi[h].toPrecision(6) + '·|' + (i + p.nk - p.nq) + ' − j| (ALiBi)' : '') +
+    (p.softcap > 0 ? g6(p.softcap) + '·tanh(' + g6(p.scale) + '·r' + sub(i + 'j') + ' / ' + g6(p.softcap) + ')'
+                   : g6(p.scale) + '·r' + sub(i + 'j')) +
+    (p.alibi ? ' − ' + g6(p.alibi[h]) + '·|' + (i + p.nk - p.nq) + ' − j|' : '') +
     (p.masked ? ' + mask (−inf: not allowed)' : '') + ':';
+  if (p.softcap > 0) html += '<p class="muted">Soft-capped: the scaled score passes through ' + g6(p.softcap) + '·tanh(x / ' + g6(p.softcap) + '), so no score leaves (−' + g6(p.softcap) + ', ' + g6(p.softcap) + ').</p>';
+  if (p.alibi) html += '<p class="muted">ALiBi: a penalty that grows with the distance from the query\'s position.</p>';
+  // The terminal's columns: r, then the capped score and the ALiBi term when those apply, then s.
+  const capped = (r) => (p.softcap > 0 ? p.softcap * Math.tanh(p.scale * r / p.softcap) : p.scale * r);
+  const alibi = (j) => -p.alibi[h] * Math.abs(i + p.nk - p.nq - j);
   if (shown.length) {
-    html += '<div class="scroll"><table id="row-scores"><tr><th class="label">key</th><th>r</th><th>s</th></tr>';
+    html += '<div class="scroll"><table id="row-scores"><tr><th class="label">key</th><th>r</th>' +
+      (p.softcap > 0 ? '<th>capped</th>' : '') + (p.alibi ? '<th>ALiBi</th>' : '') + '<th>s</th></tr>';
     for (const j of shown) {
-      const allowed = isFinite(d.s(j));
-      html += '<tr data-j="' + j + '"><td class="label">' + esc(klabel(p, j)) + '</td><td>' + (allowed || exactRows(p) ? fmt(d.r(j)) : '') +
-        '</td><td>' + fmt(d.s(j)) + '</td></tr>';
+      html += '<tr data-j="' + j + '"><td class="label">' + esc(klabel(p, j)) + '</td><td>' + fmt(d.r(j)) + '</td>' +
+        (p.softcap > 0 ? '<td>' + fmt(capped(d.r(j))) + '</td>' : '') + (p.alibi ? '<td>' + fmt(alibi(j)) + '</td>' : '') +
+        '<td>' + fmt(d.s(j)) + '</td></tr>';
     }
     html += '</table></div>';
   }

@@ -82,6 +82,14 @@ function fixed(x, digits = 4) {
   return s;
 }
 const fmt = (x) => fixed(x, 4);
+// printf's %.6g, as the terminal prints the scale, the softcap and ALiBi slopes.
+function g6(x) {
+  if (x === 0 || !isFinite(x)) return String(x);
+  const [mantissa, exp] = x.toExponential(5).split('e');
+  const e = +exp, trim = (t) => (t.includes('.') ? t.replace(/\.?0+$/, '') : t);
+  if (e < -4 || e >= 6) return trim(mantissa) + 'e' + (e < 0 ? '-' : '+') + String(Math.abs(e)).padStart(2, '0');
+  return trim(x.toFixed(5 - e));
+}
 // printf's %.0e: the bound the recomputed sum agrees within.
 function bound(diff) {
   let b = 1e-12;
