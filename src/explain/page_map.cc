@@ -249,7 +249,7 @@ function blockText(p, s, map, a, b, mean) {
   const [i0, i1] = block(a, p.nq, s.mapRows), [j0, j1] = block(b, p.nk, s.mapCols);
   const share = allowedShares(p, s)[a * s.mapCols + b];
   const range = (x, y) => (x === y ? String(x) : x + '–' + y);
-  return 'queries ' + range(i0, i1) + ', keys ' + range(j0, j1) + ': ' +
+  return (i0 === i1 ? 'query ' : 'queries ') + range(i0, i1) + (j0 === j1 ? ', key ' : ', keys ') + range(j0, j1) + ': ' +
     (share === 0 ? 'not allowed (masked)' : (mean ? 'mean' : 'largest') + ' weight ' +
       (p.mapEncoding === 'log8' ? '≈ ' : '') + fixed(map[a * s.mapCols + b], 6) +
       (share < 255 ? ' (' + Math.round(share / 2.55) + '% allowed)' : ''));

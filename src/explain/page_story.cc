@@ -59,7 +59,7 @@ function renderStoryTables() {
     for (let c = 0; c < t.dv; ++c) html += '<td>' + fmt(v[j * t.dv + c]) + '</td>';
     html += moreCell(t.dv, p.dv) + '</tr>';
   }
-  html += '</table></div><p class="muted">' + (t.rows < p.nk ? 'The first ' + t.rows + ' of ' + count(p.nk, 'row', 'rows') : 'All ' + count(p.nk, 'row', 'rows')) +
+  html += '</table></div><p class="muted">' + (t.rows < p.nk ? 'The first ' + t.rows + ' of ' + count(p.nk, 'row', 'rows') : p.nk === 1 ? 'The one row' : 'All ' + count(p.nk, 'row', 'rows')) +
     ' of ' + esc(t.memoryName) + '.</p>';
   box.innerHTML = html;
 }
