@@ -12,11 +12,12 @@ function renderStory() {
   const p = part(), box = $('story');
   box.hidden = !p.story && !p.projection;
   if (box.hidden) { box.innerHTML = ''; return; }
-  let html = '<h2>' + esc(p.short || p.title) + '</h2>';
+  // The header names the part already; the story's own heading is its short name.
+  let html = p.story ? '<h2>' + esc(p.short || p.title) + '</h2>' : '';
   for (const para of p.story.split(/\n\s*\n/)) if (para.trim()) html += '<p>' + esc(para.trim()) + '</p>';
   if (p.projection) {
     const m = esc(p.projection.memoryName);
-    html += '<h3>Keys and values: two transforms of the same rows</h3><p>Each key/value row m<sub>j</sub> (a row of ' + m +
+    html += (p.story ? '<h3>' : '<h2>') + 'Keys and values: two transforms of the same rows' + (p.story ? '</h3>' : '</h2>') + '<p>Each key/value row m<sub>j</sub> (a row of ' + m +
       ') is projected twice: <span class="flow">m<sub>j</sub> → ·W<sup>K</sup> → k<sub>j</sub></span> what the row can be matched by' +
       (p.dLabels ? ' (' + esc(p.dLabels.slice(0, 6).join(', ')) + (p.dLabels.length > 6 ? ', …' : '') + ')' : '') +
       ', and <span class="flow">m<sub>j</sub> → ·W<sup>V</sup> → v<sub>j</sub></span> what it gives when attended to' +
