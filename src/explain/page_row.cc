@@ -234,14 +234,16 @@ function stackedSum(p, d) {
   let svg = '<svg id="stacked-sum" role="img" width="' + (labelW + barW + 80) + '" height="' + height + '" aria-label="O_' + d.row +
     ' as the stacked sum of w_ij·v_j, one bar per value coordinate">';
   svg += '<line x1="' + x(0) + '" x2="' + x(0) + '" y1="' + (top - 4) + '" y2="' + (height - 4) + '" stroke="#667085"/>';
+  // Each rect carries its exact w_ij·v_jc (data-value) and its coordinate (data-c); a key's
+  // group its weight (data-weight), so the sum can be checked from the drawing.
   const segment = (c, base, value, colour, title) => {
     const x0 = x(Math.min(base, base + value)), w = Math.abs(x(base + value) - x(base));
-    return '<rect x="' + x0.toFixed(2) + '" y="' + (top + c * rowH + 3) + '" width="' + w.toFixed(2) + '" height="' + (rowH - 6) +
-      '" fill="' + colour + '"><title>' + esc(title) + '</title></rect>';
+    return '<rect data-c="' + c + '" data-value="' + value + '" x="' + x0.toFixed(2) + '" y="' + (top + c * rowH + 3) + '" width="' + w.toFixed(2) +
+      '" height="' + (rowH - 6) + '" fill="' + colour + '"><title>' + esc(title) + '</title></rect>';
   };
   const pos = new Float64Array(coords), neg = new Float64Array(coords);
   const group = (cls, j, colour, value, name) => {
-    let g = '<g class="' + cls + '"' + (j === null ? '' : ' data-j="' + j + '"') + '>';
+    let g = '<g class="' + cls + '"' + (j === null ? '' : ' data-j="' + j + '" data-weight="' + d.w(j) + '"') + '>';
     for (let c = 0; c < coords; ++c) {
       const v = value(c);
       if (v >= 0) { g += segment(c, pos[c], v, colour, name + ': ' + fmt(v)); pos[c] += v; } else { g += segment(c, neg[c], v, colour, name + ': ' + fmt(v)); neg[c] += v; }
