@@ -73,7 +73,23 @@ std::int64_t sampled_bytes(const Explanation& e, std::int64_t spread) {
   const std::int64_t dx = e.projection ? e.projection->x.cols : 0;
   const std::int64_t per_row =
       base64_size((e.d + dx + 2 * e.dv + kSampledKeys * e.dv) * 4) + kSampledKeys * 70 + 200;
-  return e.heads * (spread + 4) * per_row;
+  return e.heads * (spread + 3) * per_row;  // + the most, least and opening rows
+}
+
+// What a part carries whatever its rows' form: its labels (each quoted, with a comma) and the
+// key/value table.
+std::int64_t fixed_bytes(const Explanation& e) {
+  std::int64_t bytes = 4096;  // the facts, the story's first lines, the scans' statistics
+  for (const auto* labels : {&e.query_labels, &e.key_labels, &e.d_labels, &e.dv_labels,
+                             &e.sample_labels, &e.memory_labels}) {
+    for (const std::string& label : *labels) bytes += static_cast<std::int64_t>(label.size()) + 3;
+  }
+  bytes += static_cast<std::int64_t>(e.story.size());
+  if (e.projection) {
+    const std::int64_t rows = std::min(e.nk, kTableRows);
+    bytes += base64_size(rows * kTableCols * 8) * (1 + 2 * e.kv_heads);
+  }
+  return bytes;
 }
 
 std::string masking_text(const Explanation& e) {
@@ -348,7 +364,7 @@ HeadScan halved(const HeadScan& s) {
 // replaces its sampled one, so it may use what that would have taken.
 std::vector<Rows> plan_rows(const std::vector<Explanation>& parts, const PageView& open,
                             std::int64_t left, std::int64_t spread) {
-  for (const Explanation& e : parts) left -= sampled_bytes(e, spread);
+  for (const Explanation& e : parts) left -= sampled_bytes(e, spread) + fixed_bytes(e);
   std::vector<std::size_t> order;
   if (open.part >= 0 && static_cast<std::size_t>(open.part) < parts.size()) {
     order.push_back(static_cast<std::size_t>(open.part));
@@ -377,8 +393,8 @@ std::vector<Rows> plan_rows(const std::vector<Explanation>& parts, const PageVie
 
 std::string page_data_json(const std::vector<Explanation>& parts,
                            const std::vector<std::vector<HeadScan>>& scans, const PageView& open) {
-  // Many batch elements' maps may not fit even quantised beside their sampled rows: then every
-  // map is pooled further (512 to 256 cells a side, then 128), then fewer rows are sampled.
+  // Many batch elements' maps may not fit even quantised beside their sampled rows: then the
+  // maps are pooled further and fewer rows are sampled.
   std::vector<std::vector<HeadScan>> pooled;
   const std::vector<std::vector<HeadScan>>* maps_of = &scans;
   const auto maps = [&](bool quantised) {
@@ -389,22 +405,33 @@ std::string page_data_json(const std::vector<Explanation>& parts,
   std::int64_t spread = kSpreadRows;
   const auto least = [&] {
     std::int64_t bytes = maps(true);
-    for (const Explanation& e : parts) bytes += sampled_bytes(e, spread);
+    for (const Explanation& e : parts) bytes += sampled_bytes(e, spread) + fixed_bytes(e);
     return bytes;
   };
-  while (least() > kDataBudget) {
+  // Halves every map with a side longer than `side`; false when none has one.
+  const auto pool_further = [&](std::int64_t side) {
     if (pooled.empty()) pooled = scans;
+    maps_of = &pooled;
     bool smaller = false;
     for (auto& heads : pooled) {
       for (HeadScan& h : heads) {
-        if (h.map_rows < 256 && h.map_cols < 256) continue;
+        if (h.map_rows <= side && h.map_cols <= side) continue;
         const std::int64_t before = h.map_rows * h.map_cols;
         h = halved(h);
         smaller = smaller || h.map_rows * h.map_cols < before;
       }
     }
-    maps_of = &pooled;
-    if (smaller) continue;
+    return smaller;
+  };
+  // In turn, so that neither the overview nor the walk-throughs take all the loss: maps to 256
+  // a side, rows to 12 a head, maps to 128, rows to kLeastSpreadRows.
+  while (least() > kDataBudget) {
+    if (pool_further(256)) continue;
+    if (spread > 12) {
+      spread /= 2;
+      continue;
+    }
+    if (pool_further(128)) continue;
     if (spread <= kLeastSpreadRows) break;  // as small as the page gets
     spread /= 2;
   }
