@@ -17,7 +17,8 @@ namespace {
 
 // The markup the script fills. The ids and classes are the page's contract with its browser
 // tests (tests/browser).
-constexpr const char kBody[] = R"HTML(<header><h1>qkv explain: query, key and value, step by step</h1>
+constexpr const char kBody[] =
+    R"HTML(<header><h1>qkv explain: query, key and value, step by step</h1>
 <p id="part-title"></p><p id="mode-note" class="muted"></p></header>
 <main>
 <section id="story" hidden></section>

@@ -63,8 +63,8 @@ std::int64_t mask_values(const Explanation& e) {
 }
 
 std::int64_t exact_bytes(const Explanation& e, std::int64_t bytes_per_value) {
-  std::int64_t values = e.heads * e.nq * (e.d + e.dv) + e.kv_heads * e.nk * (e.d + e.dv) +
-                        mask_values(e);
+  std::int64_t values =
+      e.heads * e.nq * (e.d + e.dv) + e.kv_heads * e.nk * (e.d + e.dv) + mask_values(e);
   if (e.projection) values += e.projection->x.rows * e.projection->x.cols;
   return base64_size(values * bytes_per_value) + base64_size(e.heads * e.nq * 8);
 }
@@ -96,7 +96,8 @@ std::string masking_text(const Explanation& e) {
   std::string text;
   const auto add = [&](const std::string& rule) { text += (text.empty() ? "" : " + ") + rule; };
   if (e.causal) add("causal");
-  if (e.window) add("window " + std::to_string(e.window->left) + "," + std::to_string(e.window->right));
+  if (e.window)
+    add("window " + std::to_string(e.window->left) + "," + std::to_string(e.window->right));
   if (!e.mask_name.empty()) add("mask " + e.mask_name);
   return text;
 }
@@ -140,8 +141,8 @@ std::string scan_json(const HeadScan& s, bool quantised, bool borrow_allowed) {
   const bool has_mean = s.mean_weight.size() == s.max_weight.size() && !s.mean_weight.empty();
   return "{\"mapRows\":" + json_int(s.map_rows) + ",\"mapCols\":" + json_int(s.map_cols) +
          ",\"max\":\"" + map_b64(s.max_weight, quantised) + "\",\"mean\":" +
-         (has_mean ? "\"" + map_b64(s.mean_weight, quantised) + "\"" : std::string("null")) +
-         "," + allowed_json + ",\"meanEntropy\":" + json_number(s.mean_entropy) +
+         (has_mean ? "\"" + map_b64(s.mean_weight, quantised) + "\"" : std::string("null")) + "," +
+         allowed_json + ",\"meanEntropy\":" + json_number(s.mean_entropy) +
          ",\"meanDistance\":" + json_number(s.mean_distance) +
          ",\"meanFirstKey\":" + json_number(s.mean_first_key) +
          ",\"meanMaxWeight\":" + json_number(s.mean_max_weight) +
@@ -240,17 +241,16 @@ std::string rows_json(const Explanation& e, Rows rows, const std::vector<HeadSca
     return ",\"rowsMode\":\"sampled\",\"samples\":" + json_list(heads, [&](std::size_t h) {
              const auto head = static_cast<std::int64_t>(h);
              const std::vector<std::int64_t> list = sampled_rows(e, scans[h], open_row, spread);
-             return json_list(list.size(), [&](std::size_t n) {
-               return sampled_row_json(e, head, list[n]);
-             });
+             return json_list(list.size(),
+                              [&](std::size_t n) { return sampled_row_json(e, head, list[n]); });
            });
   }
   const bool f64 = rows == Rows::kExactF64;
   const auto encode = [&](const std::vector<double>& values) {
     return quoted(f64 ? b64_f64(values) : b64_f32(values));
   };
-  std::string j = ",\"rowsMode\":\"exact\",\"precision\":\"" + std::string(f64 ? "f64" : "f32") +
-                  "\"";
+  std::string j =
+      ",\"rowsMode\":\"exact\",\"precision\":\"" + std::string(f64 ? "f64" : "f32") + "\"";
   j += ",\"q\":" + json_list(heads, [&](std::size_t h) { return encode(e.q[h].values); });
   j += ",\"k\":" + json_list(kv, [&](std::size_t h) { return encode(e.k[h].values); });
   j += ",\"v\":" + json_list(kv, [&](std::size_t h) { return encode(e.v[h].values); });
@@ -314,8 +314,8 @@ std::string part_json(const Explanation& e, const std::vector<HeadScan>& scans, 
     const ExplainProjection& p = *e.projection;
     j += ",\"projection\":{\"xName\":" + json_string(p.x_name) +
          ",\"memoryName\":" + json_string(p.memory_name) + ",\"dx\":" + json_int(p.x.cols) +
-         ",\"dm\":" + json_int(p.memory.cols) +
-         ",\"bias\":" + (p.bq.empty() ? "false" : "true") + "}";
+         ",\"dm\":" + json_int(p.memory.cols) + ",\"bias\":" + (p.bq.empty() ? "false" : "true") +
+         "}";
     j += ",\"kvRows\":" + kv_rows_json(e);
   }
   j += rows_json(e, rows, scans, open_row, spread);

@@ -5,11 +5,11 @@
 // The script reads the data block that page_data.cc writes. In the exact rows mode it
 // recomputes any row or zoomed block from Q, K and the lse that attention() returned:
 // w_ij = exp(s_ij - lse_i); in the sampled mode it shows the walk-throughs made in C++.
+#include "explain/page_script.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-
-#include "explain/page_script.h"
 
 namespace qkv::explain_detail {
 namespace {

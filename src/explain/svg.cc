@@ -114,18 +114,20 @@ std::string heatmap_svg(const Explanation& e, std::int64_t head, std::int64_t ma
     }
     for (std::int64_t b = 0; b < cols; b += col_step) {
       const std::int64_t x = left + b * cell + cell / 2, y = top - 4;
-      svg += text_at(x, y, "start", e.key_labels[static_cast<std::size_t>(b)],
-                     " transform=\"rotate(-45 " + std::to_string(x) + " " + std::to_string(y) +
-                         ")\"");
+      svg +=
+          text_at(x, y, "start", e.key_labels[static_cast<std::size_t>(b)],
+                  " transform=\"rotate(-45 " + std::to_string(x) + " " + std::to_string(y) + ")\"");
     }
   } else {
     // Index ticks: query and key indices (not pooled cells), spaced so that they never collide.
     const double row_px = static_cast<double>(rows * cell) / static_cast<double>(e.nq);
     const double col_px = static_cast<double>(cols * cell) / static_cast<double>(e.nk);
     const double digits = static_cast<double>(std::to_string(e.nk).size());
-    const std::int64_t row_step = tick_step(row_px, 14), col_step = tick_step(col_px, 7 * digits + 10);
+    const std::int64_t row_step = tick_step(row_px, 14),
+                       col_step = tick_step(col_px, 7 * digits + 10);
     for (std::int64_t i = 0; i < e.nq; i += row_step) {
-      svg += text_at(left - 4, top + static_cast<std::int64_t>((static_cast<double>(i) + 0.5) * row_px) + 4,
+      svg += text_at(left - 4,
+                     top + static_cast<std::int64_t>((static_cast<double>(i) + 0.5) * row_px) + 4,
                      "end", std::to_string(i));
     }
     for (std::int64_t j = 0; j < e.nk; j += col_step) {
