@@ -162,8 +162,10 @@ function drawLegend(box, opts) {
   const top = perRow ? 'row max' : fixed(opts.max || 0, 4);
   if (log) {
     for (let k = 0; k <= LOG_DECADES; k += 2) {
-      text(left + width * k / LOG_DECADES, k === LOG_DECADES ? top : (perRow ? '1e-' : fixed(opts.max || 0, 4) + '·1e-') + (LOG_DECADES - k),
-        k === 0 ? 'start' : k === LOG_DECADES ? 'end' : 'middle');
+      // Per row: decades below each row's largest weight; global: the weights themselves.
+      const label = k === LOG_DECADES ? top : perRow ? '1e-' + (LOG_DECADES - k) + '×max'
+        : ((opts.max || 0) * 10 ** (k - LOG_DECADES)).toExponential(1);
+      text(left + width * k / LOG_DECADES, label, k === 0 ? 'start' : k === LOG_DECADES ? 'end' : 'middle');
     }
   } else {
     text(left, '0', 'start');
