@@ -148,7 +148,8 @@ std::string scan_json(const HeadScan& s, bool quantised, bool borrow_allowed) {
          ",\"meanMaxWeight\":" + json_number(s.mean_max_weight) +
          ",\"mostFocused\":" + json_int(s.most_focused) +
          ",\"leastFocused\":" + json_int(s.least_focused) +
-         ",\"openRow\":" + json_int(opening_row(s)) + "}";
+         ",\"openRow\":" + json_int(opening_row(s)) + ",\"noKeyRows\":" +
+         json_int(std::count(s.has_keys.begin(), s.has_keys.end(), false)) + "}";
 }
 
 template <typename Each>

@@ -79,7 +79,8 @@ function renderSummary() {
   $('summary').innerHTML = html;
   $('summary-note').textContent = 'Entropy in nats over each row\'s weights (effective keys = exp of it)' +
     (p.cross ? '' : '; distance: weight-averaged |j − i| from the row\'s diagonal') + '; means over rows with an allowed key.' +
-    (p.cross ? ' Queries and keys are different sequences here, so no distance is measured.' : '');
+    (p.cross ? ' Queries and keys are different sequences here, so no distance is measured.' : '') +
+    p.scans.map((s, h) => (s.noKeyRows ? ' ' + (p.heads > 1 ? 'Head ' + h + ': ' : '') + say('scan.rows', { rows: s.noKeyRows }) + '.' : '')).join('');
   for (const tr of $('summary').querySelectorAll('tr.head-row')) {
     tr.addEventListener('click', () => selectHead(+tr.dataset.head));
     tr.addEventListener('keydown', (ev) => { if (ev.key === 'Enter') selectHead(+tr.dataset.head); });
