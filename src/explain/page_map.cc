@@ -157,7 +157,11 @@ function drawExact(wrap, p, h, v) {
   svg.addEventListener('mouseleave', (ev) => tip(ev, null));
   svg.addEventListener('click', (ev) => {
     const d = ev.target.dataset;
-    if (d.i !== undefined) { state.cursor = [+d.i, +d.j]; showRow(+d.i, { focus: +d.j }); drawCursor(); }
+    if (d.i === undefined) return;
+    state.cursor = [+d.i, +d.j];
+    showRow(+d.i, { focus: +d.j });
+    drawCursor();
+    $('heatmap-status').textContent = cursorText(p, +d.i, +d.j);
   });
   wrap.appendChild(svg);
   const note = state.view
@@ -222,7 +226,10 @@ function drawPooled(wrap, p, h) {
     const x = pooledAt(canvas, ev), [i0, i1] = block(x.a, p.nq, R), [j0, j1] = block(x.b, p.nk, C);
     const i = Math.floor((i0 + i1) / 2), j = Math.floor((j0 + j1) / 2);
     state.cursor = [i, j];
-    if (exactRows(p)) { zoomTo(i, j); showRow(i, { focus: j }); } else { showRow(i, { focus: j }); drawCursor(); }
+    if (exactRows(p)) zoomTo(i, j);
+    showRow(i, { focus: j });
+    drawCursor();
+    $('heatmap-status').textContent = cursorText(p, i, j);
   });
   wrap.style.width = left + width + 8 + 'px';
   wrap.style.height = top + height + 8 + 'px';
