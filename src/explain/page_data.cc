@@ -189,6 +189,7 @@ std::string kv_rows_json(const Explanation& e) {
 // The rows a sampled head carries: the named ones and an even spread.
 std::vector<std::int64_t> sampled_rows(const Explanation& e, const HeadScan& s,
                                        std::int64_t open_row, std::int64_t spread_rows) {
+  if (e.nq == 0) return {};
   std::set<std::int64_t> rows = {s.most_focused, s.least_focused, opening_row(s)};
   if (open_row >= 0 && open_row < e.nq) rows.insert(open_row);
   const std::int64_t spread = std::min(e.nq, spread_rows);

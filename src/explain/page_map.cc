@@ -316,7 +316,7 @@ function setupMapKeys() {
   box.addEventListener('keydown', (ev) => {
     const p = part(), g = state.geom;
     const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
-    if (!g) return;
+    if (!g || p.nq === 0 || p.nk === 0) return;
     if (ev.key === 'Escape' && state.view) { state.view = null; renderHeatmap(); return; }
     if (ev.key === 'Enter' && state.cursor) {
       ev.preventDefault();

@@ -225,6 +225,13 @@ function selectHead(h) {
   renderHeatmap();
   renderMask();
   renderStoryTables();
+  if (part().nq === 0) {
+    // An empty input (no queries) has no row to walk through.
+    state.row = null;
+    $('row').innerHTML = '<p>No queries: there is no row to walk through.</p>';
+    delete $('row').dataset.row;
+    return;
+  }
   showRow(state.row === null ? defaultRow() : state.row);
 }
 
@@ -290,6 +297,7 @@ function init() {
   $('back').addEventListener('click', () => { state.view = null; renderHeatmap(); });
   $('row-go').addEventListener('click', () => {
     const p = part();
+    if (p.nq === 0) return;
     const i = Math.max(0, Math.min(p.nq - 1, Math.floor(+$('row-input').value || 0)));
     if (exactRows(p) && (p.nq > EXACT_CELLS || p.nk > EXACT_CELLS)) zoomTo(i, i + p.nk - p.nq);
     showRow(i);
