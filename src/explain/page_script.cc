@@ -1,7 +1,10 @@
-// The explain page's style and script. The script reads the data block the C++ side embeds
-// (see html_page.cc) and recomputes any row or zoomed block exactly from Q, K and the lse that
-// attention() returned: w_ij = exp(scale·q_i·k_j + bias_ij - lse_i). The overview map itself is
-// max-pooled in C++, so the page never holds n x n numbers for n in the thousands.
+// The explain page's script, first piece: the data block, the terminal's wording rules, number
+// formatting, colours and legends, axis ticks, and the controls. The other pieces (page_map.cc,
+// page_row.cc, page_story.cc) draw the views; html_page() joins them into one <script>.
+//
+// The script reads the data block that page_data.cc writes. In the exact rows mode it
+// recomputes any row or zoomed block from Q, K and the lse that attention() returned:
+// w_ij = exp(s_ij - lse_i); in the sampled mode it shows the walk-throughs made in C++.
 #include "explain/page_script.h"
 
 #include <algorithm>
@@ -28,47 +31,16 @@ void weight_colour(double fraction, char (&hex)[8]) noexcept {
   std::snprintf(hex, sizeof hex, "#%02x%02x%02x", rgb[0], rgb[1], rgb[2]);
 }
 
-const char* page_style() noexcept {
-  return R"CSS(
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d2433;
-       background: #f6f7fb; }
-header { background: #12325e; color: #fff; padding: 12px 20px; }
-header h1 { font-size: 18px; margin: 0 0 4px; }
-header p { margin: 0; opacity: .85; }
-#part-facts { white-space: pre-line; }
-main { display: grid; grid-template-columns: minmax(560px, 620px) 1fr; gap: 16px; padding: 16px 20px; }
-section { background: #fff; border: 1px solid #dde2ec; border-radius: 6px; padding: 12px 14px; }
-h2 { font-size: 15px; margin: 0 0 8px; }
-.controls { display: flex; gap: 12px; align-items: center; flex-wrap: wrap; margin-bottom: 8px; }
-.muted { color: #667085; font-size: 12px; }
-table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
-th, td { padding: 2px 8px; text-align: right; border-bottom: 1px solid #eef0f5; }
-th { font-weight: 600; color: #44506a; }
-td.label, th.label { text-align: left; }
-#summary tr.head-row { cursor: pointer; }
-#summary tr.selected { background: #e7efff; }
-#heatmap { position: relative; min-height: 80px; }
-#heatmap canvas { image-rendering: pixelated; border: 1px solid #ccd3e0; cursor: zoom-in; }
-#heatmap svg rect.cell { cursor: pointer; }
-#heatmap svg rect.cell:hover { stroke: #e4572e; stroke-width: 2; }
-#mask canvas { image-rendering: pixelated; border: 1px solid #ccd3e0; }
-#tip { position: fixed; pointer-events: none; background: #1d2433; color: #fff; padding: 6px 8px;
-       border-radius: 4px; font-size: 12px; white-space: pre; display: none; z-index: 10; }
-.bar { display: inline-block; height: 11px; background: #2171b5; vertical-align: middle; }
-.vec { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; }
-ol.steps > li { margin-bottom: 10px; }
-details { margin-top: 8px; }
-button { font: inherit; }
-)CSS";
-}
-
-const char* page_script() noexcept {
+const char* page_script_core() noexcept {
   return R"JS(
 'use strict';
 const DATA = JSON.parse(document.getElementById('qkv-data').textContent);
 const EXACT_CELLS = 64;  // views up to 64 x 64 are drawn cell by cell, exactly
+const LOG_DECADES = 6;   // the log colour scale spans 1e-6 of the reference up to it
 const $ = (id) => document.getElementById(id);
-const state = { part: 0, head: 0, view: null, row: null };
+const NS = 'http://www.w3.org/2000/svg';
+const state = { part: 0, head: 0, view: null, row: null, scale: null, colour: 'linear',
+  pooling: 'max', cursor: null, geom: null };
 
 function decode(text, Type) {
   const bin = atob(text);
@@ -80,60 +52,148 @@ function decode(text, Type) {
 // is looked at.
 function arr(holder, key, index, Type) {
   const slot = '$' + key + index;
-  if (!holder[slot]) holder[slot] = decode(holder[key][index], Type);
+  if (!holder[slot]) holder[slot] = decode(index === null ? holder[key] : holder[key][index], Type);
   return holder[slot];
 }
 const part = () => DATA.parts[state.part];
+const exactRows = (p) => p.rowsMode === 'exact';
+const rowType = (p) => (p.precision === 'f64' ? Float64Array : Float32Array);
 const qlabel = (p, i) => (p.queryLabels ? p.queryLabels[i] : String(i));
 const klabel = (p, j) => (p.keyLabels ? p.keyLabels[j] : String(j));
+// Coordinate names: the given labels, or c0, c1, ... when the input names none.
+const coord = (labels, c) => (labels && labels[c] !== undefined ? labels[c] : 'c' + c);
 const kvOf = (p, h) => Math.floor(h / (p.heads / p.kvHeads));
-const fmt = (x) => (x === -Infinity ? '-inf' : x === Infinity ? 'inf' : x.toFixed(4));
 const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c]));
 
-// The library's allowed(i, j) rule (causal and window, bottom-right aligned) and the mask.
-function bias(p, h, i, j) {
-  const diag = i + p.nk - p.nq;
-  if (p.causal && j > diag) return -Infinity;
-  if (p.window) {
-    if (p.window[0] >= 0 && j < diag - p.window[0]) return -Infinity;
-    if (p.window[1] >= 0 && j > diag + p.window[1]) return -Infinity;
+// explain_detail::fixed: printf's %.Nf, never "-0.0000", and inf / -inf / nan. toFixed rounds an
+// exact tie away from zero where glibc's printf rounds it to even: the long exact expansion
+// (toFixed is exact) finds true ties.
+function fixed(x, digits = 4) {
+  if (x === Infinity) return 'inf';
+  if (x === -Infinity) return '-inf';
+  if (Number.isNaN(x)) return 'nan';
+  let s = x.toFixed(digits);
+  const long = Math.abs(x).toFixed(Math.min(100, digits + 60)), dot = long.indexOf('.');
+  if (/^50*$/.test(long.slice(dot + 1 + digits))) {
+    const kept = digits ? long.slice(0, dot + 1 + digits) : long.slice(0, dot);
+    if (+kept[kept.length - 1] % 2 === 0) s = (x < 0 ? '-' : '') + kept;
   }
-  if (p.maskBias) return arr(p, 'maskBias', p.maskPerHead ? h : 0, Float64Array)[i * p.nk + j];
-  return 0;
+  if (/^-[0.]*$/.test(s)) s = s.slice(1);
+  return s;
 }
-const computable = (p) => !p.maskTooLarge;
-// The terminal's wording: the bound (1e-12, 1e-9, ...) the difference stays within.
+const fmt = (x) => fixed(x, 4);
+// printf's %.6g, as the terminal prints the scale, the softcap and ALiBi slopes.
+function g6(x) {
+  if (x === 0 || !isFinite(x)) return String(x);
+  const [mantissa, exp] = x.toExponential(5).split('e');
+  const e = +exp, trim = (t) => (t.includes('.') ? t.replace(/\.?0+$/, '') : t);
+  if (e < -4 || e >= 6) return trim(mantissa) + 'e' + (e < 0 ? '-' : '+') + String(Math.abs(e)).padStart(2, '0');
+  return trim(x.toFixed(5 - e));
+}
+// printf's %.0e: the bound the recomputed sum agrees within.
 function bound(diff) {
   let b = 1e-12;
   while (b < diff && b < 1) b *= 1e3;
-  return b.toExponential(0);
+  return b.toExponential(0).replace(/e([+-])(\d)$/, 'e$10$2');
+}
+// "1 query", "2 queries".
+const count = (n, one, many) => n + ' ' + (n === 1 ? one : many);
+
+// The terminal's sentences (wording.cc): "{name}" is the value, "{name|one|many}" the value and
+// the word that agrees with it (singular only when the value is exactly "1").
+function say(id, values = {}) {
+  const text = DATA.phrases[id];
+  if (text === undefined) throw new Error('explain page: no phrase ' + id);
+  return text.replace(/\{([^}|]*)(?:\|([^}|]*)\|([^}]*))?\}/g, (_, name, one, many) => {
+    if (!(name in values)) throw new Error('explain page: phrase ' + id + ' needs {' + name + '}');
+    const v = String(values[name]);
+    return one === undefined ? v : v + ' ' + (v === '1' ? one : many);
+  });
 }
 
-function cell(p, h, i, j) {
-  const q = arr(p, 'q', h, Float64Array), k = arr(p, 'k', kvOf(p, h), Float64Array);
-  const lse = arr(p, 'lse', h, Float64Array)[i];
-  let dot = 0;
-  for (let c = 0; c < p.d; ++c) dot += q[i * p.d + c] * k[j * p.d + c];
-  // s = softcap(scale·r) + ALiBi + bias, as the library computes it.
-  const b = bias(p, h, i, j);
-  let score = -Infinity;
-  if (b !== -Infinity) {
-    const scaled = p.scale * dot;
-    score = (p.softcap > 0 ? p.softcap * Math.tanh(scaled / p.softcap) : scaled) + b;
-    if (p.alibi) score -= p.alibi[h] * Math.abs(i + p.nk - p.nq - j);
-  }
-  const weight = isFinite(score) && isFinite(lse) ? Math.exp(score - lse) : 0;
-  return { raw: dot, score, weight, lse };
-}
-
-// ---- colours (the same ramp as the SVG export) ----
+// ---- colours: the SVG export's ramp; masked cells grey in every view ----
 const RAMP = [[255, 255, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
-function colour(f) {
+const MASKED_RGB = [1, 3, 5].map((n) => parseInt(DATA.maskedColour.slice(n, n + 2), 16));
+function ramp(f) {
   const t = Math.min(Math.max(isFinite(f) ? f : 0, 0), 1) * 4;
   const lo = Math.min(Math.floor(t), 3), u = t - lo;
   return RAMP[lo].map((c, n) => Math.round(c + (RAMP[lo + 1][n] - c) * u));
 }
-const css = (rgb) => 'rgb(' + rgb.join(',') + ')';
+// A weight's place on the scale: w / ref (linear) or its decade below ref (log).
+function shade(w, ref) {
+  if (!(w > 0) || !(ref > 0)) return 0;
+  if (state.colour === 'log') return Math.max(0, 1 + Math.log10(w / ref) / LOG_DECADES);
+  return w / ref;
+}
+// The colour of a cell: a pooled cell partly masked blends with the masked grey by its allowed
+// share; a fully masked one is the masked grey.
+function cellRgb(w, ref, allowedShare = 1) {
+  const rgb = ramp(shade(w, ref));
+  if (allowedShare >= 1) return rgb;
+  return rgb.map((c, n) => Math.round(c * allowedShare + MASKED_RGB[n] * (1 - allowedShare)));
+}
+const css = (rgb) => '#' + rgb.map((c) => c.toString(16).padStart(2, '0')).join('');
+const scaleMode = () => state.scale || (isPooledView() ? 'row' : 'global');
+
+// A colour legend: the ramp with its ends named, and the masked grey when any cell is masked.
+function drawLegend(box, opts) {
+  box.innerHTML = '';
+  const log = state.colour === 'log', perRow = scaleMode() === 'row';
+  const ref = perRow ? "the row's largest weight" : 'the largest weight in view (' + fixed(opts.max || 0, 4) + ')';
+  const steps = 24, width = 240, left = 8;
+  const svg = document.createElementNS(NS, 'svg');
+  svg.setAttribute('width', 560);
+  svg.setAttribute('height', 38);
+  svg.setAttribute('aria-hidden', 'true');
+  for (let s = 0; s < steps; ++s) {
+    const f = s / (steps - 1);
+    const r = document.createElementNS(NS, 'rect');
+    r.setAttribute('x', left + s * width / steps); r.setAttribute('y', 2);
+    r.setAttribute('width', width / steps + 0.5); r.setAttribute('height', 12);
+    r.setAttribute('fill', css(ramp(f)));
+    svg.appendChild(r);
+  }
+  const text = (x, s, anchor) => {
+    const t = document.createElementNS(NS, 'text');
+    t.setAttribute('x', x); t.setAttribute('y', 28); t.setAttribute('font-size', 11);
+    t.setAttribute('text-anchor', anchor); t.textContent = s;
+    svg.appendChild(t);
+  };
+  const top = perRow ? 'row max' : fixed(opts.max || 0, 4);
+  if (log) {
+    for (let k = 0; k <= LOG_DECADES; k += 2) {
+      // Per row: decades below each row's largest weight; global: the weights themselves.
+      const label = k === LOG_DECADES ? top : perRow ? '1e-' + (LOG_DECADES - k) + '×max'
+        : ((opts.max || 0) * 10 ** (k - LOG_DECADES)).toExponential(1);
+      text(left + width * k / LOG_DECADES, label, k === 0 ? 'start' : k === LOG_DECADES ? 'end' : 'middle');
+    }
+  } else {
+    text(left, '0', 'start');
+    text(left + width / 2, perRow ? '½ row max' : fixed((opts.max || 0) / 2, 4), 'middle');
+    text(left + width, top, 'end');
+  }
+  if (opts.masked) {
+    const r = document.createElementNS(NS, 'rect');
+    r.setAttribute('x', left + width + 24); r.setAttribute('y', 2);
+    r.setAttribute('width', 16); r.setAttribute('height', 12);
+    r.setAttribute('fill', DATA.maskedColour);
+    svg.appendChild(r);
+    text(left + width + 44, 'not allowed (masked)', 'start');
+    svg.lastChild.setAttribute('y', 12);
+  }
+  box.appendChild(svg);
+  box.setAttribute('aria-label', 'Colour scale: ' + (log ? 'log, ' + LOG_DECADES + ' decades up to ' : 'linear from 0 (white) to ') +
+    ref + (perRow ? ', per row' : ', global') + (opts.masked ? '; grey: not allowed (masked)' : ''));
+}
+
+// Axis ticks that never collide: a step of 1, 2 or 5 x 10^k indices, the smallest whose
+// spacing on screen holds a label.
+function tickStep(pxPerIndex, labelPx) {
+  const need = labelPx / Math.max(pxPerIndex, 1e-9);
+  for (let k = 1; ; k *= 10) {
+    for (const m of [1, 2, 5]) if (m * k >= need) return m * k;
+  }
+}
 
 // ---- tooltip ----
 function tip(ev, text) {
@@ -141,303 +201,120 @@ function tip(ev, text) {
   if (!text) { t.style.display = 'none'; return; }
   t.textContent = text;
   t.style.display = 'block';
-  t.style.left = ev.clientX + 14 + 'px';
+  t.style.left = Math.min(ev.clientX + 14, innerWidth - t.offsetWidth - 4) + 'px';
   t.style.top = ev.clientY + 14 + 'px';
 }
 
-// ---- heatmap ----
-function renderHeatmap() {
-  const p = part(), h = state.head, box = $('heatmap');
-  box.innerHTML = '';
-  const small = p.nq <= EXACT_CELLS && p.nk <= EXACT_CELLS;
-  if (state.view || (small && computable(p))) {
-    const v = state.view || { r0: 0, c0: 0, rows: p.nq, cols: p.nk };
-    box.appendChild(exactSvg(p, h, v));
-    $('view-note').textContent = state.view
-      ? 'Zoomed: queries ' + v.r0 + '–' + (v.r0 + v.rows - 1) + ', keys ' + v.c0 + '–' + (v.c0 + v.cols - 1) +
-        ', every cell exact. Click a cell for its row.'
-      : 'Every (query, key) cell. Hover for numbers, click for the row\'s walk-through.';
-  } else {
-    box.appendChild(pooledCanvas(p, h));
-    $('view-note').textContent = 'Max-pooled to ' + p.scans[h].mapRows + ' x ' + p.scans[h].mapCols +
-      ' cells (each shows the largest weight in its block). Click to zoom into a block.';
-  }
-  $('back').style.display = state.view ? '' : 'none';
-}
-
-function exactSvg(p, h, v) {
-  const NS = 'http://www.w3.org/2000/svg';
-  const size = Math.max(4, Math.min(40, Math.floor(512 / Math.max(v.rows, v.cols))));
-  const labelled = v.rows <= 40 && v.cols <= 40;
-  const left = labelled ? 110 : 8, top = labelled ? 90 : 8;
-  const svg = document.createElementNS(NS, 'svg');
-  svg.setAttribute('width', left + v.cols * size + 8);
-  svg.setAttribute('height', top + v.rows * size + 8);
-  svg.setAttribute('data-rows', v.rows);
-  svg.setAttribute('data-cols', v.cols);
-  const weights = [];
-  let max = 0;
-  for (let r = 0; r < v.rows; ++r) {
-    for (let c = 0; c < v.cols; ++c) {
-      const x = cell(p, h, v.r0 + r, v.c0 + c);
-      weights.push(x);
-      max = Math.max(max, x.weight);
-    }
-  }
-  for (let r = 0; r < v.rows; ++r) {
-    for (let c = 0; c < v.cols; ++c) {
-      const x = weights[r * v.cols + c], i = v.r0 + r, j = v.c0 + c;
-      const rect = document.createElementNS(NS, 'rect');
-      rect.setAttribute('class', 'cell');
-      rect.setAttribute('x', left + c * size);
-      rect.setAttribute('y', top + r * size);
-      rect.setAttribute('width', size);
-      rect.setAttribute('height', size);
-      rect.setAttribute('fill', isFinite(x.score) ? css(colour(max > 0 ? x.weight / max : 0)) : '#e9ebf0');
-      rect.dataset.i = i;
-      rect.dataset.j = j;
-      svg.appendChild(rect);
-    }
-  }
-  if (labelled) {
-    const text = (x, y, s, anchor, rotate) => {
-      const t = document.createElementNS(NS, 'text');
-      t.setAttribute('x', x); t.setAttribute('y', y);
-      t.setAttribute('font-size', 11); t.setAttribute('text-anchor', anchor);
-      if (rotate) t.setAttribute('transform', 'rotate(-45 ' + x + ' ' + y + ')');
-      t.textContent = s;
-      svg.appendChild(t);
-    };
-    for (let r = 0; r < v.rows; ++r) text(left - 4, top + r * size + size / 2 + 4, qlabel(p, v.r0 + r), 'end', false);
-    for (let c = 0; c < v.cols; ++c) text(left + c * size + size / 2, top - 4, klabel(p, v.c0 + c), 'start', true);
-  }
-  svg.addEventListener('mousemove', (ev) => {
-    const d = ev.target.dataset;
-    if (d.i === undefined) { tip(ev, null); return; }
-    const i = +d.i, j = +d.j, x = cell(p, h, i, j);
-    tip(ev, 'query ' + i + ' (' + qlabel(p, i) + ') → key ' + j + ' (' + klabel(p, j) + ')\n' +
-      'score s = ' + fmt(x.score) + '   (r = q·k = ' + fmt(x.raw) + ')\nweight w = ' + x.weight.toFixed(6));
+// ---- parts, batch elements and heads ----
+// Parts that share a title and have batches > 1 are the batch elements of one input.
+function groups() {
+  const out = [];
+  DATA.parts.forEach((p, n) => {
+    const last = out[out.length - 1];
+    if (last && p.batches > 1 && DATA.parts[last[0]].title === p.title) last.push(n); else out.push([n]);
   });
-  svg.addEventListener('mouseleave', (ev) => tip(ev, null));
-  svg.addEventListener('click', (ev) => {
-    const d = ev.target.dataset;
-    if (d.i !== undefined) showRow(+d.i, +d.j);
-  });
-  return svg;
+  return out;
 }
+const groupOf = (n) => groups().findIndex((g) => g.includes(n));
 
-function pooledCanvas(p, h) {
-  const s = p.scans[h];
-  const map = arr(s, 'maxWeight', 0, Float32Array);
-  const canvas = document.createElement('canvas');
-  canvas.width = s.mapCols;
-  canvas.height = s.mapRows;
-  canvas.style.width = '512px';
-  canvas.style.height = Math.max(64, Math.round(512 * Math.min(2, s.mapRows / s.mapCols))) + 'px';
-  canvas.dataset.rows = s.mapRows;
-  canvas.dataset.cols = s.mapCols;
-  let max = 0;
-  for (const w of map) max = Math.max(max, w);
-  const img = canvas.getContext('2d').createImageData(s.mapCols, s.mapRows);
-  for (let n = 0; n < map.length; ++n) {
-    const rgb = colour(max > 0 ? map[n] / max : 0);
-    img.data.set([rgb[0], rgb[1], rgb[2], 255], n * 4);
-  }
-  canvas.getContext('2d').putImageData(img, 0, 0);
-  const at = (ev) => {
-    const b = canvas.getBoundingClientRect();
-    const a = Math.min(s.mapRows - 1, Math.floor((ev.clientY - b.top) / b.height * s.mapRows));
-    const c = Math.min(s.mapCols - 1, Math.floor((ev.clientX - b.left) / b.width * s.mapCols));
-    const i0 = Math.ceil(a * p.nq / s.mapRows), i1 = Math.ceil((a + 1) * p.nq / s.mapRows) - 1;
-    const j0 = Math.ceil(c * p.nk / s.mapCols), j1 = Math.ceil((c + 1) * p.nk / s.mapCols) - 1;
-    return { a, c, i0, i1, j0, j1 };
-  };
-  canvas.addEventListener('mousemove', (ev) => {
-    const x = at(ev);
-    tip(ev, 'queries ' + x.i0 + '–' + x.i1 + ', keys ' + x.j0 + '–' + x.j1 +
-      '\nlargest weight in block: ' + map[x.a * s.mapCols + x.c].toFixed(6));
-  });
-  canvas.addEventListener('mouseleave', (ev) => tip(ev, null));
-  canvas.addEventListener('click', (ev) => {
-    if (!computable(p)) return;
-    const x = at(ev);
-    zoomTo(Math.floor((x.i0 + x.i1) / 2), Math.floor((x.j0 + x.j1) / 2));
-  });
-  return canvas;
-}
-
-function zoomTo(i, j) {
-  const p = part();
-  const rows = Math.min(EXACT_CELLS, p.nq), cols = Math.min(EXACT_CELLS, p.nk);
-  const r0 = Math.max(0, Math.min(p.nq - rows, i - (rows >> 1)));
-  const c0 = Math.max(0, Math.min(p.nk - cols, j - (cols >> 1)));
-  state.view = { r0, c0, rows, cols };
-  renderHeatmap();
-}
-
-// ---- mask pattern (from the rule alone: no weights needed) ----
-function renderMask() {
-  const p = part(), s = p.scans[state.head], box = $('mask');
-  box.innerHTML = '';
-  if (!p.masked) { box.textContent = 'No mask: every query may attend to every key.'; return; }
-  const share = arr(s, 'allowed', 0, Uint8Array);
-  const canvas = document.createElement('canvas');
-  canvas.width = s.mapCols; canvas.height = s.mapRows;
-  canvas.style.width = '256px';
-  canvas.style.height = Math.max(32, Math.round(256 * Math.min(2, s.mapRows / s.mapCols))) + 'px';
-  const img = canvas.getContext('2d').createImageData(s.mapCols, s.mapRows);
-  for (let n = 0; n < share.length; ++n) {
-    const g = 235 - Math.round(share[n] * 200 / 255);
-    img.data.set([g, g, g + 10 > 255 ? 255 : g + 10, 255], n * 4);
-  }
-  canvas.getContext('2d').putImageData(img, 0, 0);
-  box.appendChild(canvas);
-  const note = document.createElement('div');
-  note.className = 'muted';
-  note.textContent = 'Dark: query i may attend to key j (' + p.maskText + ').';
-  box.appendChild(note);
-}
-
-// ---- head summaries ----
-function renderSummary() {
-  const p = part();
-  let html = '<tr><th class="label">head</th><th>mean entropy</th><th>effective keys</th>' +
-    '<th>mean distance</th><th>weight on key 0</th><th>mean max weight</th></tr>';
-  p.scans.forEach((s, h) => {
-    html += '<tr class="head-row' + (h === state.head ? ' selected' : '') + '" data-head="' + h + '">' +
-      '<td class="label">' + h + '</td><td>' + s.meanEntropy.toFixed(3) + '</td><td>' +
-      Math.exp(s.meanEntropy).toFixed(2) + '</td><td>' + s.meanDistance.toFixed(2) + '</td><td>' +
-      s.meanFirstKey.toFixed(3) + '</td><td>' + s.meanMaxWeight.toFixed(3) + '</td></tr>';
-  });
-  $('summary').innerHTML = html;
-  for (const tr of $('summary').querySelectorAll('tr.head-row')) {
-    tr.addEventListener('click', () => selectHead(+tr.dataset.head));
-  }
-}
-
-// ---- a row's walk-through: the terminal's steps, recomputed here ----
-const vec = (a, n) => '[ ' + Array.from(a.slice(0, n || 12), (x) => x.toFixed(4)).join('  ') +
-  (a.length > (n || 12) ? '  … ' + (a.length - (n || 12)) + ' more' : '') + ' ]';
-
-function showRow(i, focus) {
-  const p = part(), h = state.head, box = $('row');
-  state.row = i;
-  $('row-input').value = i;
-  if (!computable(p)) {
-    box.innerHTML = '<p>The explicit mask is too large to embed, so rows are not recomputed here: run ' +
-      '<code>qkv explain --row ' + i + '</code> for this row.</p>';
-    return;
-  }
-  const q = arr(p, 'q', h, Float64Array).slice(i * p.d, (i + 1) * p.d);
-  const Values = p.valuesF64 ? Float64Array : Float32Array;
-  const v = arr(p, 'v', kvOf(p, h), Values), out = arr(p, 'out', h, Values);
-  const cells = [];
-  for (let j = 0; j < p.nk; ++j) cells.push(cell(p, h, i, j));
-  const lse = cells.length ? cells[0].lse : -Infinity;
-  const order = cells.map((_, j) => j).sort((a, b) => cells[b].weight - cells[a].weight || a - b);
-  let entropy = 0, allowed = 0;
-  for (const c of cells) {
-    if (c.weight > 0) entropy -= c.weight * Math.log(c.weight);
-    if (isFinite(c.score)) ++allowed;
-  }
-  const top = Math.min(p.nk, p.nk <= 12 ? p.nk : 8);
-  const sum = new Float64Array(p.dv);
-  cells.forEach((c, j) => { for (let n = 0; n < p.dv; ++n) sum[n] += c.weight * v[j * p.dv + n]; });
-  const o = out.slice(i * p.dv, (i + 1) * p.dv);
-  let html = '<h2>Query ' + i + ' “' + esc(qlabel(p, i)) + '”' + (p.heads > 1 ? ', head ' + h : '') + '</h2><ol class="steps">';
-  if (p.x) {
-    const x = arr(p, 'x', 0, Float64Array).slice(i * p.dx, (i + 1) * p.dx);
-    html += '<li>x<sub>' + i + '</sub> (row ' + i + ' of ' + esc(p.xName) + ') = <span class="vec">' + vec(x) +
-      '</span><br>q<sub>' + i + '</sub> = x<sub>' + i + '</sub>·W<sup>Q</sup> = <span class="vec">' + vec(q) + '</span></li>';
-  } else {
-    html += '<li>q<sub>' + i + '</sub> (row ' + i + ' of Q) = <span class="vec">' + vec(q) + '</span></li>';
-  }
-  html += '<li>Raw relevance r<sub>' + i + 'j</sub> = q<sub>' + i + '</sub>·k<sub>j</sub> (how well each key matches the query)</li>' +
-    '<li>Scores s<sub>' + i + 'j</sub> = ' +
-    (p.softcap > 0 ? p.softcap.toPrecision(6) + '·tanh(' + p.scale.toPrecision(6) + '·r<sub>' + i + 'j</sub> / ' + p.softcap.toPrecision(6) + ') (soft-capped)'
-                   : p.scale.toPrecision(6) + '·r<sub>' + i + 'j</sub>') +
-    (p.alibi ? ' − ' + p.alibi[h].toPrecision(6) + '·|' + (i + p.nk - p.nq) + ' − j| (ALiBi)' : '') +
-    (p.masked ? ' + mask (−inf: not allowed)' : '') +
-    (p.sinks ? '; the sink (' + fmt(p.sinks[h]) + ', no value) takes ' + (isFinite(lse) ? Math.exp(p.sinks[h] - lse) : 0).toFixed(4) + ' of the denominator' : '') +
-    ':<table><tr><th class="label">key</th><th>r</th><th>s</th></tr>';
-  const shown = p.nk <= 12 ? cells.map((_, j) => j) : order.slice(0, top);
-  for (const j of shown) {
-    html += '<tr><td class="label">' + esc(klabel(p, j)) + '</td><td>' + fmt(cells[j].raw) + '</td><td>' + fmt(cells[j].score) + '</td></tr>';
-  }
-  html += '</table></li><li>Weights w = softmax(s) = exp(s − lse), lse = ' + fmt(lse) + '; heaviest first:<table id="row-bars">';
-  let rest = 1;
-  for (const j of order.slice(0, top)) {
-    const w = cells[j].weight;
-    rest -= w;
-    html += '<tr data-j="' + j + '"' + (j === focus ? ' style="background:#fff4e5"' : '') + '><td class="label">' + esc(klabel(p, j)) +
-      '</td><td>' + w.toFixed(4) + '</td><td class="label"><span class="bar" style="width:' +
-      Math.round(200 * w / Math.max(cells[order[0]].weight, 1e-300)) + 'px"></span></td></tr>';
-  }
-  if (top < p.nk) html += '<tr><td class="label">(' + (p.nk - top) + ' more)</td><td>' + Math.max(rest, 0).toFixed(4) + '</td><td></td></tr>';
-  html += '</table></li><li>Values of the heaviest keys (V: another transform of the same key rows):<br>';
-  for (const j of order.slice(0, Math.min(3, top))) {
-    html += '<span class="vec">' + esc(klabel(p, j)) + ': ' + cells[j].weight.toFixed(4) + ' × ' +
-      vec(v.slice(j * p.dv, (j + 1) * p.dv)) + '</span><br>';
-  }
-  let diff = 0;
-  for (let n = 0; n < p.dv; ++n) diff = Math.max(diff, Math.abs(o[n] - sum[n]));
-  html += '</li><li>O<sub>' + i + '</sub> = Σ<sub>j</sub> w<sub>' + i + 'j</sub>·v<sub>j</sub> over all ' + p.nk +
-    ' keys = <span class="vec">' + vec(o) + '</span><br><span class="muted">attention()\'s output; Σ<sub>j</sub> w<sub>' + i +
-    'j</sub>·v<sub>j</sub> recomputed here agrees within ' + bound(diff) + '</span></li><li>Entropy ' + entropy.toFixed(4) + ' nats; effective number of keys exp(entropy) = ' +
-    (isFinite(lse) ? Math.exp(entropy) : 0).toFixed(2) + ' of ' + allowed + ' allowed</li></ol>';
-  const listed = Math.min(p.nk, 4096);
-  html += '<details id="row-all-details"><summary>every key' + (listed < p.nk ? ' (first ' + listed + ')' : '') +
-    '</summary><table id="row-all"><tr><th>j</th><th class="label">key</th><th>r</th><th>s</th><th>w</th></tr>';
-  for (let j = 0; j < listed; ++j) {
-    const c = cells[j];
-    html += '<tr data-j="' + j + '" data-weight="' + c.weight.toPrecision(17) + '"><td>' + j + '</td><td class="label">' +
-      esc(klabel(p, j)) + '</td><td>' + fmt(c.raw) + '</td><td>' + fmt(c.score) + '</td><td>' + c.weight.toFixed(6) + '</td></tr>';
-  }
-  box.innerHTML = html + '</table></details>';
-  box.dataset.row = i;
-  box.dataset.head = h;
-}
-
-// ---- controls ----
 function selectHead(h) {
   state.head = h;
+  state.cursor = null;
   $('head').value = h;
   renderSummary();
   renderHeatmap();
   renderMask();
-  if (state.row !== null) showRow(state.row); else $('row').innerHTML = '<p class="muted">Click a cell (or pick a row below) to walk through that query.</p>';
+  renderStoryTables();
+  if (part().nq === 0) {
+    // An empty input (no queries) has no row to walk through.
+    state.row = null;
+    $('row').innerHTML = '<p>No queries: there is no row to walk through.</p>';
+    delete $('row').dataset.row;
+    return;
+  }
+  showRow(state.row === null ? defaultRow() : state.row);
 }
 
-function selectPart(n) {
+function selectPart(n, head = 0, row = null) {
   state.part = n;
   state.view = null;
-  state.row = null;
-  const p = part();
+  state.row = row;
+  const p = part(), g = groups()[groupOf(n)];
+  $('part').value = groupOf(n);
   $('part-title').textContent = p.title;
   $('part-facts').textContent = p.facts;
-  const head = $('head');
-  head.innerHTML = '';
-  for (let h = 0; h < p.heads; ++h) head.add(new Option('head ' + h, h));
+  const batch = $('batch');
+  batch.innerHTML = '';
+  for (const m of g) batch.add(new Option('batch element ' + DATA.parts[m].batch + ' of ' + DATA.parts[m].batches, m));
+  batch.value = n;
+  batch.hidden = $('batch-box').hidden = g.length < 2;
+  // The batch select names the element; with only one of several embedded, say how to get another.
+  $('batch-note').textContent = p.batches > 1 && g.length < 2
+    ? say('overview.batch_choice', { batch: p.batch, batches: p.batches }) : '';
+  const heads = $('head');
+  heads.innerHTML = '';
+  for (let h = 0; h < p.heads; ++h) heads.add(new Option('head ' + h, h));
   $('row-input').max = p.nq - 1;
-  selectHead(0);
+  $('mode-note').textContent = modeNote(p);
+  document.body.dataset.rowsMode = p.rowsMode;
+  renderStory();
+  selectHead(Math.min(Math.max(head, 0), p.heads - 1));
+}
+
+function modeNote(p) {
+  const maps = p.mapEncoding === 'log8'
+    ? ' Maps: weights quantised to 8 bits on a log scale from 1e-6 to 1 (steps of ×1.056; 0 stays 0).' : '';
+  if (exactRows(p)) {
+    return 'Rows: exact (' + (p.precision === 'f64' ? 'float64' : 'float32, 7 digits') +
+      '): every row and zoomed block is recomputed here from Q, K and the lse attention() returned.' + maps;
+  }
+  const sizes = p.samples.map((s) => s.length);
+  const least = Math.min(...sizes), most = Math.max(...sizes);
+  return 'Rows: sampled. This input is too large to embed whole, so the page carries walk-throughs of ' +
+    (least === most ? count(least, 'row', 'rows') : least + ' to ' + most + ' rows') +
+    ' per head (the most and least focused and an even spread), each with its heaviest allowed keys; ' +
+    'qkv explain --row i walks through any row in the terminal.' + maps;
+}
+
+// The row a head opens on: PageView.row for the opened part, else the head's most focused row.
+function defaultRow() {
+  const p = part();
+  if (state.part === DATA.open.part && DATA.open.row >= 0 && DATA.open.row < p.nq) return DATA.open.row;
+  return p.scans[state.head].openRow;
 }
 
 function init() {
+  document.body.dataset.maskedColour = DATA.maskedColour;
   const partSelect = $('part');
-  DATA.parts.forEach((p, n) => partSelect.add(new Option((n + 1) + '. ' + p.short, n)));
-  $('part-box').style.display = DATA.parts.length > 1 ? '' : 'none';
-  partSelect.addEventListener('change', () => selectPart(+partSelect.value));
+  groups().forEach((g, n) => partSelect.add(new Option((n + 1) + '. ' + DATA.parts[g[0]].short, n)));
+  $('part-box').hidden = groups().length < 2;
+  partSelect.addEventListener('change', () => selectPart(groups()[+partSelect.value][0]));
+  $('batch').addEventListener('change', () => selectPart(+$('batch').value, state.head));
   $('head').addEventListener('change', () => selectHead(+$('head').value));
+  $('scale').addEventListener('change', () => { state.scale = $('scale').value; renderHeatmap(); });
+  $('colour').addEventListener('change', () => { state.colour = $('colour').value; renderHeatmap(); });
+  $('pooling').addEventListener('change', () => { state.pooling = $('pooling').value; renderHeatmap(); });
   $('back').addEventListener('click', () => { state.view = null; renderHeatmap(); });
   $('row-go').addEventListener('click', () => {
-    const i = Math.max(0, Math.min(part().nq - 1, Math.floor(+$('row-input').value || 0)));
-    if (part().nq > EXACT_CELLS || part().nk > EXACT_CELLS) zoomTo(i, i + part().nk - part().nq);
+    const p = part();
+    if (p.nq === 0) return;
+    const i = Math.max(0, Math.min(p.nq - 1, Math.floor(+$('row-input').value || 0)));
+    if (exactRows(p) && (p.nq > EXACT_CELLS || p.nk > EXACT_CELLS)) zoomTo(i, i + p.nk - p.nq);
     showRow(i);
   });
-  selectPart(0);
+  setupMapKeys();
+  let width = innerWidth;
+  addEventListener('resize', () => {
+    if (innerWidth === width) return;
+    width = innerWidth;
+    clearTimeout(state.resize);
+    state.resize = setTimeout(() => { renderHeatmap(); renderMask(); }, 150);
+  });
+  const open = DATA.open;
+  const start = open.part >= 0 && open.part < DATA.parts.length ? open.part : 0;
+  selectPart(start, open.head, null);
   document.body.dataset.ready = '1';
 }
-init();
 )JS";
 }
 
