@@ -299,6 +299,7 @@ async function main() {
         await expectSameSentences(page, files.concat(['--head', '0']), 17, 'masked');
         const shown = squash(await page.textContent('#row .entropy').catch(() => ''));
         check(sentence !== null && shown === sentence, 'masked: #row .entropy says the terminal\'s line 7 ("' + shown + '" vs "' + sentence + '")');
+        await noOverflow(page, 'masked (40 x 48 exact cells)');
       });
     }
 
