@@ -203,6 +203,7 @@ async function main() {
   const files = ['--q', 'q.npy', '--k', 'k.npy', '--v', 'v.npy', '--causal', '--mask', 'mask.npy'];
   const masked = at('masked.html');
   run(['explain', ...files, '--html', masked]);
+  run(['explain', ...files, '--quiet', '--svg', at('masked.svg')]);
   const head1 = at('head1.html');
   run(['explain', ...files, '--head', '1', '--html', head1]);
   run(['attention', ...files, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'o.npy', '--weights', 'w.npy']);
@@ -282,6 +283,14 @@ async function main() {
         check(await page.locator('#heatmap rect.cell.masked[data-i="0"][data-j="47"]').count() === 1,
           'masked: cell (0, 47) is drawn as masked');
         await expectMaskedCellColour(page, 'masked');
+        // The --svg export of head 0 draws the same cells masked, in the same colour: as many
+        // masked cells as the reference has forbidden (weight 0) pairs, each filled with it.
+        const colour = await page.evaluate(() => document.body.dataset.maskedColour);
+        const svg = fs.readFileSync(at('masked.svg'), 'utf8');
+        const maskedRects = svg.match(/<rect class="cell masked"[^>]*>/g) || [];
+        const forbidden = Array.from(reference.values.slice(0, nq * nk)).filter((w) => w === 0).length;
+        check(maskedRects.length === forbidden && maskedRects.every((r) => r.includes('fill="' + colour + '"')),
+          'masked: the --svg export has ' + forbidden + ' masked cells in ' + colour + ' (' + maskedRects.length + ')');
         let worst = 0, why = '';
         for (const [head, row] of [[0, 0], [0, 17], [1, 5], [1, 39]]) {
           await page.selectOption('#head', String(head));
