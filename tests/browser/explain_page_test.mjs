@@ -206,6 +206,8 @@ async function main() {
   run(['explain', ...files, '--quiet', '--svg', at('masked.svg')]);
   const head1 = at('head1.html');
   run(['explain', ...files, '--head', '1', '--html', head1]);
+  const head1row = at('head1row.html');
+  run(['explain', ...files, '--quiet', '--head', '1', '--row', '17', '--html', head1row]);
   run(['attention', ...files, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'o.npy', '--weights', 'w.npy']);
   const reference = readNpyF64(at('w.npy'));
   // A row with no allowed key (row 2 of a bool mask): the page says what the terminal says.
@@ -231,6 +233,8 @@ async function main() {
   const batchFiles = ['--q', 'qb.npy', '--k', 'kb.npy', '--v', 'vb.npy', '--causal'];
   const batched = at('batched.html');
   run(['explain', ...batchFiles, '--html', batched]);
+  const batched1 = at('batched1.html');
+  run(['explain', ...batchFiles, '--quiet', '--batch', '1', '--row', '7', '--html', batched1]);
   run(['attention', ...batchFiles, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'ob.npy', '--weights', 'wb.npy']);
   const referenceB = readNpyF64(at('wb.npy'));
   // Cross-attention, layer form: X [5, 6] against a memory [9, 6].
@@ -346,7 +350,23 @@ async function main() {
       });
     }
 
+    if (wanted('head')) {
+      await withPage(context, head1row, async (page) => {
+        check(await page.inputValue('#head') === '1' && await page.getAttribute('#row', 'data-head') === '1' &&
+          await page.getAttribute('#row', 'data-row') === '17' && await page.getAttribute('#heatmap', 'data-row') === '17',
+          '--head 1 --row 17: the page opens row 17 of head 1, highlighted');
+      });
+    }
+
     if (wanted('batched')) {
+      await withPage(context, batched1, async (page) => {
+        check(await page.inputValue('#batch') === '1' && await page.getAttribute('#row', 'data-row') === '7',
+          '--batch 1 --row 7: the page opens row 7 of batch element 1');
+        const want = Array.from(referenceB.values.slice((12 + 7) * 12, (12 + 8) * 12));
+        const r = compareRow(await rowWeights(page), want, TOLERANCE);
+        check(r.worst <= TOLERANCE, '--batch 1 --row 7: the open row equals the reference ' + r.why);
+      });
+
       await withPage(context, batched, async (page) => {
         check(await page.locator('#batch').isVisible() && await page.locator('#batch option').count() === 2,
           'batched: #batch offers the 2 batch elements');
