@@ -254,6 +254,19 @@ async function main() {
   run(['explain', ...long, '--html', pooled]);
   run(['attention', ...long, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'o2.npy', '--weights', 'w2.npy']);
   const reference2 = readNpyF64(at('w2.npy'));
+  // n = 2048 with a float mask (a third of it -inf): too large to embed, so the page holds
+  // sampled rows; each must still equal the reference.
+  const ns = 2048;
+  writeNpy(at('qs.npy'), [ns, d], randomValues(ns * d, 51, 2));
+  writeNpy(at('ks.npy'), [ns, d], randomValues(ns * d, 52, 2));
+  writeNpy(at('vs.npy'), [ns, dv], randomValues(ns * dv, 53));
+  const coin = randomValues(ns * ns, 55);
+  writeNpy(at('fmask.npy'), [ns, ns], randomValues(ns * ns, 54).map((x, e) => (coin[e] < -0.33 ? -Infinity : x)));
+  const sampledFiles = ['--q', 'qs.npy', '--k', 'ks.npy', '--v', 'vs.npy', '--mask', 'fmask.npy'];
+  const sampled = at('sampled.html');
+  run(['explain', '--quiet', ...sampledFiles, '--html', sampled]);
+  run(['attention', ...sampledFiles, '--kernel', 'reference', '--out-dtype', 'f64', '--out', 'os.npy', '--weights', 'ws.npy']);
+  const referenceS = readNpyF64(at('ws.npy'));
   // n = 4096: random, and causal.
   const big = 4096;
   writeNpy(at('q3.npy'), [big, d], randomValues(big * d, 8, 2));
@@ -398,6 +411,33 @@ async function main() {
         await first.click();
         const r = compareRow(await rowWeights(page), Array.from(reference2.values.slice(row * n, (row + 1) * n)), TOLERANCE);
         check(r.worst <= TOLERANCE, 'pooled: the zoomed row ' + row + ' equals the reference ' + r.why);
+      });
+    }
+
+    if (wanted('sampled')) {
+      await withPage(context, sampled, async (page) => {
+        check(await page.evaluate(() => document.body.dataset.rowsMode) === 'sampled', 'sampled: a 2048 x 2048 float mask makes a sampled page');
+        const box = await page.locator('#heatmap canvas').boundingBox();
+        let worst = 0, why = '', opened = new Set();
+        for (const [fx, fy] of [[0.2, 0.1], [0.5, 0.5], [0.8, 0.93]]) {
+          await page.mouse.click(box.x + box.width * fx, box.y + box.height * fy);
+          await page.waitForTimeout(100);
+          const row = Number(await page.getAttribute('#row', 'data-row'));
+          opened.add(row);
+          // A sampled row lists its heaviest keys and says how many of how many allowed.
+          const want = Array.from(referenceS.values.slice(row * ns, (row + 1) * ns));
+          const listed = await rowWeights(page);
+          const r = compareRow(listed, want, TOLERANCE, true);
+          if (r.worst > worst) { worst = r.worst; why = 'row ' + row + ': ' + r.why; }
+          const allowed = want.filter((w) => w > 0).length;
+          const summary = squash(await page.textContent('#row-all-details summary').catch(() => ''));
+          if (!summary.includes(String(listed.length)) || !summary.includes(String(allowed))) {
+            worst = Infinity; why = 'row ' + row + ': the list is headed "' + summary + '", not ' + listed.length + ' of ' + allowed;
+          }
+        }
+        check(opened.size === 3 && worst <= TOLERANCE, 'sampled: the rows opened from the map (' + [...opened] + ') list their heaviest keys with the reference weights ' +
+          (worst <= TOLERANCE ? '' : why));
+        await expectSameSentences(page, sampledFiles, [...opened].pop(), 'sampled');
       });
     }
 

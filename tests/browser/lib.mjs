@@ -132,7 +132,9 @@ export async function rowWeights(page) {
 // The listed weights against a reference row (nk entries): every listed key's weight within
 // `tolerance`, every key not listed exactly 0 in the reference, heaviest first. Returns the
 // worst difference (Infinity for a listed key twice or out of range, or a missing weight).
-export function compareRow(listed, want, tolerance) {
+// With `top` (a sampled row, which keeps only its heaviest keys): the listed keys must be the
+// heaviest ones, every unlisted key weighing no more than the lightest listed one.
+export function compareRow(listed, want, tolerance, top = false) {
   let worst = 0;
   const seen = new Set();
   for (const { j, w } of listed) {
@@ -140,8 +142,11 @@ export function compareRow(listed, want, tolerance) {
     seen.add(j);
     worst = Math.max(worst, Math.abs(w - want[j]));
   }
+  const lightest = top && listed.length ? Math.min(...listed.map(({ j }) => want[j])) : 0;
   for (let j = 0; j < want.length; ++j) {
-    if (!seen.has(j) && want[j] !== 0) return { worst: Infinity, why: 'key ' + j + ' (weight ' + want[j] + ') not listed' };
+    if (!seen.has(j) && want[j] > (top ? lightest + tolerance : 0)) {
+      return { worst: Infinity, why: 'key ' + j + ' (weight ' + want[j] + ') not listed' };
+    }
   }
   for (let n = 1; n < listed.length; ++n) {
     if (listed[n].w > listed[n - 1].w + tolerance) return { worst: Infinity, why: 'not heaviest first at ' + n };
