@@ -476,6 +476,15 @@ async function main() {
             const pixel = await canvasCellPixel(page, '#heatmap canvas', 0, 511);
             check(want !== null && colourDistance(pixel, want) <= 1,
               label + ': the fully masked pooled cell (0, 511) has the masked colour (' + pixel + ' vs ' + want + ')');
+            // Mean pooling: a different map, still not blank, masked blocks still masked.
+            const maxMap = await canvasCellLuminances(page, '#heatmap canvas', 16, false);
+            await page.selectOption('#pooling', 'mean');
+            const meanMap = await canvasCellLuminances(page, '#heatmap canvas', 16, false);
+            check(meanMap.some((y, n) => Math.abs(y - maxMap[n]) > 1), label + ': mean pooling draws another map than max pooling');
+            await variance('mean pooling');
+            const meanPixel = await canvasCellPixel(page, '#heatmap canvas', 0, 511);
+            check(want !== null && colourDistance(meanPixel, want) <= 1, label + ', mean pooling: cell (0, 511) has the masked colour');
+            await page.selectOption('#pooling', 'max');
             await noOverflow(page, label);
             // Zoomed into the top right (all masked): the exact cells have the same colour.
             const box = await page.locator('#heatmap canvas').boundingBox();
