@@ -119,8 +119,8 @@ std::vector<PrintedRow> printed_outputs(const std::string& out) {
 
 // Checks every printed O row against --out of the other command ([.., N, H·dv], heads as column
 // blocks of width dv), batch element `batch`; expects `expected_rows` printed rows.
-void expect_same_outputs(const std::string& explain_out, const Tensor& reference,
-                         std::int64_t dv, std::int64_t batch, std::size_t expected_rows) {
+void expect_same_outputs(const std::string& explain_out, const Tensor& reference, std::int64_t dv,
+                         std::int64_t batch, std::size_t expected_rows) {
   const Tensor o = reference.to(DType::kF64);
   const std::int64_t n = o.shape()[o.shape().size() - 2];
   const std::int64_t width = o.shape().back();
@@ -166,7 +166,8 @@ class ExplainParity : public ::testing::Test {
     save(dir_, "bqkv.npy", random_f64({kWidth}, 33));
   }
   Tensor layer(const std::vector<std::string>& flags, const std::string& out = "o.npy") {
-    const CommandRun run = qkv_run(dir_.path(), concat({"layer", "--out-dtype", "f64", "--out", out}, flags));
+    const CommandRun run =
+        qkv_run(dir_.path(), concat({"layer", "--out-dtype", "f64", "--out", out}, flags));
     EXPECT_EQ(run.status, 0) << run.err;
     return read_npy(dir_ / out);
   }
@@ -179,14 +180,13 @@ class ExplainParity : public ::testing::Test {
 };
 
 TEST_F(ExplainParity, FusedWeightAndBiasGiveTheLayersRows) {
-  const std::vector<std::string> flags = {"--x",    "x.npy",    "--wqkv",  "wqkv.npy",
-                                          "--bqkv", "bqkv.npy", "--heads", "2",
-                                          "--causal"};
+  const std::vector<std::string> flags = {"--x",      "x.npy",   "--wqkv", "wqkv.npy", "--bqkv",
+                                          "bqkv.npy", "--heads", "2",      "--causal"};
   const Tensor o = layer(flags);
-  EXPECT_GT(output_change(o, layer({"--x", "x.npy", "--wqkv", "wqkv.npy", "--heads", "2",
-                                    "--causal"},
-                                   "nobias.npy")),
-            1e-2)
+  EXPECT_GT(
+      output_change(o, layer({"--x", "x.npy", "--wqkv", "wqkv.npy", "--heads", "2", "--causal"},
+                             "nobias.npy")),
+      1e-2)
       << "the bias must matter on these inputs";
   expect_same_outputs(explain(flags), o, kDk, 0, kN * kHeads);
 }
@@ -228,8 +228,8 @@ TEST_F(ExplainParity, LinearLayoutFromSafetensors) {
   save(dir_, "wk.npy", wk);
   save(dir_, "wv.npy", wv);
   save(dir_, "bq.npy", bq);
-  const Tensor plain = layer({"--x", "x.npy", "--wq", "wq.npy", "--wk", "wk.npy", "--wv",
-                              "wv.npy", "--bq", "bq.npy", "--heads", "2"},
+  const Tensor plain = layer({"--x", "x.npy", "--wq", "wq.npy", "--wk", "wk.npy", "--wv", "wv.npy",
+                              "--bq", "bq.npy", "--heads", "2"},
                              "plain.npy");
   EXPECT_LE(output_change(o, plain), 1e-12) << "qkv layer's --linear-layout is the transpose";
   expect_same_outputs(explain(flags), o, kDk, 0, kN * kHeads);
@@ -253,8 +253,8 @@ TEST_F(ExplainParity, FusedLinearLayout) {
 TEST_F(ExplainParity, LayerOutputLineWithOutputProjection) {
   save(dir_, "wo.npy", random_f64({kHeads * kDk, 5}, 39));
   save(dir_, "bo.npy", random_f64({5}, 40));
-  const std::vector<std::string> flags = {"--x",  "x.npy",  "--wqkv", "wqkv.npy", "--wo",
-                                          "wo.npy", "--bo", "bo.npy", "--heads",  "2"};
+  const std::vector<std::string> flags = {"--x",    "x.npy", "--wqkv", "wqkv.npy", "--wo",
+                                          "wo.npy", "--bo",  "bo.npy", "--heads",  "2"};
   const Tensor o = layer(flags).to(DType::kF64);
   const std::string out = explain(flags);
   static const std::regex line("layer output for query ([0-9]+)[^\\n]*");
@@ -266,8 +266,8 @@ TEST_F(ExplainParity, LayerOutputLineWithOutputProjection) {
     const std::vector<double> values = bracket_values(it->str());
     ASSERT_EQ(values.size(), 5u) << it->str();
     for (std::int64_t c = 0; c < 5; ++c) {
-      worst = std::max(worst, std::abs(values[static_cast<std::size_t>(c)] -
-                                        o.data_as<double>()[row * 5 + c]));
+      worst = std::max(
+          worst, std::abs(values[static_cast<std::size_t>(c)] - o.data_as<double>()[row * 5 + c]));
     }
     ++seen;
   }
@@ -278,8 +278,8 @@ TEST_F(ExplainParity, LayerOutputLineWithOutputProjection) {
 // Batched X [2, 5, 8]: --batch 1 walks through the second element and says so.
 TEST_F(ExplainParity, BatchElementOfABatchedInput) {
   save(dir_, "xb.npy", random_f64({2, 5, kD}, 41));
-  const std::vector<std::string> flags = {"--x", "xb.npy", "--wqkv", "wqkv.npy", "--heads", "2",
-                                          "--causal"};
+  const std::vector<std::string> flags = {"--x",     "xb.npy", "--wqkv",  "wqkv.npy",
+                                          "--heads", "2",      "--causal"};
   const Tensor o = layer(flags);
   const CommandRun one =
       qkv_run(dir_.path(), concat({"explain", "--row", "0,1,2,3,4", "--batch", "1"}, flags));
@@ -290,9 +290,8 @@ TEST_F(ExplainParity, BatchElementOfABatchedInput) {
   ASSERT_EQ(zero.status, 0) << zero.err;
   EXPECT_NE(zero.out.find("batch element 0 of 2"), std::string::npos) << zero.out;
   expect_same_outputs(zero.out, o, kDk, 0, 5 * kHeads);
-  expect_clean_failure(dir_.path(),
-                       concat({"explain", "--batch", "2", "--html", "page.html"}, flags),
-                       "--batch");
+  expect_clean_failure(
+      dir_.path(), concat({"explain", "--batch", "2", "--html", "page.html"}, flags), "--batch");
 }
 
 // Cross-attention: K and V from a memory of 9 rows, with grouped heads and biases.
@@ -302,10 +301,9 @@ TEST_F(ExplainParity, MemoryGivesTheLayersRows) {
   save(dir_, "wk.npy", random_f64({5, kDk}, 52));
   save(dir_, "wv.npy", random_f64({5, kDk}, 53));
   save(dir_, "bk.npy", random_f64({kDk}, 54));
-  const std::vector<std::string> flags = {"--x",  "x.npy",  "--memory", "m.npy",      "--wq",
-                                          "wq.npy", "--wk", "wk.npy",   "--wv",       "wv.npy",
-                                          "--bk", "bk.npy", "--heads",  "2",          "--kv-heads",
-                                          "1"};
+  const std::vector<std::string> flags = {
+      "--x",  "x.npy",  "--memory", "m.npy",  "--wq",    "wq.npy", "--wk",       "wk.npy",
+      "--wv", "wv.npy", "--bk",     "bk.npy", "--heads", "2",      "--kv-heads", "1"};
   expect_same_outputs(explain(flags), layer(flags), kDk, 0, kN * kHeads);
 }
 
@@ -314,14 +312,13 @@ TEST_F(ExplainParity, MemoryGivesTheLayersRows) {
 TEST_F(ExplainParity, StorageTypeAndScoreModifiers) {
   save(dir_, "s.npy", random_f64({kHeads}, 55));
   const std::vector<std::string> flags = {
-      "--x",       "x.npy", "--wqkv",  "wqkv.npy", "--bqkv",  "bqkv.npy", "--heads", "2",
-      "--dtype",   "bf16",  "--softcap", "3",      "--alibi", "--sinks",  "s.npy",   "--window",
-      "2,1"};
+      "--x",  "x.npy",     "--wqkv", "wqkv.npy", "--bqkv",  "bqkv.npy", "--heads",  "2",  "--dtype",
+      "bf16", "--softcap", "3",      "--alibi",  "--sinks", "s.npy",    "--window", "2,1"};
   const Tensor o = layer(flags);
-  EXPECT_GT(output_change(o, layer({"--x", "x.npy", "--wqkv", "wqkv.npy", "--bqkv", "bqkv.npy",
-                                    "--heads", "2", "--softcap", "3", "--alibi", "--sinks",
-                                    "s.npy", "--window", "2,1"},
-                                   "f64.npy")),
+  EXPECT_GT(output_change(
+                o, layer({"--x", "x.npy", "--wqkv", "wqkv.npy", "--bqkv", "bqkv.npy", "--heads",
+                          "2", "--softcap", "3", "--alibi", "--sinks", "s.npy", "--window", "2,1"},
+                         "f64.npy")),
             1e-4)
       << "bfloat16 rounding must matter on these inputs";
   expect_same_outputs(explain(flags), o, kDk, 0, kN * kHeads);
@@ -332,9 +329,10 @@ TEST_F(ExplainParity, AttentionFormGivesAttentionsRows) {
   save(dir_, "q.npy", random_f64({2, 7, 4}, 42));
   save(dir_, "k.npy", random_f64({2, 9, 4}, 43));
   save(dir_, "v.npy", random_f64({2, 9, 3}, 44));
-  const std::vector<std::string> flags = {"--q", "q.npy", "--k", "k.npy", "--v", "v.npy",
-                                          "--causal"};
-  const CommandRun att = qkv_run(dir_.path(), concat({"attention", "--out-dtype", "f64", "--out", "oa.npy"}, flags));
+  const std::vector<std::string> flags = {"--q", "q.npy", "--k",     "k.npy",
+                                          "--v", "v.npy", "--causal"};
+  const CommandRun att =
+      qkv_run(dir_.path(), concat({"attention", "--out-dtype", "f64", "--out", "oa.npy"}, flags));
   ASSERT_EQ(att.status, 0) << att.err;
   // qkv attention writes [H, N, dv]; as one [N, H·dv] block per head it is the layer's layout.
   const Tensor oa = read_npy(dir_ / "oa.npy").to(DType::kF64);
@@ -368,31 +366,28 @@ TEST_F(ExplainParity, WeightFlagsRefusedAsTheLayerRefusesThem) {
   save(dir_, "w.npy", random_f64({kD, kHeads * kDk}, 56));
   save(dir_, "q.npy", random_f64({5, 4}, 57));
   const std::vector<std::string> html = {"--html", "page.html"};
-  expect_clean_failure(dir_.path(),
-                       concat({"explain", "--x", "x.npy", "--wqkv", "wqkv.npy", "--wq", "w.npy",
-                               "--heads", "2"},
-                              html),
-                       "--wqkv");
+  expect_clean_failure(
+      dir_.path(),
+      concat({"explain", "--x", "x.npy", "--wqkv", "wqkv.npy", "--wq", "w.npy", "--heads", "2"},
+             html),
+      "--wqkv");
   expect_clean_failure(dir_.path(),
                        concat({"explain", "--x", "x.npy", "--wqkv", "wqkv.npy", "--bqkv",
                                "bqkv.npy", "--bq", "bqkv.npy", "--heads", "2"},
                               html),
                        "--bqkv");
   // 18 columns do not split into 4 + 2 x 4 heads.
-  expect_clean_failure(dir_.path(),
-                       concat({"explain", "--x", "x.npy", "--wqkv", "wqkv.npy", "--heads", "4"},
-                              html),
-                       "wqkv.npy");
-  expect_clean_failure(dir_.path(),
-                       concat({"explain", "--x", "x.npy", "--wq", "w.npy", "--wk", "w.npy",
-                               "--heads", "2"},
-                              html),
-                       "--wv");
-  expect_clean_failure(dir_.path(),
-                       concat({"explain", "--q", "q.npy", "--k", "q.npy", "--v", "q.npy",
-                               "--linear-layout"},
-                              html),
-                       "--linear-layout");
+  expect_clean_failure(
+      dir_.path(), concat({"explain", "--x", "x.npy", "--wqkv", "wqkv.npy", "--heads", "4"}, html),
+      "wqkv.npy");
+  expect_clean_failure(
+      dir_.path(),
+      concat({"explain", "--x", "x.npy", "--wq", "w.npy", "--wk", "w.npy", "--heads", "2"}, html),
+      "--wv");
+  expect_clean_failure(
+      dir_.path(),
+      concat({"explain", "--q", "q.npy", "--k", "q.npy", "--v", "q.npy", "--linear-layout"}, html),
+      "--linear-layout");
   expect_clean_failure(dir_.path(), concat({"explain", "--linear-layout"}, html),
                        "--linear-layout");
 }
@@ -434,15 +429,15 @@ class CoordinateLabels : public ExplainParity {
     std::ofstream(dir_ / "dv3.txt") << "thrill-coord\nlaughs-coord\ntears-coord\n";
     std::ofstream(dir_ / "dv4.txt") << "a\nb\nc\nd\n";
   }
-  const std::vector<std::string> inputs = {"explain", "--q", "q.npy", "--k",  "k.npy",
+  const std::vector<std::string> inputs = {"explain", "--q",   "q.npy", "--k", "k.npy",
                                            "--v",     "v.npy", "--row", "1"};
   const std::vector<std::string> labels = {"alpha-coord", "delta-coord", "thrill-coord",
                                            "tears-coord"};
 };
 
 TEST_F(CoordinateLabels, WalkThroughNamesTheCoordinates) {
-  const CommandRun ok = qkv_run(
-      dir_.path(), concat(inputs, {"--labels-d", "d4.txt", "--labels-dv", "dv3.txt"}));
+  const CommandRun ok =
+      qkv_run(dir_.path(), concat(inputs, {"--labels-d", "d4.txt", "--labels-dv", "dv3.txt"}));
   ASSERT_EQ(ok.status, 0) << ok.err;
   for (const std::string& label : labels) {
     EXPECT_NE(ok.out.find(label), std::string::npos) << label << "\n" << ok.out;
@@ -450,13 +445,12 @@ TEST_F(CoordinateLabels, WalkThroughNamesTheCoordinates) {
 }
 
 TEST_F(CoordinateLabels, WrongCountIsOneLineNamingTheFile) {
+  expect_clean_failure(dir_.path(), concat(inputs, {"--labels-d", "d3.txt", "--html", "bad.html"}),
+                       "d3.txt");
   expect_clean_failure(dir_.path(),
-                       concat(inputs, {"--labels-d", "d3.txt", "--html", "bad.html"}), "d3.txt");
-  expect_clean_failure(dir_.path(),
-                       concat(inputs, {"--labels-dv", "dv4.txt", "--html", "bad.html"}),
-                       "dv4.txt");
-  expect_clean_failure(dir_.path(),
-                       concat(inputs, {"--labels-d", "dv3.txt", "--svg", "bad.svg"}), "dv3.txt");
+                       concat(inputs, {"--labels-dv", "dv4.txt", "--html", "bad.html"}), "dv4.txt");
+  expect_clean_failure(dir_.path(), concat(inputs, {"--labels-d", "dv3.txt", "--svg", "bad.svg"}),
+                       "dv3.txt");
 }
 
 // The page carries the labels too (its vector tables' column headers).

@@ -158,9 +158,9 @@ void expect_honest_row(const Section& s, std::int64_t nk, const AllowedRule& all
   for (auto it = std::sregex_iterator(s.text.begin(), s.text.end(), label);
        it != std::sregex_iterator(); ++it) {
     const std::int64_t j = std::stoll((*it)[1].str());
-    EXPECT_TRUE(keys.count(j) == 1) << "lists key-" << j << ", which the mask forbids for row "
-                                    << s.row << ":\n"
-                                    << s.text;
+    EXPECT_TRUE(keys.count(j) == 1)
+        << "lists key-" << j << ", which the mask forbids for row " << s.row << ":\n"
+        << s.text;
   }
   if (count == 0) {
     EXPECT_TRUE(std::regex_search(s.text, std::regex("[Nn]o (allowed )?key")))
@@ -184,8 +184,7 @@ void expect_honest_row(const Section& s, std::int64_t nk, const AllowedRule& all
     const std::string n = std::to_string(nk);
     const std::regex counts_all("(of|all) " + n + "\\b|\\b" + n + " keys");
     EXPECT_FALSE(std::regex_search(rest, m, counts_all))
-        << "counts all " << nk << " keys ('" << m.str() << "') where " << count
-        << " are allowed:\n"
+        << "counts all " << nk << " keys ('" << m.str() << "') where " << count << " are allowed:\n"
         << s.text;
   }
   // Step 4 ranks every allowed key: its bars (one line per key) and its "(K more ...)" line
@@ -202,8 +201,8 @@ void expect_honest_row(const Section& s, std::int64_t nk, const AllowedRule& all
         std::sregex_iterator(bars_text.begin(), bars_text.end(), bar_line), std::sregex_iterator());
     const std::int64_t more =
         std::regex_search(bars_text, m, more_line) ? std::stoll(m[1].str()) : 0;
-    EXPECT_EQ(bars + more, count) << "step 4 ranks " << bars << " keys and " << more
-                                  << " more, of " << count << " allowed:\n"
+    EXPECT_EQ(bars + more, count) << "step 4 ranks " << bars << " keys and " << more << " more, of "
+                                  << count << " allowed:\n"
                                   << s.text;
   }
 }
@@ -226,8 +225,8 @@ class HonestText : public ::testing::Test {
   // Runs explain on q, k, v with `extra` flags, walking through `rows`; checks every section.
   std::string run_rows(const std::vector<std::string>& extra, const std::string& rows,
                        const AllowedRule& allowed, std::size_t expected_sections) {
-    std::vector<std::string> args = {"explain", "--q",   "q.npy", "--k",        "k.npy",
-                                     "--v",     "v.npy", "--row", rows, "--labels-k", "keys.txt"};
+    std::vector<std::string> args = {"explain", "--q",   "q.npy", "--k",        "k.npy",   "--v",
+                                     "v.npy",   "--row", rows,    "--labels-k", "keys.txt"};
     args.insert(args.end(), extra.begin(), extra.end());
     const CommandRun run = qkv_run(dir_.path(), args);
     EXPECT_EQ(run.status, 0) << run.err;
@@ -244,19 +243,19 @@ class HonestText : public ::testing::Test {
 // Causal with 10 more keys than queries: row i sees keys 0..i+10 (11 to 30 of them).
 TEST_F(HonestText, CausalRowsCountTheirAllowedKeys) {
   const std::string out = run_rows(
-      {"--causal"}, "0,3,19", [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; },
-      6);
+      {"--causal"}, "0,3,19", [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; }, 6);
   EXPECT_NE(out.find("sharing 1 key/value head"), std::string::npos) << out;
 }
 
 // A window of 2 keys to the left: 3 allowed keys per row, fewer than the 8 heaviest shown.
 TEST_F(HonestText, WindowRowsListOnlyAllowedKeys) {
-  run_rows({"--window", "2,0"}, "0,5,19",
-           [](std::int64_t i, std::int64_t j) {
-             const std::int64_t diag = i + kNk - kNq;
-             return j >= diag - 2 && j <= diag;
-           },
-           6);
+  run_rows(
+      {"--window", "2,0"}, "0,5,19",
+      [](std::int64_t i, std::int64_t j) {
+        const std::int64_t diag = i + kNk - kNq;
+        return j >= diag - 2 && j <= diag;
+      },
+      6);
 }
 
 // A bool mask: row 4 allows 2 keys, row 7 none, row 9 one, the rest about half at random.
@@ -272,12 +271,12 @@ TEST_F(HonestText, BoolMaskRowsWithTwoOneAndNoKeys) {
   }
   write_npy(dir_ / "mask.npy", mask.view(), DType::kBool);
   const std::vector<bool> rule(m, m + kNq * kNk);
-  const std::string out =
-      run_rows({"--mask", "mask.npy"}, "4,7,9,12",
-               [&](std::int64_t i, std::int64_t j) {
-                 return static_cast<bool>(rule[static_cast<std::size_t>(i * kNk + j)]);
-               },
-               8);
+  const std::string out = run_rows(
+      {"--mask", "mask.npy"}, "4,7,9,12",
+      [&](std::int64_t i, std::int64_t j) {
+        return static_cast<bool>(rule[static_cast<std::size_t>(i * kNk + j)]);
+      },
+      8);
   EXPECT_NE(out.find("of 2 allowed"), std::string::npos) << out;
   EXPECT_NE(out.find("of 1 allowed"), std::string::npos) << out;
 }
@@ -317,22 +316,25 @@ TEST_F(HonestText, TinyNegativeValuesPrintAsZero) {
   write_npy(dir_ / "k.npy", k.view(), DType::kF64);
   write_npy(dir_ / "v.npy", v.view(), DType::kF64);
   write_npy(dir_ / "s.npy", testing::random_tensor(DType::kF64, {2}, 20).view(), DType::kF64);
-  run_rows({"--causal", "--softcap", "2", "--alibi", "--sinks", "s.npy"}, "0,1,19",
-           [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; }, 6);
+  run_rows(
+      {"--causal", "--softcap", "2", "--alibi", "--sinks", "s.npy"}, "0,1,19",
+      [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; }, 6);
 }
 
 // --top 1 and --top 2 on rows with 2, 3 and 11 allowed keys: "1 more allowed key", "1 other
 // allowed key weighs less", and the plurals, wherever the text counts what it leaves out.
 TEST_F(HonestText, SmallTopCountsAgree) {
   for (const char* top : {"1", "2"}) {
-    run_rows({"--window", "2,0", "--top", top}, "0,1",
-             [](std::int64_t i, std::int64_t j) {
-               const std::int64_t diag = i + kNk - kNq;
-               return j >= diag - 2 && j <= diag;
-             },
-             4);
-    run_rows({"--causal", "--top", top}, "0",
-             [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; }, 2);
+    run_rows(
+        {"--window", "2,0", "--top", top}, "0,1",
+        [](std::int64_t i, std::int64_t j) {
+          const std::int64_t diag = i + kNk - kNq;
+          return j >= diag - 2 && j <= diag;
+        },
+        4);
+    run_rows(
+        {"--causal", "--top", top}, "0",
+        [](std::int64_t i, std::int64_t j) { return j <= i + kNk - kNq; }, 2);
   }
 }
 
@@ -343,8 +345,9 @@ TEST_F(HonestText, NoKeyRowWithSinks) {
   for (std::int64_t e = 0; e < kNq * kNk; ++e) m[e] = e / kNk != 3;
   write_npy(dir_ / "mask.npy", mask.view(), DType::kBool);
   write_npy(dir_ / "s.npy", testing::random_tensor(DType::kF64, {2}, 20).view(), DType::kF64);
-  run_rows({"--mask", "mask.npy", "--sinks", "s.npy"}, "2,3",
-           [](std::int64_t i, std::int64_t) { return i != 3; }, 4);
+  run_rows(
+      {"--mask", "mask.npy", "--sinks", "s.npy"}, "2,3",
+      [](std::int64_t i, std::int64_t) { return i != 3; }, 4);
 }
 
 // A sink is a term of the softmax's denominator, so with one the key weights sum to less than
@@ -360,9 +363,9 @@ TEST_F(HonestText, SinkKeepsEffectiveKeysWithinAllowed) {
   sinks.data_as<double>()[0] = 0.0;
   sinks.data_as<double>()[1] = 1.0;
   write_npy(dir_ / "s.npy", sinks.view(), DType::kF64);
-  const CommandRun run = qkv_run(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v",
-                                               "v.npy", "--causal", "--sinks", "s.npy", "--row",
-                                               "0,1,5"});
+  const CommandRun run =
+      qkv_run(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--causal",
+                            "--sinks", "s.npy", "--row", "0,1,5"});
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_EQ(sections_of(run.out).size(), 6u) << run.out;
   expect_honest_everywhere(run.out, "sinks");
@@ -378,8 +381,8 @@ TEST(HonestTextCross, LayerFormWithMemoryReportsNoDistance) {
   write_npy(dir / "wk.npy", testing::random_tensor(DType::kF64, {6, 4}, 24).view(), DType::kF64);
   write_npy(dir / "wv.npy", testing::random_tensor(DType::kF64, {6, 4}, 25).view(), DType::kF64);
   const CommandRun run =
-      qkv_run(dir.path(), {"explain", "--x", "x.npy", "--memory", "m.npy", "--wq", "wq.npy",
-                           "--wk", "wk.npy", "--wv", "wv.npy", "--heads", "2"});
+      qkv_run(dir.path(), {"explain", "--x", "x.npy", "--memory", "m.npy", "--wq", "wq.npy", "--wk",
+                           "wk.npy", "--wv", "wv.npy", "--heads", "2"});
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_FALSE(sections_of(run.out).empty()) << run.out;
   expect_no_distance(run.out, "layer form with --memory");
