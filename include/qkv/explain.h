@@ -163,7 +163,8 @@ struct RowWalkThrough {
   double lse = 0.0;
   double sink_share = 0.0;  // exp(sink_h - lse_i): the sink's part of the denominator (0 without)
   std::int64_t allowed_keys = 0;
-  double entropy = 0.0;         // -Σ_j w_ij·ln w_ij, in nats
+  double entropy = 0.0;         // -Σ_j p_ij·ln p_ij, in nats, for p_ij = w_ij / Σ_j w_ij (the
+                                // keys' weights renormalised: a sink's share left out)
   double effective_keys = 0.0;  // exp(entropy): how many keys the row really uses
 };
 
@@ -191,7 +192,8 @@ struct HeadScan {
   std::vector<float> mean_weight;           // [map_rows, map_cols]: mean w_ij over the cell's
                                             // allowed (i, j) (0 where none is allowed)
   std::vector<float> allowed_share;         // [map_rows, map_cols]: share of (i, j) allowed
-  std::vector<double> entropy;              // per row, nats (0 for a row with no allowed key)
+  std::vector<double> entropy;              // per row, nats, as RowWalkThrough::entropy (0 for a
+                                            // row with no allowed key)
   std::vector<double> distance;             // per row: Σ_j w_ij·|j - (i + nk - nq)| (0 for
                                             // cross-attention, where it means nothing)
   std::vector<double> first_key;            // per row: w_i0

@@ -91,7 +91,12 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
       }
       s.has_keys[si] = std::isfinite(lse_i) && allowed_in_row > 0;
       s.allowed_keys[si] = allowed_in_row;
-      s.entropy[si] = s.has_keys[si] ? std::max(0.0, lse_i * weight_sum - weighted_score) : 0.0;
+      // Renormalised to the keys' share (less than 1 with a sink), as walk_through() does:
+      // -Σ p·ln p = (-Σ w·ln w) / S + ln S for p = w / S.
+      const double raw_entropy = lse_i * weight_sum - weighted_score;
+      s.entropy[si] = s.has_keys[si] && weight_sum > 0.0
+                          ? std::max(0.0, raw_entropy / weight_sum + std::log(weight_sum))
+                          : 0.0;
       // Positions of two different sequences are not comparable: no distance to report.
       s.distance[si] = e.cross_attention ? 0.0 : distance;
       s.max_row_weight[si] = top;

@@ -25,8 +25,10 @@ function exactRow(p, h, i) {
   const order = [];
   for (let j = 0; j < p.nk; ++j) if (isFinite(cells[j].score)) order.push(j);
   order.sort((a, b) => cells[b].weight - cells[a].weight);  // stable: ties keep index order
-  let entropy = 0;
-  for (const c of cells) if (c.weight > 0) entropy -= c.weight * Math.log(c.weight);
+  // Over the keys' weights renormalised to 1 (a sink takes a share), as walk_through() does.
+  let entropy = 0, total = 0;
+  for (const c of cells) if (c.weight > 0) { entropy -= c.weight * Math.log(c.weight); total += c.weight; }
+  if (total > 0) entropy = entropy / total + Math.log(total);
   entropy = Math.max(entropy, 0);
   const v = arr(p, 'v', kvOf(p, h), T);
   const vj = (j) => v.subarray(j * p.dv, (j + 1) * p.dv);

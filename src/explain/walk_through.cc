@@ -109,7 +109,13 @@ RowWalkThrough walk_through(const Explanation& e, std::int64_t head, std::int64_
   if (!e.sinks.empty() && std::isfinite(w.lse)) {
     w.sink_share = std::exp(e.sinks[static_cast<std::size_t>(head)] - w.lse);
   }
-  // A weight may exceed 1 by a rounding error of the lse (a one-key row): entropy is >= 0.
+  // The entropy of the keys' weights renormalised to sum to 1: with a sink they sum to less,
+  // and -Σ w·ln w alone would count more "effective keys" than there are. For p = w / S,
+  // -Σ p·ln p = (-Σ w·ln w) / S + ln S. A weight may exceed 1 by a rounding error of the lse
+  // (a one-key row): entropy is >= 0.
+  double weight_sum = 0.0;
+  for (const double wj : w.weight) weight_sum += wj;
+  if (weight_sum > 0.0) w.entropy = w.entropy / weight_sum + std::log(weight_sum);
   w.entropy = std::max(w.entropy, 0.0);
   w.effective_keys = std::isfinite(w.lse) ? std::exp(w.entropy) : 0.0;
   w.by_weight.resize(nk);

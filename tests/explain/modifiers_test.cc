@@ -79,6 +79,8 @@ TEST(ExplainModifiers, EveryStepMatchesTheReferenceAndTheFormulas) {
   EXPECT_NE(overview.find("sinks ["), std::string::npos) << overview;
 }
 
+// The entropy is over the keys' weights renormalised to 1 (the sink's share left out), so the
+// effective number of keys never exceeds the allowed keys (a one-key row beside a sink: 1).
 TEST(ExplainModifiers, EntropyCountsOnlyTheKeysBesideTheSink) {
   const Inputs in;
   const Explanation e = explain_attention(in.q.view(), in.k.view(), in.v.view(), in.options());
@@ -86,10 +88,19 @@ TEST(ExplainModifiers, EntropyCountsOnlyTheKeysBesideTheSink) {
     const HeadScan scan = scan_head(e, h);
     for (std::int64_t i = 0; i < kNq; ++i) {
       const RowWalkThrough w = walk_through(e, h, i);
+      double keys_share = 0.0;
+      for (double x : w.weight) keys_share += x;
+      // Both from the lse the float32 kernel returned: they agree to its precision.
+      EXPECT_NEAR(keys_share, 1.0 - w.sink_share, 1e-6);
       double entropy = 0.0;
-      for (double x : w.weight) entropy -= x > 0 ? x * std::log(x) : 0.0;
+      for (double x : w.weight) {
+        const double p = x / keys_share;
+        entropy -= p > 0 ? p * std::log(p) : 0.0;
+      }
+      if (keys_share == 0.0) entropy = 0.0;
       EXPECT_NEAR(scan.entropy[static_cast<std::size_t>(i)], entropy, 1e-9);
       EXPECT_NEAR(w.entropy, entropy, 1e-12);
+      EXPECT_LE(w.effective_keys, static_cast<double>(w.allowed_keys) * (1 + 1e-12));
     }
   }
 }

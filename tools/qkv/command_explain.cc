@@ -178,7 +178,7 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
   } else {
     if (c.x_path.empty()) throw Error("--x", "is needed: the weights project the samples X");
     check_weight_flags(c.weights);
-    if (c.app->count("--heads") == 0) {
+    if (c.weights.heads_option->count() == 0) {
       throw Error("--heads",
                   "is required with X and the W files: how many heads W^Q's columns hold "
                   "(as for qkv layer)");
