@@ -3,8 +3,10 @@
 //   node explain_page_test.mjs --qkv build/qkv --work DIR [--screenshots docs] [--only NAME,..]
 //
 // Pages: the built-in example; Q, K, V files (two query heads on one kv head, causal + a bool
-// mask); the same opened at --head 1; a batched input; cross-attention (layer form with
-// --memory); n = 1024 with a window (pooled); n = 4096 random and causal (pooled overviews).
+// mask), also opened at --head 1 (and --row 17); a row with no allowed key; a sink; a batched
+// input (also opened at --batch 1 --row 7); cross-attention (layer form with --memory); the
+// layer form with --wqkv, --bqkv and --linear-layout against `qkv layer`; n = 1024 with a window
+// (pooled, zoomed); n = 2048 with a float mask (sampled rows); n = 4096 random and causal.
 // Expected numbers come from outside the page: the built-in example worked out here in float64
 // (builtin_example.mjs), or `qkv attention --kernel reference --weights --out-dtype f64`.
 // Tolerance 1e-6 on weights: explain and `qkv attention` without --kernel compute in float32
@@ -244,6 +246,17 @@ async function main() {
   const cross = at('cross.html');
   run(['explain', '--x', 'x.npy', '--memory', 'm.npy', '--wq', 'wq.npy', '--wk', 'wk.npy', '--wv', 'wv.npy',
     '--heads', '2', '--html', cross]);
+  // Parity with `qkv layer`: a fused W^Q|W^K|W^V stored [out, in] (--linear-layout) with its
+  // fused bias, 2 heads of d_k = 3, causal; the page's O_i (its stacked sum's data-value
+  // segments, added up) against the layer's --out in float64.
+  writeNpy(at('xp.npy'), [6, 8], randomValues(48, 61));
+  writeNpy(at('wqkvT.npy'), [18, 8], randomValues(144, 62));
+  writeNpy(at('bqkv.npy'), [18], randomValues(18, 63));
+  const parityFlags = ['--x', 'xp.npy', '--wqkv', 'wqkvT.npy', '--bqkv', 'bqkv.npy', '--linear-layout', '--heads', '2', '--causal'];
+  const parity = at('parity.html');
+  run(['explain', '--quiet', ...parityFlags, '--html', parity]);
+  run(['layer', ...parityFlags, '--out-dtype', 'f64', '--out', 'ol.npy']);
+  const layerOut = readNpyF64(at('ol.npy'));
   // n = 1024 with a window: the overview is pooled, a click zooms into exact cells.
   const n = 1024;
   writeNpy(at('q2.npy'), [n, d], randomValues(n * d, 5, 2));
@@ -395,6 +408,26 @@ async function main() {
       await withPage(context, cross, async (page) => {
         check(!/distance/i.test(await page.textContent('#summary')), 'cross-attention: no distance column in #summary');
         check(!/distance/i.test(await page.textContent('#row').catch(() => '')), 'cross-attention: the walk-through reports no distance');
+      });
+    }
+
+    if (wanted('parity')) {
+      await withPage(context, parity, async (page) => {
+        let worst = 0, rows = 0;
+        for (const head of [0, 1]) {
+          await page.selectOption('#head', String(head));
+          for (let i = 0; i < 6; ++i) {
+            await page.click('#heatmap rect.cell[data-i="' + i + '"][data-j="0"]');
+            const o = await page.$$eval('#stacked-sum g.term rect[data-c][data-value]', (rs) => {
+              const sum = [0, 0, 0];
+              for (const r of rs) sum[Number(r.dataset.c)] += Number(r.dataset.value);
+              return sum;
+            });
+            for (let c = 0; c < 3; ++c) worst = Math.max(worst, Math.abs(o[c] - layerOut.values[i * 6 + head * 3 + c]));
+            rows += 1;
+          }
+        }
+        check(rows === 12 && worst <= TOLERANCE, 'parity: the page\'s O_i (--wqkv, --bqkv, --linear-layout, 2 heads) equal qkv layer\'s --out (max diff ' + worst.toExponential(2) + ')');
       });
     }
 
