@@ -176,6 +176,11 @@ async function builtinChecks(page) {
   const status = squash(await page.textContent('#heatmap-status').catch(() => ''));
   check(ci >= 0 && ci < 4 && cj >= 0 && cj < 6 && status.includes(USERS[ci]) && status.includes(FILMS[cj]),
     'built-in: #heatmap-status announces the cell ("' + status + '")');
+  // The cursor stops at the map's edges.
+  await page.focus('#heatmap');
+  for (let n = 0; n < 10; ++n) await page.keyboard.press('ArrowUp');
+  for (let n = 0; n < 10; ++n) await page.keyboard.press('ArrowRight');
+  check(await page.getAttribute('#heatmap', 'data-cursor') === '0,5', 'built-in: the cursor stops at the top right cell (0,5)');
   check(await page.locator('#heatmap-status[aria-live], #heatmap-status[role="status"]').count() === 1,
     'built-in: #heatmap-status is a live region');
 
