@@ -438,6 +438,15 @@ async function main() {
 
     if (wanted('pooled')) {
       await withPage(context, pooled, async (page) => {
+        // The keyboard works on the pooled map too: Enter opens the cursor's row.
+        await page.focus('#heatmap');
+        for (let k = 0; k < 3; ++k) await page.keyboard.press('ArrowDown');
+        await page.keyboard.press('ArrowRight');
+        const cursor = String(await page.getAttribute('#heatmap', 'data-cursor'));
+        await page.keyboard.press('Enter');
+        check(/^\d+,\d+$/.test(cursor) && await page.getAttribute('#row', 'data-row') === cursor.split(',')[0] &&
+          squash(await page.textContent('#heatmap-status')).length > 0,
+          'pooled: arrows then Enter open the cursor\'s row (cursor ' + cursor + ') and the status names the block');
         const canvas = page.locator('#heatmap canvas');
         check(await canvas.count() === 1 && await canvas.getAttribute('data-rows') === '512' &&
           await canvas.getAttribute('data-cols') === '512', 'pooled: the overview is 512 x 512 pooled cells');
