@@ -9,7 +9,7 @@ PYTHON ?= /usr/bin/python3
 ORACLE ?= ../shared/oracle
 
 .PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build portable \
-	install clean
+	screenshots install clean
 
 all: build
 
@@ -77,6 +77,12 @@ portable: deps
 	@cmake --preset portable >/dev/null
 	@cmake --build build/portable -j $(JOBS)
 	ctest --test-dir build/portable --output-on-failure -j $(JOBS)
+
+# The README's pictures of the explain page (docs/explain.png, explain-mobile.png,
+# explain-large.png), taken by the browser test in headless Chromium.
+screenshots: build
+	node tests/browser/explain_page_test.mjs --qkv build/qkv --work build/screenshots \
+	  --screenshots docs
 
 install: build
 	cmake --install build

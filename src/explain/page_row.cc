@@ -233,7 +233,11 @@ function stackedSum(p, d) {
     barW = Math.max(160, Math.min(560, ($('row').clientWidth || 400) - labelW - 90)), rowH = 20, top = 8;
   const x = (value) => labelW + (value - lo) / (hi - lo) * barW;
   const height = top + coords * rowH + 8;
-  let svg = '<svg id="stacked-sum" role="img" width="' + (labelW + barW + 80) + '" height="' + height + '" aria-label="O_' + d.row +
+  // A viewBox lets the drawing shrink to its box (narrow screens, indented lists) instead of
+  // scrolling; it never grows past its natural width.
+  const svgW = labelW + barW + 80;
+  let svg = '<svg id="stacked-sum" role="img" width="' + svgW + '" height="' + height + '" viewBox="0 0 ' + svgW + ' ' +
+    height + '" style="max-width:100%;height:auto" aria-label="O_' + d.row +
     ' as the stacked sum of w_ij·v_j, one bar per value coordinate">';
   svg += '<line x1="' + x(0) + '" x2="' + x(0) + '" y1="' + (top - 4) + '" y2="' + (height - 4) + '" stroke="#667085"/>';
   // Each rect carries its exact w_ij·v_jc (data-value) and its coordinate (data-c); a key's
