@@ -349,10 +349,10 @@ void register_explain_command(CLI::App& app) {
     sub->remove_option(sub->get_option(name));
   }
   sub->add_option("--row", command->rows,
-                  "query rows to walk through, e.g. 0,5 (default: the most and least focused)");
-  sub->add_option("--head", command->head, "only this head (and the head --svg draws; default 0)")
+                  "query rows to walk through, e.g. 0,5 (default: the most and least focused); the page opens the first");
+  sub->add_option("--head", command->head, "only this head in the walk-through; the head the page opens and --svg draws (default 0)")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--batch", command->batch, "batch element of a batched input (default 0)")
+  sub->add_option("--batch", command->batch, "batch element of a batched input the walk-through shows and the page opens (default 0)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--top", command->top, "keys listed for a long row (default 8)")
       ->check(CLI::PositiveNumber);
