@@ -26,6 +26,7 @@
 #include "qkv/io.h"
 #include "support/command_runner.h"
 #include "support/test_support.h"
+#include "walk_through_header.h"
 
 namespace qkv {
 namespace {
@@ -86,19 +87,6 @@ struct PrintedRow {
   std::vector<double> values;
 };
 
-// "── query 3 \"label\", head 1, batch element 1 ──": the row and the head (0 when unnamed);
-// the head is looked for after the label's closing quote.
-bool parse_header(const std::string& line, std::int64_t& row, std::int64_t& head) {
-  static const std::regex start("^── query ([0-9]+)");
-  static const std::regex head_part(", head ([0-9]+)");
-  std::smatch m;
-  if (!std::regex_search(line, m, start)) return false;
-  row = std::stoll(m[1].str());
-  const std::size_t quote = line.rfind('"');
-  const std::string rest = quote == std::string::npos ? line : line.substr(quote);
-  head = std::regex_search(rest, m, head_part) ? std::stoll(m[1].str()) : 0;
-  return true;
-}
 
 std::vector<PrintedRow> printed_outputs(const std::string& out) {
   std::vector<PrintedRow> rows;
@@ -108,7 +96,7 @@ std::vector<PrintedRow> printed_outputs(const std::string& out) {
     const std::size_t end = std::min(out.find('\n', start), out.size());
     const std::string line = out.substr(start, end - start);
     start = end + 1;
-    if (parse_header(line, row, head)) {
+    if (testing::parse_walk_through_header(line, row, head)) {
       continue;
     } else if (line.rfind("6. O_", 0) == 0 && row >= 0) {
       rows.push_back({row, head, bracket_values(line)});

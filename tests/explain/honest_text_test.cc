@@ -28,6 +28,7 @@
 #include "qkv/io.h"
 #include "support/command_runner.h"
 #include "support/test_support.h"
+#include "walk_through_header.h"
 
 namespace qkv {
 namespace {
@@ -57,26 +58,13 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
-// "── query 3 \"label\", head 1, batch element 1 ──": the row and the head (0 when unnamed);
-// the head is looked for after the label's closing quote.
-bool parse_header(const std::string& line, std::int64_t& row, std::int64_t& head) {
-  static const std::regex start("^── query ([0-9]+)");
-  static const std::regex head_part(", head ([0-9]+)");
-  std::smatch m;
-  if (!std::regex_search(line, m, start)) return false;
-  row = std::stoll(m[1].str());
-  const std::size_t quote = line.rfind('"');
-  const std::string rest = quote == std::string::npos ? line : line.substr(quote);
-  head = std::regex_search(rest, m, head_part) ? std::stoll(m[1].str()) : 0;
-  return true;
-}
 
 std::vector<Section> sections_of(const std::string& out) {
   std::vector<Section> sections;
   bool open = false;
   for (const std::string& line : lines_of(out)) {
     Section s;
-    if (parse_header(line, s.row, s.head)) {
+    if (testing::parse_walk_through_header(line, s.row, s.head)) {
       sections.push_back(s);
       open = true;
     } else if (line.rfind("Part ", 0) == 0 || line.rfind("What the example shows", 0) == 0) {
