@@ -81,6 +81,9 @@ async function noOverflow(page, label) {
     check(scroll <= inner, label + ': no horizontal overflow at ' + width + ' px (scrollWidth ' + scroll + ')');
   }
   await page.setViewportSize({ width: 1280, height: 900 });
+  // The page redraws its maps 150 ms after the last resize (debounced): let that happen now,
+  // not under a later check's locator (CI saw a zoomed cell detached by it).
+  await page.waitForTimeout(400);
 }
 
 // A masked cell's colour in the exact view: its computed fill and its pixel on screen.
