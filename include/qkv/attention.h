@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,13 @@ struct AttentionOptions {
   // positions within each sequence. Both or neither; not with a mask or the weights output.
   std::optional<TensorView> cu_seqlens_q;
   std::optional<TensorView> cu_seqlens_k;
+
+  // Told how far the call has got: progress(done, total) counts query rows of single heads
+  // (total = B·H·Nq, or H·total_q for a packed batch) whose outputs are final. Called after
+  // each kernel task (a block of rows, never per row or key), from the thread that finished
+  // it: calls may come from several threads at once, so it must be thread-safe, quick, and
+  // must not throw. done rises to total on success; it is never called when empty.
+  std::function<void(std::int64_t done, std::int64_t total)> progress;
 
   int threads = 0;       // 0: one per hardware thread
   std::string kernel;    // empty: the fastest kernel that supports the call
