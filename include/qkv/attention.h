@@ -66,11 +66,13 @@ struct AttentionOptions {
   std::optional<TensorView> cu_seqlens_k;
 
   // Told how far the call has got: progress(done, total) counts query rows of single heads
-  // (total = B·H·Nq, or H·total_q for a packed batch) whose outputs are final. Called after
-  // each kernel task (a block of rows, never per row or key), from the thread that finished
-  // it: calls may come from several threads at once, so it must be thread-safe, quick, and
-  // must not throw. done rises to total on success; it is never called when empty.
-  std::function<void(std::int64_t done, std::int64_t total)> progress;
+  // (total = B·H·Nq, or H·total_q for a packed batch) whose outputs are computed. Called after
+  // each kernel task (a block of rows, never per row or key) from the thread that finished it:
+  // calls may come from several threads at once and a smaller `done` may arrive after a larger
+  // one, so it must be thread-safe, quick, and must not throw (keep the largest `done`). The
+  // largest `done` reaches `total` when the call succeeds; never called when total is 0.
+  using ProgressFunction = std::function<void(std::int64_t done, std::int64_t total)>;
+  ProgressFunction progress;
 
   int threads = 0;       // 0: one per hardware thread
   std::string kernel;    // empty: the fastest kernel that supports the call

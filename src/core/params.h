@@ -88,6 +88,8 @@ struct Magnitudes {
 // is that their workspace cannot be allocated, which the entry point turns into a qkv::Error.
 enum class KernelStatus { kOk, kOutOfMemory };
 
+class Progress;  // core/progress.h
+
 struct AttentionParams {
   AttentionShape shape;
   InputOperand q, k, v;
@@ -103,6 +105,8 @@ struct AttentionParams {
   OutputOperand weights;  // [b, h, nq, nk]
   OutputOperand lse;      // [b, h, nq]
   int threads = 1;        // exactly this many threads, >= 1
+  // Where kernels report finished query rows (core::report_rows); nullptr: nobody listens.
+  Progress* progress = nullptr;
 };
 
 }  // namespace qkv::core

@@ -1,12 +1,14 @@
 // The public attention entry points: validate once, choose a kernel once, run it.
 #include "qkv/attention.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/format_bytes.h"
 #include "core/memory_budget.h"
 #include "core/parallel_for.h"
+#include "core/progress.h"
 #include "core/validate.h"
 #include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
@@ -51,6 +53,12 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
   // Whichever kernel runs: unfused_blas needs one-thread BLAS calls on its threads, and an
   // idle OpenBLAS pool spins beside any kernel.
   kernels::single_threaded_blas();
+  std::optional<core::Progress> progress;
+  if (options.progress) {
+    // A packed batch's params cover all its rows (b = 1, nq = total_q).
+    progress.emplace(options.progress, params.shape.b * params.shape.h * params.shape.nq);
+    params.progress = &*progress;
+  }
   // A packed batch runs sequence by sequence, each as a call of its own rows: no work crosses
   // sequences, and every kernel serves packed batches with its own per-call tasks.
   core::KernelStatus status = core::KernelStatus::kOk;

@@ -28,6 +28,7 @@
 #include "core/mask_rule.h"
 #include "core/score_modifiers.h"
 #include "core/parallel_for.h"
+#include "core/progress.h"
 #include "kernels/kernel.h"
 
 namespace qkv::kernels {
@@ -129,6 +130,7 @@ core::KernelStatus attention_fwd_reference(const AttentionParams& p) noexcept {
           const std::int64_t h = (row / s.nq) % s.h;
           const std::int64_t b = row / (s.nq * s.h);
           reference_row(p, b, h, i, scores, acc);
+          core::report_rows(p, 1);
         }
       } catch (const std::bad_alloc&) {
         out_of_memory.store(true, std::memory_order_relaxed);

@@ -32,6 +32,7 @@
 
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
+#include "core/progress.h"
 #include "kernels/blas_threads.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
@@ -175,6 +176,7 @@ void run_tasks(const core::AttentionParams& p, std::int64_t begin, std::int64_t 
         core::store_real(p.lse.data, p.lse.dtype, p.lse.strides.at(b, h, i, 0), log_sum_exp(st));
       }
     }
+    core::report_rows(p, rows);
   }
 }
 

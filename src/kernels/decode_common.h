@@ -72,6 +72,7 @@ struct DecodeCall {
   core::OutputOperand out, lse;
   core::OutputOperand weights;  // plain tensors only
   int threads = 1;
+  core::Progress* progress = nullptr;  // told each (b, kv head)'s rows once they are merged
 
   std::int64_t group() const noexcept { return hkv == 0 ? 0 : h / hkv; }
   std::int64_t rows() const noexcept { return group() * nq; }  // query rows per task

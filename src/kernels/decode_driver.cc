@@ -11,9 +11,10 @@
 #include <string>
 
 #include "core/mask_rule.h"
-#include "core/score_modifiers.h"
 #include "core/memory_budget.h"
 #include "core/parallel_for.h"
+#include "core/progress.h"
+#include "core/score_modifiers.h"
 #include "kernels/decode_common.h"
 #include "kernels/fused_common.h"
 #include "kernels/kernel.h"
@@ -227,6 +228,7 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
       finish_head(call, partials.get(), f, first[static_cast<std::size_t>(x) + 1] - f,
                   x / call.hkv, x % call.hkv, acc,
                   weights ? finals.get() + x * 2 * call.rows() : head_finals);
+      if (call.progress != nullptr && call.rows() > 0) call.progress->add(call.rows());
     }
     if (!weights) return;
     team.sync();
@@ -287,6 +289,7 @@ DecodeCall plain_call(const core::AttentionParams& p) noexcept {
   call.lse = p.lse;
   call.weights = p.weights;
   call.threads = p.threads;
+  call.progress = p.progress;
   return call;
 }
 

@@ -20,6 +20,7 @@
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
 #include "core/params.h"
+#include "core/progress.h"
 #include "core/score_modifiers.h"
 #include "kernels/online_softmax.h"
 

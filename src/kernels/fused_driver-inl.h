@@ -427,7 +427,9 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
             kv.v = static_cast<const T*>(p.v.data) + p.v.strides.at(g / sh.hkv, g % sh.hkv, 0, 0);
             kv.ldv = p.v.strides.row;
           }
-          worker.run(fused::task_at(plan, sh, g, q_tile), kv);
+          const fused::Task task = fused::task_at(plan, sh, g, q_tile);
+          worker.run(task, kv);
+          core::report_rows(p, (task.i1 - task.i0) * sh.group());
         }
       }
     });
