@@ -86,6 +86,7 @@ struct AttentionResult {
   Tensor weights;  // empty unless return_weights
   Tensor lse;      // empty unless return_lse
   std::string kernel;  // the kernel that ran
+  DType compute = DType::kF32;  // the storage type it computed in (options.dtype or its default)
 };
 
 // The standard ALiBi slopes for `heads` query heads: 2^(-8(h+1)/H) when H is a power of two,

@@ -105,6 +105,7 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
     outputs.lse = result.lse.mutable_view();
   }
   result.kernel = bind_and_run(call, options, outputs);
+  result.compute = call.params.compute;
   if (computed != options.out_dtype) {
     result.out = result.out.to(options.out_dtype);
     if (!result.weights.empty()) result.weights = result.weights.to(options.out_dtype);

@@ -54,7 +54,7 @@ struct Case {
 
 Tensor offsets(const std::vector<std::int64_t>& cu, const char* name) {
   Tensor t(DType::kI64, {static_cast<std::int64_t>(cu.size())}, name);
-  std::memcpy(t.data(), cu.data(), cu.size() * sizeof(std::int64_t));
+  if (!cu.empty()) std::memcpy(t.data(), cu.data(), cu.size() * sizeof(std::int64_t));
   return t;
 }
 
@@ -112,14 +112,9 @@ TEST(AttentionProgress, EveryKernelCountsEveryRowOnceAndChangesNoBit) {
           EXPECT_EQ(heard.smallest_total.load(), c.total) << where;
           EXPECT_EQ(heard.largest_total.load(), c.total) << where;
         }
-        ASSERT_EQ(told.out.nbytes(), quiet.out.nbytes()) << where;
-        EXPECT_EQ(std::memcmp(told.out.data(), quiet.out.data(), told.out.nbytes()), 0) << where;
-        EXPECT_EQ(std::memcmp(told.lse.data(), quiet.lse.data(), told.lse.nbytes()), 0) << where;
-        if (c.weights) {
-          EXPECT_EQ(std::memcmp(told.weights.data(), quiet.weights.data(), told.weights.nbytes()),
-                    0)
-              << where;
-        }
+        EXPECT_TRUE(testing::same_bytes(told.out, quiet.out)) << where;
+        EXPECT_TRUE(testing::same_bytes(told.lse, quiet.lse)) << where;
+        EXPECT_TRUE(testing::same_bytes(told.weights, quiet.weights)) << where;
       }
     }
   }

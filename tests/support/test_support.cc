@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -80,6 +81,11 @@ double max_abs_diff(const TensorView& a, const TensorView& b) {
     worst = std::max(worst, std::fabs(x - y));
   }
   return worst;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
 }
 
 double max_abs(const TensorView& a) {

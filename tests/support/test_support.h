@@ -18,6 +18,10 @@ Tensor random_tensor(DType dtype, const Shape& shape, std::uint64_t seed, double
 double max_abs_diff(const TensorView& a, const TensorView& b);
 double max_abs(const TensorView& a);
 
+// The same dtype, shape and bytes. Safe for empty tensors, whose data() may be null (memcmp
+// must not see a null pointer, even for 0 bytes: UBSan stops the test there).
+bool same_bytes(const Tensor& a, const Tensor& b);
+
 // Element i (flat, C order) of any view as a double.
 double element(const TensorView& view, std::int64_t flat_index);
 

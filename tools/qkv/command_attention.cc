@@ -1,4 +1,5 @@
 // qkv attention: the core operation on given Q, K, V files.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -7,6 +8,7 @@
 #include "commands.h"
 #include "qkv/attention.h"
 #include "qkv/io.h"
+#include "run_report.h"
 
 namespace qkv::cli {
 namespace {
@@ -15,6 +17,7 @@ struct AttentionCommand {
   std::string q_path, k_path, v_path, out_path;
   bool check = false;
   AttentionFlags flags;
+  ReportFlags report;
 };
 
 void print_errors(const char* what, const ErrorStats& e) {
@@ -45,8 +48,14 @@ void run_attention(const AttentionCommand& command) {
         "attention", [&] { return explain_kernel_choice(q.view(), k.view(), v.view(), options); });
     std::fputs(choice.c_str(), stderr);
   }
+  ProgressLine progress(!command.report.quiet, "qkv attention");
+  options.progress = progress.callback();
+  const auto start = std::chrono::steady_clock::now();
   const AttentionResult result = within_memory_budget(
       "attention", [&] { return attention(q.view(), k.view(), v.view(), options); });
+  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  progress.erase();
+  options.progress = nullptr;
   if (command.check) {
     print_accuracy(within_memory_budget("attention --check", [&] {
       return compare_with_reference(q.view(), k.view(), v.view(), options, result);
@@ -56,6 +65,20 @@ void run_attention(const AttentionCommand& command) {
   std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);
   write_outputs(outputs, options.out_dtype);
+  if (command.report.verbose) {
+    const std::string line = summary_line(RunSummary{
+        .command = "qkv attention",
+        .shapes = tensor_summary("Q", q.shape(), q.dtype()) + ", " +
+                  tensor_summary("K", k.shape(), k.dtype()) + ", " +
+                  tensor_summary("V", v.shape(), v.dtype()) + " -> " +
+                  tensor_summary("out", result.out.shape(), result.out.dtype()),
+        .kernel = result.kernel,
+        .compute = result.compute,
+        .threads = options.threads,
+        .seconds = seconds.count(),
+        .flops = attention_flops(q.shape(), k.shape(), v.shape(), options)});
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
 }
 
 }  // namespace
@@ -76,6 +99,7 @@ void register_attention_command(CLI::App& app) {
       FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
   sub->add_flag("--check", command->check,
                 "also run the float64 reference and print the chosen kernel's max errors");
+  add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
       "  qkv attention --q q.npy --k k.npy --v v.npy --causal --out o.npy --weights w.npy\n"

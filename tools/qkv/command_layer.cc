@@ -1,5 +1,7 @@
 // qkv layer: the seed's whole system, from X and the projection matrices (layer_weights.h reads
 // them, for qkv explain too).
+#include <chrono>
+#include <cstdio>
 #include <memory>
 #include <optional>
 
@@ -9,6 +11,7 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
+#include "run_report.h"
 
 namespace qkv::cli {
 namespace {
@@ -17,7 +20,31 @@ struct LayerCommand {
   std::string x_path, memory_path, out_path;
   WeightFlags weights;
   AttentionFlags flags;
+  ReportFlags report;
 };
+
+// The useful flops of the layer: the projections (2 per multiply-add of each X·W or M·W and of
+// the output projection) and attention over its heads.
+double layer_flops(const Shape& x, const Shape& memory, const LayerWeights& w,
+                   const LayerOptions& options) {
+  if (x.size() < 2 || w.wq.rank() != 2 || w.wk.rank() != 2 || w.wv.rank() != 2) return 0;
+  const std::int64_t h = options.heads;
+  const std::int64_t hkv = options.kv_heads == 0 ? h : options.kv_heads;
+  if (h <= 0 || hkv <= 0) return 0;
+  const Shape& m = memory.empty() ? x : memory;
+  double x_rows = 1, m_rows = 1;
+  for (std::size_t i = 0; i + 1 < x.size(); ++i) x_rows *= static_cast<double>(x[i]);
+  for (std::size_t i = 0; i + 1 < m.size(); ++i) m_rows *= static_cast<double>(m[i]);
+  const auto product = [](double rows, const TensorView& weight) {
+    return 2.0 * rows * static_cast<double>(weight.dim(0)) * static_cast<double>(weight.dim(1));
+  };
+  double flops = product(x_rows, w.wq) + product(m_rows, w.wk) + product(m_rows, w.wv);
+  if (w.wo && w.wo->rank() == 2) flops += product(x_rows, *w.wo);
+  const std::int64_t b = x.size() == 3 ? x[0] : 1;
+  const std::int64_t dk = w.wq.dim(1) / h, dv = w.wv.dim(1) / hkv;
+  return flops + attention_flops({b, h, x[x.size() - 2], dk}, {b, hkv, m[m.size() - 2], dk},
+                                 {b, hkv, m[m.size() - 2], dv}, options.attention);
+}
 
 void run_layer(const LayerCommand& command) {
   std::vector<std::string> specs = weight_specs(command.weights);
@@ -48,13 +75,33 @@ void run_layer(const LayerCommand& command) {
   const DType out_dtype = options.attention.out_dtype;
   if (out_dtype == DType::kF16) options.attention.out_dtype = DType::kF32;
   apply_memory_budget(command.flags, input_bytes, options.attention);
+  ProgressLine progress(!command.report.quiet, "qkv layer");
+  options.attention.progress = progress.callback();
+  const auto start = std::chrono::steady_clock::now();
   const LayerResult result = within_memory_budget("the layer", [&] {
     return multi_head_attention(x->view(), weights, options, view_of(memory));
   });
+  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  progress.erase();
 
   std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);
   write_outputs(outputs, out_dtype);
+  if (command.report.verbose) {
+    std::string shapes = tensor_summary("X", x->shape(), x->dtype());
+    if (memory) shapes += ", " + tensor_summary("M", memory->shape(), memory->dtype());
+    shapes += ", " + std::to_string(options.heads) + " heads -> " +
+              tensor_summary("out", result.out.shape(), result.out.dtype());
+    const std::string line = summary_line(RunSummary{
+        .command = "qkv layer",
+        .shapes = shapes,
+        .kernel = result.kernel,
+        .compute = std::nullopt,  // the layer does not say which storage type it computed in
+        .threads = options.attention.threads,
+        .seconds = seconds.count(),
+        .flops = layer_flops(x->shape(), memory ? memory->shape() : Shape{}, weights, options)});
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
 }
 
 }  // namespace
@@ -74,6 +121,7 @@ void register_layer_command(CLI::App& app) {
   add_attention_flags(
       *sub, command->flags,
       FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
+  add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
       "  qkv layer --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --wo wo.npy --heads 4 \\\n"
