@@ -150,5 +150,19 @@ TEST_F(ProgressCli, LayerSaysTheSameThings) {
       << run.err;
 }
 
+TEST_F(ProgressCli, DecodeCountsSteps) {
+  const std::vector<std::string> args = {"decode", "--tokens", "5", "--prompt", "100",
+                                         "--threads", "1"};
+  int status = -1;
+  const std::string seen = run_on_terminal(dir_.path(), args, status);
+  EXPECT_EQ(status, 0) << seen;
+  EXPECT_TRUE(std::regex_search(seen, std::regex(R"(\rqkv decode: \d+% of 5 steps, )"))) << seen;
+  EXPECT_EQ(seen.find("qkv decode:", seen.rfind("\r\x1b[K")), std::string::npos)
+      << "the line is erased before the report: " << seen;
+  std::vector<std::string> quiet = args;
+  quiet.push_back("--quiet");
+  EXPECT_EQ(run_on_terminal(dir_.path(), quiet, status).find("qkv decode:"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace qkv

@@ -30,6 +30,7 @@
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "qkv/kv_cache.h"
+#include "run_report.h"
 
 namespace qkv::cli {
 namespace {
@@ -44,6 +45,7 @@ struct DecodeCommand {
   std::int64_t seed = 1;
   bool check = false;
   bool json = false;
+  bool quiet = false;
   std::string kernel;
 };
 
@@ -131,6 +133,7 @@ void run_decode(DecodeCommand c) {
   std::vector<double> step_ms;
   CheckState check;
   std::string kernel = "none";
+  ProgressLine progress(!c.quiet, "qkv decode", "step");
   for (std::int64_t step = 0; step < c.tokens; ++step) {
     // New rows for this step: what a model's projections would hand over (not timed).
     random.fill(q);
@@ -148,7 +151,9 @@ void run_decode(DecodeCommand c) {
     step_ms.push_back(took.count());
     kernel = result.kernel;
     if (c.check) check_step(q, result.out, cache, ids, options, check);
+    progress.update(step + 1, c.tokens);
   }
+  progress.erase();
 
   double loop_ms = 0.0;
   for (double ms : step_ms) loop_ms += ms;
@@ -260,6 +265,8 @@ void register_decode_command(CLI::App& app) {
                 "also compute every step with the float64 reference on the gathered cache and "
                 "compare (not timed); exit 1 if the error passes the tolerance");
   sub->add_flag("--json", command->json, "print one JSON object");
+  sub->add_flag("--quiet", command->quiet,
+                "no progress line (shown on a terminal for runs longer than about a second)");
   sub->footer(
       "Example:\n"
       "  qkv decode --prompt 4096 --tokens 256 --heads 32 --kv-heads 8 --d 128 --dtype bf16\n"

@@ -100,9 +100,10 @@ void add_report_flags(CLI::App& command, ReportFlags& flags) {
                    "no progress line (shown on a terminal for runs longer than about a second)");
 }
 
-ProgressLine::ProgressLine(bool enabled, std::string what)
+ProgressLine::ProgressLine(bool enabled, std::string what, std::string unit)
     : enabled_(enabled && ::isatty(STDERR_FILENO) == 1),
       what_(std::move(what)),
+      unit_(std::move(unit)),
       start_(Clock::now()),
       next_draw_ns_(first_draw_ns()) {}
 
@@ -121,7 +122,7 @@ void ProgressLine::report(std::int64_t done, std::int64_t total) {
   if (drawing_.exchange(true, std::memory_order_acquire)) return;
   if (now >= next_draw_ns_.load(std::memory_order_relaxed)) {
     next_draw_ns_.store(now + kRedrawNs, std::memory_order_relaxed);
-    write_stderr("\r" + text(what_, done, total, static_cast<double>(now) * 1e-9) + "\x1b[K");
+    write_stderr("\r" + text(what_, done, total, static_cast<double>(now) * 1e-9, unit_) + "\x1b[K");
     drawn_.store(true, std::memory_order_relaxed);
   }
   drawing_.store(false, std::memory_order_release);
@@ -138,12 +139,12 @@ void ProgressLine::erase() {
 }
 
 std::string ProgressLine::text(const std::string& what, std::int64_t done, std::int64_t total,
-                               double elapsed_seconds) {
+                               double elapsed_seconds, const std::string& unit) {
   const double fraction =
       total > 0 ? std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0)
                 : 1.0;
   std::string line = what + ": " + format("%.0f%%", std::floor(fraction * 100.0)) + " of " +
-                     std::to_string(total) + (total == 1 ? " row" : " rows") + ", " +
+                     std::to_string(total) + " " + unit + (total == 1 ? "" : "s") + ", " +
                      duration(elapsed_seconds);
   if (fraction > 0.0 && fraction < 1.0) {
     line += ", about " + duration(elapsed_seconds * (1.0 - fraction) / fraction) + " left";

@@ -28,27 +28,33 @@ void add_report_flags(CLI::App& command, ReportFlags& flags);
 // time (whoever wins a flag) redraws, at most every 100 ms. The destructor erases the line.
 class ProgressLine {
  public:
-  // `what` names the computation ("qkv attention"). Draws nothing unless `enabled` and stderr
-  // is a terminal.
-  ProgressLine(bool enabled, std::string what);
+  // `what` names the computation ("qkv attention"), `unit` what it counts ("row": rows of
+  // single heads; "step": qkv decode's generation steps). Draws nothing unless `enabled` and
+  // stderr is a terminal.
+  ProgressLine(bool enabled, std::string what, std::string unit = "row");
   ~ProgressLine();
   ProgressLine(const ProgressLine&) = delete;
   ProgressLine& operator=(const ProgressLine&) = delete;
 
   // Empty when the line is off, so that the library is not asked to report at all.
   AttentionOptions::ProgressFunction callback();
+  // For a loop of the command's own (any thread): `done` of `total` units are finished.
+  void update(std::int64_t done, std::int64_t total) {
+    if (enabled_) report(done, total);
+  }
   // Erases the line now (before anything else is printed); later calls do nothing.
   void erase();
 
   // The text of the line: "qkv attention: 42% of 8192 rows, 3.1 s, about 4.2 s left".
   static std::string text(const std::string& what, std::int64_t done, std::int64_t total,
-                          double elapsed_seconds);
+                          double elapsed_seconds, const std::string& unit = "row");
 
  private:
   void report(std::int64_t done, std::int64_t total);
 
   const bool enabled_;
   const std::string what_;
+  const std::string unit_;
   const std::chrono::steady_clock::time_point start_;
   std::atomic<std::int64_t> next_draw_ns_;  // since start_
   std::atomic<bool> drawing_{false};
