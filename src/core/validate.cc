@@ -47,6 +47,20 @@ void for_each_real(const TensorView& view, Visit visit) {
 
 }  // namespace
 
+std::string index_string(const Shape& shape, std::int64_t flat) {
+  std::vector<std::int64_t> index(shape.size(), 0);
+  for (std::size_t axis = shape.size(); axis-- > 0;) {
+    if (shape[axis] <= 0) continue;
+    index[axis] = flat % shape[axis];
+    flat /= shape[axis];
+  }
+  std::string text = "[";
+  for (std::size_t axis = 0; axis < index.size(); ++axis) {
+    text += (axis == 0 ? "" : ", ") + str(index[axis]);
+  }
+  return text + "]";
+}
+
 void require_view_consistent(const TensorView& view) {
   if (view.strides.size() != view.shape.size()) {
     throw Error(view.name, "has " + str(view.rank()) + " dims but " +
@@ -85,8 +99,9 @@ double validate_mask(const TensorView& mask) {
   for_each_real(mask, [&](double value, std::int64_t flat) {
     if (std::isnan(value) || value == std::numeric_limits<double>::infinity()) {
       throw Error(mask.name, std::string("float mask holds ") +
-                                 (std::isnan(value) ? "NaN" : "+inf") + " at flat index " +
-                                 str(flat) + " (only finite values and -inf are allowed)");
+                                 (std::isnan(value) ? "NaN" : "+inf") + " at " +
+                                 index_string(mask.shape, flat) +
+                                 " (only finite values and -inf are allowed)");
     }
     if (std::isfinite(value)) max_abs = std::max(max_abs, std::abs(value));
   });
@@ -216,7 +231,8 @@ double throw_if_non_finite(const TensorView& view) {
   for_each_real(view, [&](double value, std::int64_t flat) {
     if (!std::isfinite(value)) {
       throw Error(view.name, std::string("holds ") + (std::isnan(value) ? "NaN" : "an infinity") +
-                                 " at flat index " + str(flat) + " (inputs must be finite)");
+                                 " at " + index_string(view.shape, flat) +
+                                 " (inputs must be finite)");
     }
     max_abs = std::max(max_abs, std::abs(value));
   });

@@ -61,7 +61,11 @@ void apply_score_modifiers(const AttentionOptions& options, AttentionParams& p);
 // The canonical [b, h, row, col] strides of a rank-2..4 tensor's trailing dims.
 Strides4 canonical_strides(const Shape& strides);
 
-// Throws qkv::Error naming `view` if any element is NaN or infinite.
+// The NumPy index of the element at C-order position `flat` of a tensor of `shape`, as errors
+// name it: "[2, 3]" ("[]" for a scalar).
+std::string index_string(const Shape& shape, std::int64_t flat);
+
+// Throws qkv::Error naming `view` and the element's index if any element is NaN or infinite.
 void require_finite(const TensorView& view);
 // The same for several views, the first bad one (in the order given) named; large views are
 // scanned on up to `threads` threads, with the same result for any count. Returns, for each

@@ -42,19 +42,26 @@ TEST(ValidateSixteenBit, NonFiniteElementsAreNamedWithTheirIndex) {
     EXPECT_EQ(message_of(clean), "");
     t.data_as<std::uint16_t>()[52] = bad.bits;
     EXPECT_EQ(message_of(clean),
-              std::string("holds ") + bad.what + " at flat index 52 (inputs must be finite)");
+              std::string("holds ") + bad.what + " at [1, 2, 3] (inputs must be finite)");
     // A column block (the row-by-row scan) and a transposed view (the element walk): the index
-    // is the view's own C-order index of element 52 = [1, 2, 3].
+    // is the view's own NumPy index of element 52 = [1, 2, 3] of t: [1, 2, 2] and [3, 2, 1].
     const TensorView block{
         t.data_as<std::uint16_t>() + 1, bad.dtype, {3, 5, 5}, {35, 7, 1}, "block"};
-    EXPECT_EQ(message_of(block), std::string("holds ") + bad.what + " at flat index " +
-                                     std::to_string(1 * 25 + 2 * 5 + 2) +
-                                     " (inputs must be finite)");
+    EXPECT_EQ(message_of(block),
+              std::string("holds ") + bad.what + " at [1, 2, 2] (inputs must be finite)");
     const TensorView transposed{t.data(), bad.dtype, {7, 5, 3}, {1, 7, 35}, "t"};
-    EXPECT_EQ(message_of(transposed), std::string("holds ") + bad.what + " at flat index " +
-                                          std::to_string(3 * 15 + 2 * 3 + 1) +
-                                          " (inputs must be finite)");
+    EXPECT_EQ(message_of(transposed),
+              std::string("holds ") + bad.what + " at [3, 2, 1] (inputs must be finite)");
   }
+}
+
+TEST(Validate, IndexStringIsTheNumpyIndexOfAFlatPosition) {
+  EXPECT_EQ(core::index_string({5, 8}, 0), "[0, 0]");
+  EXPECT_EQ(core::index_string({5, 8}, 19), "[2, 3]");
+  EXPECT_EQ(core::index_string({2, 3, 4, 5}, 119), "[1, 2, 3, 4]");
+  EXPECT_EQ(core::index_string({2, 3, 4, 5}, 1 * 60 + 0 * 20 + 2 * 5 + 1), "[1, 0, 2, 1]");
+  EXPECT_EQ(core::index_string({7}, 6), "[6]");
+  EXPECT_EQ(core::index_string({}, 0), "[]");
 }
 
 TEST(ValidateSixteenBit, MagnitudeBounds) {

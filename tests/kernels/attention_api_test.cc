@@ -63,7 +63,7 @@ TEST(AttentionApi, NonFiniteInputsAndBadOptionsAreRejected) {
   const Tensor k = rnd({6, 8}, 2, "k.npy");
   const Tensor v = rnd({6, 3}, 3, "v.npy");
   q.data_as<float>()[7] = std::numeric_limits<float>::quiet_NaN();
-  expect_error(q.view(), k.view(), v.view(), {}, "q.npy", "NaN at flat index 7");
+  expect_error(q.view(), k.view(), v.view(), {}, "q.npy", "NaN at [0, 7]");
   q.data_as<float>()[7] = -std::numeric_limits<float>::infinity();
   expect_error(q.view(), k.view(), v.view(), {}, "q.npy", "an infinity");
   q.data_as<float>()[7] = 0;
@@ -93,7 +93,7 @@ TEST(AttentionApi, NonFiniteInputsAndBadOptionsAreRejected) {
 TEST(AttentionApi, NonFiniteValuesAreFoundInColumnBlocksAndOnlyThere) {
   // Heads 0 and 2 of a [N, 3·d] matrix as a strided view [2, N, d] (column blocks 0 and 2):
   // a non-finite value in block 1 lies outside the view and must not be reported; one inside
-  // is named with the view's flat index, in float32 and float64 alike.
+  // is named with the view's own NumPy index, in every dtype alike.
   for (const DType dtype : {DType::kF32, DType::kF64, DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(dtype_name(dtype));
     Tensor wide = rnd({5, 3 * 8}, 1, "wide", dtype);
@@ -110,9 +110,9 @@ TEST(AttentionApi, NonFiniteValuesAreFoundInColumnBlocksAndOnlyThere) {
     };
     set(2 * 24 + 8 + 3, std::numeric_limits<double>::infinity());  // row 2, block 1
     EXPECT_NO_THROW(attention(q, k.view(), v.view()));
-    // View [1, 3, 5] is row 3, column 16 + 5 of the wide matrix; flat index 1·40 + 3·8 + 5.
+    // View [1, 3, 5] is row 3, column 16 + 5 of the wide matrix.
     set(3 * 24 + 16 + 5, std::numeric_limits<double>::quiet_NaN());
-    expect_error(q, k.view(), v.view(), {}, "q.npy", "NaN at flat index 69");
+    expect_error(q, k.view(), v.view(), {}, "q.npy", "NaN at [1, 3, 5]");
   }
 }
 
@@ -150,7 +150,7 @@ TEST(AttentionApi, TheThreadedScanNamesTheSameFirstBadValueForAnyThreadCount) {
   // Q, K and V large enough that the finiteness scan splits their rows between up to three
   // threads (with two, the split falls inside K, at its head 1, row 350), as column blocks of
   // [N, 131] matrices whose last three columns are NaN: the scan must read exactly the view's
-  // rows, and the first bad view in the order Q, K, V is named with its own flat index,
+  // rows, and the first bad view in the order Q, K, V is named with its own index,
   // whatever the thread count.
   constexpr std::int64_t kHeads = 3, kRows = 700, kCols = 128, kStride = 131;
   const auto wide = [&](std::uint64_t seed) {
@@ -173,21 +173,20 @@ TEST(AttentionApi, TheThreadedScanNamesTheSameFirstBadValueForAnyThreadCount) {
     o.threads = threads;
     EXPECT_NO_THROW(attention(q, k, v, o)) << threads << " threads";
   }
-  // K's element [2, 350, 5], and a later one in V: K is named, at its own flat index.
+  // K's element [2, 350, 5], and a later one in V: K is named, at its own index.
   wk.data_as<float>()[(2 * kRows + 350) * kStride + 5] = std::numeric_limits<float>::infinity();
   wv.data_as<float>()[(1 * kRows + 10) * kStride + 7] = std::numeric_limits<float>::quiet_NaN();
-  const std::string index = std::to_string((2 * kRows + 350) * kCols + 5);
   for (const int threads : {1, 2, 3, 8}) {
     AttentionOptions o;
     o.threads = threads;
-    expect_error(q, k, v, o, "k.npy", "an infinity at flat index " + index);
+    expect_error(q, k, v, o, "k.npy", "an infinity at [2, 350, 5]");
   }
   // V alone: its value in the first chunk is found too.
   wk.data_as<float>()[(2 * kRows + 350) * kStride + 5] = 0.0f;
   for (const int threads : {1, 2, 3, 8}) {
     AttentionOptions o;
     o.threads = threads;
-    expect_error(q, k, v, o, "v.npy", "NaN at flat index " + std::to_string(710 * kCols + 7));
+    expect_error(q, k, v, o, "v.npy", "NaN at [1, 10, 7]");
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -215,8 +216,7 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups gr
     cu_q->needs(cu_k)->excludes(mask)->excludes(weights);
     cu_k->needs(cu_q)->excludes(mask)->excludes(weights);
   }
-  command.add_option("--threads", flags.threads, "threads to use (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+  add_threads_option(command, flags.threads, "threads to use (default: all cores)");
   command.add_option("--kernel", flags.kernel,
                      "force a kernel: decode_hwy, fused_hwy, decode_scalar, unfused_blas, "
                      "fused_scalar or reference (default: the fastest that supports the call; "
@@ -224,6 +224,58 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups gr
   command.add_option("--max-memory", flags.max_memory,
                      "memory budget: refuse, before allocating, a run that needs more (e.g. 8G, "
                      "512MiB, 25%; 0: no limit; default 75% of physical memory)");
+}
+
+CLI::Validator at_least(std::int64_t minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        std::int64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ec != std::errc() || ptr != end || value < minimum) {
+          return "must be an integer >= " + std::to_string(minimum) + ", got '" + text + "'";
+        }
+        return "";
+      },
+      ">= " + std::to_string(minimum));
+}
+
+CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& description) {
+  const CLI::Validator count(
+      [](std::string& text) -> std::string {
+        long long value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ptr != end || ec == std::errc::invalid_argument) {
+          return "must be a whole number, 0 (all cores) or more, got '" + text + "'";
+        }
+        // A whole number, perhaps beyond long long's range.
+        if (text[0] == '-' && (ec != std::errc() || value < 0)) {
+          return "must be 0 (all cores) or more, got " + text;
+        }
+        if (ec != std::errc() || value > std::numeric_limits<int>::max()) {
+          return "must be at most " + std::to_string(std::numeric_limits<int>::max()) + ", got " +
+                 text;
+        }
+        return {};
+      },
+      ">= 0");
+  return command.add_option("--threads", threads, description)->check(count);
+}
+
+std::string usage_problem(const CLI::App& app, const CLI::ParseError& error) {
+  // What the parser could not place: options it does not know (--Q, -q) and stray words. Named
+  // before anything else, so that a misspelt --q is not reported as "--q is required".
+  for (const std::string& arg : app.remaining(/*recurse=*/true)) {
+    if (arg.size() > 1 && arg[0] == '-' &&
+        !(std::isdigit(static_cast<unsigned char>(arg[1])) || arg[1] == '.')) {
+      const std::size_t equals = arg.find('=');
+      return "unknown option " + (equals == std::string::npos ? arg : arg.substr(0, equals));
+    }
+  }
+  const std::vector<std::string> rest = app.remaining(/*recurse=*/true);
+  if (!rest.empty()) return "unexpected argument '" + rest.front() + "'";
+  return error.what();
 }
 
 std::string flag_for_subject(const std::string& subject) {

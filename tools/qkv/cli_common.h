@@ -49,6 +49,19 @@ struct FlagGroups {
   bool packed_batches = false;   // --cu-seqlens-q, --cu-seqlens-k (not with --mask, --weights)
 };
 
+// A CLI11 check that an integer flag is at least `minimum`:
+// "--tokens: must be an integer >= 0, got '-1'".
+CLI::Validator at_least(std::int64_t minimum);
+
+// --threads, the same for every command: 0 (all cores) or more, checked by the parser
+// ("--threads: must be 0 (all cores) or more, got -2").
+CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& description);
+
+// The problem a usage error (a CLI11 error other than --help or --version) reports, without the
+// command's name: an unknown option or argument is named first ("unknown option --Q"), whatever
+// else the parser found missing ("--q is required"); else CLI11's own message.
+std::string usage_problem(const CLI::App& app, const CLI::ParseError& error);
+
 // Adds the flags; combinations refused whatever the inputs (--alibi with --alibi-slopes, one
 // --cu-seqlens-* without the other or with --mask or --weights) and bad words or numbers
 // (--dtype f8, --softcap 0) are refused by the parser: one line naming the flags, nothing read.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "cli_common.h"
 #include "commands.h"
 #include "core/half.h"
 #include "core/mask_rule.h"
@@ -187,12 +188,25 @@ void run_bench(BenchCommand c) {
     run_decode_bench(c);
     return;
   }
-  if (c.n <= 0 || c.d <= 0 || c.heads <= 0)
-    throw Error("bench", "--n, --d and --heads are required (> 0)");
+  // Required but with --peak (--decode checks its own), so CLI11 cannot check them; the parser
+  // took only values >= 1.
+  if (c.n <= 0) {
+    throw CLI::RequiredError("--n is required, unless --peak or --decode",
+                             CLI::ExitCodes::RequiredError);
+  }
+  if (c.d <= 0) {
+    throw CLI::RequiredError("--d is required, unless --peak", CLI::ExitCodes::RequiredError);
+  }
+  if (c.heads <= 0) {
+    throw CLI::RequiredError("--heads is required, unless --peak", CLI::ExitCodes::RequiredError);
+  }
   if (c.nk <= 0) c.nk = c.n;
   if (c.dv <= 0) c.dv = c.d;
   if (c.kv_heads <= 0) c.kv_heads = c.heads;
-  if (c.heads % c.kv_heads != 0) throw Error("--kv-heads", "must divide --heads");
+  if (c.heads % c.kv_heads != 0) {
+    usage_error("--kv-heads",
+                std::to_string(c.kv_heads) + " does not divide --heads " + std::to_string(c.heads));
+  }
 
   const DType dtype = prefill_dtype(c.dtype);
   const Shape q_shape{c.batch, c.heads, c.n, c.d};
@@ -332,24 +346,31 @@ void register_bench_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "bench", "time attention in-process: the chosen kernel against the unfused CBLAS baseline");
   CLI::Option* n_option =
-      sub->add_option("--n", command->n, "query rows (and key rows unless --nk)");
+      sub->add_option("--n", command->n,
+                      "query rows (and key rows unless --nk); REQUIRED but with --peak or --decode")
+          ->check(at_least(1));
   CLI::Option* nk_option =
       sub->add_option("--nk", command->nk, "key rows (default n); with --decode: keys per sequence")
           ->check(at_least(0));
-  sub->add_option("--d", command->d, "head dimension of Q and K");
-  sub->add_option("--dv", command->dv, "head dimension of V (default d)");
-  sub->add_option("--heads", command->heads, "query heads H");
-  sub->add_option("--kv-heads", command->kv_heads, "key/value heads (default H)");
-  command->batch_option = sub->add_option("--batch", command->batch, "batch size B (default 1)");
+  sub->add_option("--d", command->d, "head dimension of Q and K; REQUIRED but with --peak")
+      ->check(at_least(1));
+  sub->add_option("--dv", command->dv, "head dimension of V (default d)")->check(at_least(1));
+  sub->add_option("--heads", command->heads, "query heads H; REQUIRED but with --peak")
+      ->check(at_least(1));
+  sub->add_option("--kv-heads", command->kv_heads, "key/value heads (default H)")
+      ->check(at_least(1));
+  command->batch_option =
+      sub->add_option("--batch", command->batch, "batch size B (default 1)")->check(at_least(1));
   CLI::Option* causal_option =
       sub->add_flag("--causal", command->causal, "bottom-right causal mask");
-  sub->add_option("--threads", command->threads, "threads (default: one per hardware thread)")
-      ->check(at_least(0));
+  add_threads_option(*sub, command->threads, "threads (default: one per hardware thread)");
   sub->add_option("--kernel", command->kernel,
                   "force a kernel (default: the library's choice); with --decode: decode_hwy, "
                   "decode_scalar or reference");
-  sub->add_option("--repeats", command->repeats, "timed runs (default: >= 3 and ~1 s)");
-  sub->add_option("--warmup", command->warmup, "untimed runs first (default 1)");
+  sub->add_option("--repeats", command->repeats, "timed runs (default: >= 3 and ~1 s)")
+      ->check(at_least(0));
+  sub->add_option("--warmup", command->warmup, "untimed runs first (default 1)")
+      ->check(at_least(0));
   CLI::Option* peak_gflops_option =
       sub->add_option("--peak-gflops", command->peak_gflops, "use this peak instead of measuring");
   sub->add_flag("--no-baseline", command->no_baseline, "skip the baselines");

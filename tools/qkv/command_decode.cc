@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "core/parallel_for.h"
 #include "decode_support.h"
@@ -255,8 +256,7 @@ void register_decode_command(CLI::App& app) {
                   "sliding window of W keys: the query at position i attends keys i-W+1 .. i, "
                   "and pages holding only older rows are freed (forget_before)")
       ->check(at_least(1));
-  sub->add_option("--threads", command->threads, "threads (default: one per hardware thread)")
-      ->check(at_least(0));
+  add_threads_option(*sub, command->threads, "threads (default: one per hardware thread)");
   sub->add_option("--seed", command->seed, "seed of the random q, K and V (default 1)")
       ->check(at_least(0));
   sub->add_option("--kernel", command->kernel,

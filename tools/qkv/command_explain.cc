@@ -351,11 +351,11 @@ void register_explain_command(CLI::App& app) {
   sub->add_option("--row", command->rows,
                   "query rows to walk through, e.g. 0,5 (default: the most and least focused); the page opens the first");
   sub->add_option("--head", command->head, "only this head in the walk-through; the head the page opens and --svg draws (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   sub->add_option("--batch", command->batch, "batch element of a batched input the walk-through shows and the page opens (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   sub->add_option("--top", command->top, "keys listed for a long row (default 8)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   sub->add_option("--labels-q", command->labels_q, "query labels, one per line");
   sub->add_option("--labels-k", command->labels_k, "key labels, one per line");
   sub->add_option("--labels-d", command->labels_d,

@@ -12,20 +12,6 @@ void usage_error(const std::string& flag, const std::string& problem) {
   throw CLI::ValidationError(flag, problem);
 }
 
-CLI::Validator at_least(std::int64_t minimum) {
-  return CLI::Validator(
-      [minimum](std::string& text) -> std::string {
-        std::int64_t value = 0;
-        const char* end = text.data() + text.size();
-        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-        if (text.empty() || ec != std::errc() || ptr != end || value < minimum) {
-          return "must be an integer >= " + std::to_string(minimum) + ", got '" + text + "'";
-        }
-        return "";
-      },
-      ">= " + std::to_string(minimum));
-}
-
 CLI::Validator positive_number() {
   return CLI::Validator(
       [](std::string& text) -> std::string {

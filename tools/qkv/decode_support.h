@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "qkv/kv_cache.h"
 #include "qkv/tensor.h"
 
@@ -17,8 +18,6 @@ namespace qkv::cli {
 // CLI11's own checks give.
 [[noreturn]] void usage_error(const std::string& flag, const std::string& problem);
 
-// A CLI11 check that an integer flag is at least `minimum`: "--tokens: must be >= 0, got '-1'".
-CLI::Validator at_least(std::int64_t minimum);
 // A CLI11 check that a number flag is finite and > 0.
 CLI::Validator positive_number();
 

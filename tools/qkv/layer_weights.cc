@@ -80,10 +80,10 @@ void add_weight_flags(CLI::App& command, WeightFlags& flags, bool heads_required
                       heads_required ? "query heads H (contiguous column blocks)"
                                      : "query heads H (contiguous column blocks); required with "
                                        "the weights")
-          ->check(CLI::PositiveNumber);
+          ->check(at_least(1));
   if (heads_required) flags.heads_option->required();
   command.add_option("--kv-heads", flags.kv_heads, "key/value heads Hkv (default H)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   command.add_option("--wo", flags.wo, "output projection W^O [H·dv, d_out]");
   command.add_option("--bq", flags.bq, "bias of Q [H·dk]");
   command.add_option("--bk", flags.bk, "bias of K [Hkv·dk]");

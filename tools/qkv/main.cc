@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
@@ -80,7 +81,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help on a subcommand, --version
-    std::fprintf(stderr, "qkv: %s (see qkv --help)\n", one_line(e.what()).c_str());
+    // One line that names the command and points at its help: "qkv attention: unknown option
+    // --Q (see 'qkv attention --help')".
+    std::string command = "qkv";
+    if (argc > 1 && argv[1][0] != '-') command += std::string(" ") + argv[1];
+    std::fprintf(stderr, "%s: %s (see '%s --help')\n", command.c_str(),
+                 one_line(qkv::cli::usage_problem(app, e)).c_str(), command.c_str());
     return kExitUsage;
   } catch (const qkv::Error& e) {
     std::fprintf(stderr, "%s\n", one_line(e.what()).c_str());
