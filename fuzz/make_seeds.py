@@ -3,11 +3,13 @@
 committed: these seeds, plus inputs found by fuzzing that add coverage (named by their SHA-1),
 merged in with `build/fuzz/fuzz/fuzz_NAME -merge=1 $PWD/fuzz/corpus/NAME $PWD/build/fuzz/corpus/NAME`.
 `make fuzz` adds what it finds to build/fuzz/corpus, not here; crashes go to regressions/NAME."""
+import io
 import json
 import os
 import random
 import shutil
 import struct
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTILE = os.path.join(HERE, "..", "tests", "hostile")
@@ -51,7 +53,7 @@ def write(folder, name, data):
 
 
 def main():
-    for folder in ("npy", "safetensors", "cli_args", "attention_diff"):
+    for folder in ("npy", "safetensors", "npz", "cli_args", "attention_diff"):
         os.makedirs(os.path.join(HERE, "regressions", folder), exist_ok=True)
         keep = os.path.join(HERE, "regressions", folder, ".gitkeep")
         open(keep, "a").close()
@@ -77,6 +79,22 @@ def main():
                  "nul_then_garbage"):
         shutil.copy(os.path.join(HOSTILE, "safetensors", name + ".safetensors"),
                     os.path.join(HERE, "corpus", "safetensors", "hostile_" + name))
+
+    # .npz: archives NumPy wrote, one zipfile writes, and hostile ones (tests/hostile/npz).
+    os.makedirs(os.path.join(HERE, "corpus", "npz"), exist_ok=True)
+    for name in ("npz_savez", "npz_savez_compressed", "npz_member_without_suffix"):
+        shutil.copy(os.path.join(HOSTILE, "legal", name + ".npz"), os.path.join(HERE, "corpus", "npz", name))
+    for stored in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", stored) as z:
+            z.writestr("q.npy", npy("<f4", "(2, 3)", f32(6)))
+            z.writestr("m.npy", npy("|b1", "(3,)", bytes([1, 0, 1])))
+            z.writestr("h.npy", npy("<f2", "(2,)", struct.pack("<2H", 0x3C00, 0x7BFF)))
+        write("npz", "zipfile_" + ("stored" if stored == zipfile.ZIP_STORED else "deflated"), buffer.getvalue())
+    for name in ("bomb_claims_4gib", "bomb_inflates_past_declared_size", "bad_crc_deflated", "duplicate_names",
+                 "overlapping_local_headers", "entry_overlaps_central_directory", "encrypted", "name_dotdot",
+                 "stream_shorter_than_declared", "member_npy_claims_more"):
+        shutil.copy(os.path.join(HOSTILE, "npz", name + ".npz"), os.path.join(HERE, "corpus", "npz", "hostile_" + name))
 
     commands = {
         "attention_plain": "attention --q q.npy --k k.npy --v v.npy --out o.npy",
