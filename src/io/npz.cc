@@ -70,12 +70,21 @@ constexpr std::size_t kQuoteLimit = 80;
 std::string str(std::uint64_t n) { return std::to_string(n); }
 std::string quote(std::string_view text) { return io::quote_from_file(text, '\'', kQuoteLimit); }
 
+// A libzip error record, finalized (its message freed) on every path out.
+struct ZipError {
+  zip_error_t error{};
+  ZipError() { zip_error_init(&error); }
+  ~ZipError() { zip_error_fini(&error); }
+  ZipError(const ZipError&) = delete;
+  ZipError& operator=(const ZipError&) = delete;
+};
+
 // libzip reads the archive through this: positioned reads of the InputFile. Exceptions cannot
 // cross libzip's C frames, so a failed read is kept here and rethrown once libzip returns.
 struct Source {
   const InputFile* file = nullptr;
   std::uint64_t position = 0;
-  zip_error_t error{};
+  ZipError error;
   std::exception_ptr failure;
 };
 
@@ -94,7 +103,7 @@ zip_int64_t source_callback(void* state, void* data, zip_uint64_t length,
         if (count > 0) source.file->read_at(source.position, data, count);
       } catch (...) {
         source.failure = std::current_exception();
-        zip_error_set(&source.error, ZIP_ER_READ, EIO);
+        zip_error_set(&source.error.error, ZIP_ER_READ, EIO);
         return -1;
       }
       source.position += count;
@@ -103,7 +112,7 @@ zip_int64_t source_callback(void* state, void* data, zip_uint64_t length,
     case ZIP_SOURCE_CLOSE:
       return 0;
     case ZIP_SOURCE_STAT: {
-      auto* stat = ZIP_SOURCE_GET_ARGS(zip_stat_t, data, length, &source.error);
+      auto* stat = ZIP_SOURCE_GET_ARGS(zip_stat_t, data, length, &source.error.error);
       if (stat == nullptr) return -1;
       zip_stat_init(stat);
       stat->size = size;
@@ -111,12 +120,12 @@ zip_int64_t source_callback(void* state, void* data, zip_uint64_t length,
       return sizeof(zip_stat_t);
     }
     case ZIP_SOURCE_ERROR:
-      return zip_error_to_data(&source.error, data, length);
+      return zip_error_to_data(&source.error.error, data, length);
     case ZIP_SOURCE_FREE:
       return 0;
     case ZIP_SOURCE_SEEK: {
       const zip_int64_t to =
-          zip_source_seek_compute_offset(source.position, size, data, length, &source.error);
+          zip_source_seek_compute_offset(source.position, size, data, length, &source.error.error);
       if (to < 0) return -1;
       source.position = static_cast<std::uint64_t>(to);
       return 0;
@@ -126,7 +135,7 @@ zip_int64_t source_callback(void* state, void* data, zip_uint64_t length,
     case ZIP_SOURCE_SUPPORTS:
       return ZIP_SOURCE_SUPPORTS_SEEKABLE;
     default:
-      zip_error_set(&source.error, ZIP_ER_OPNOTSUPP, 0);
+      zip_error_set(&source.error.error, ZIP_ER_OPNOTSUPP, 0);
       return -1;
   }
 }
@@ -140,12 +149,6 @@ zip_int64_t source_callback(void* state, void* data, zip_uint64_t length,
   throw Error(subject, doing + ": " + zip_error_strerror(error));
 }
 
-struct ZipError {
-  zip_error_t error{};
-  ZipError() { zip_error_init(&error); }
-  ~ZipError() { zip_error_fini(&error); }
-};
-
 // An archive open for reading; closed (discarded: nothing is ever written) on every path out.
 class Archive {
  public:
@@ -153,13 +156,11 @@ class Archive {
       : subject_(subject), file_(path, subject) {
     if (file_.size() == 0) throw Error(subject, "is empty (0 bytes), not an .npz archive");
     source_.file = &file_;
-    zip_error_init(&source_.error);
     zip_ = open(ZIP_RDONLY | ZIP_CHECKCONS, code_);
     if (zip_ == nullptr) explain_refusal();
   }
   ~Archive() {
     if (zip_ != nullptr) zip_discard(zip_);
-    zip_error_fini(&source_.error);
   }
   Archive(const Archive&) = delete;
   Archive& operator=(const Archive&) = delete;
