@@ -87,9 +87,11 @@ def main():
     for stored in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", stored) as z:
-            z.writestr("q.npy", npy("<f4", "(2, 3)", f32(6)))
-            z.writestr("m.npy", npy("|b1", "(3,)", bytes([1, 0, 1])))
-            z.writestr("h.npy", npy("<f2", "(2,)", struct.pack("<2H", 0x3C00, 0x7BFF)))
+            # A fixed time stamp, so that the seed is the same bytes every time it is written.
+            for name, data in (("q.npy", npy("<f4", "(2, 3)", f32(6))),
+                               ("m.npy", npy("|b1", "(3,)", bytes([1, 0, 1]))),
+                               ("h.npy", npy("<f2", "(2,)", struct.pack("<2H", 0x3C00, 0x7BFF)))):
+                z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data, compress_type=stored)
         write("npz", "zipfile_" + ("stored" if stored == zipfile.ZIP_STORED else "deflated"), buffer.getvalue())
     for name in ("bomb_claims_4gib", "bomb_inflates_past_declared_size", "bad_crc_deflated", "duplicate_names",
                  "overlapping_local_headers", "entry_overlaps_central_directory", "encrypted", "name_dotdot",
@@ -103,6 +105,8 @@ def main():
         "attention_kernel": "attention --q q.npy --k k.npy --v v.npy --kernel reference --out o.npy",
         "attention_budget": "attention --q q.npy --k k.npy --v v.npy --max-memory 1K --out o.npy",
         "attention_safetensors": "attention --q model.safetensors:w --k model.safetensors:w --v w.npy --out o.npy",
+        "attention_npz": "attention --q model.npz:q --k k.npy --v v.npy --weights w_out.npy --out o.npy",
+        "layer_npz": "layer --x x.npy --wq model.npz:w --wk model.npz:w --wv w.npy --heads 2 --out o.npy",
         "layer_plain": "layer --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --out o.npy",
         "layer_fused": "layer --x x.npy --wqkv model.safetensors:c_attn --heads 2 --kv-heads 2 --causal --out o.npy",
         "layer_linear": "layer --x x.npy --linear-layout --wq model.safetensors:w --wk w.npy --wv w.npy "
