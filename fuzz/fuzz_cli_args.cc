@@ -1,10 +1,10 @@
 // Fuzz target: the command line. The input is split at NUL bytes into arguments for the qkv
 // app with its `attention`, `layer` and `explain` commands, run in a scratch folder (on tmpfs
 // where there is one) holding a few small valid inputs that the seeds name (q.npy, k.npy, v.npy,
-// x.npy, w.npy, m.npy, model.safetensors, model.npz, and for the version-2 flags --dtype, --softcap,
-// --alibi, --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy, s.npy,
-// cq.npy, ck.npy; for explain's labels, l.txt). explain's walk-through goes to stdout, which is
-// /dev/null here. Whatever the arguments, parsing and running must end in
+// x.npy, w.npy, m.npy, model.safetensors, model.npz, and for the version-2 flags --dtype,
+// --softcap, --alibi, --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy,
+// s.npy, cq.npy, ck.npy; for explain's labels, l.txt). explain's walk-through goes to stdout,
+// which is /dev/null here. Whatever the arguments, parsing and running must end in
 // success, a usage error (CLI::Error) or qkv::Error with a one-line message; any other
 // exception or crash is a finding.
 #include <unistd.h>
@@ -22,9 +22,9 @@
 
 #include "commands.h"
 #include "fuzz/fuzz_util.h"
-#include "tests/io/npz_builder.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
+#include "tests/io/npz_builder.h"
 
 namespace {
 
