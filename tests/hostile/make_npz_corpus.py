@@ -91,6 +91,21 @@ def archive(members, local_members=None, entries=None, disk=0):
     return body + cd + end
 
 
+def zip64_end(members, entries, cd_size=None):
+    """One member, then a zip64 end of central directory record that claims `entries` entries
+    (and a central directory of `cd_size` bytes), its locator, and an end record deferring to it."""
+    body = b""
+    for m in members:
+        m.offset = len(body)
+        body += local_header(m) + m.stored
+    cd = b"".join(central_entry(m) for m in members)
+    size = len(cd) if cd_size is None else cd_size
+    end64 = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, entries, entries, size, len(body))
+    locator = struct.pack("<IIQI", 0x07064B50, 0, len(body) + len(cd), 1)
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return body + cd + end64 + locator + end
+
+
 def q(**kw):
     return Member("q.npy", **kw)
 
@@ -138,6 +153,9 @@ def hostile():
     files["local_header_disagrees"] = archive([mismatch])
     files["eocd_claims_65535_entries"] = archive([q()], entries=65535)
     files["multi_disk"] = archive([q()], disk=1)
+    # zip64 end records that would have a reader allocate for 2^40 entries or a 1 PiB directory.
+    files["zip64_claims_2pow40_entries"] = zip64_end([q()], 1 << 40)
+    files["zip64_central_directory_1pib"] = zip64_end([q()], 1, cd_size=1 << 50)
     files["encrypted"] = archive([q(flags=1)])
     files["method_bzip2"] = archive([q(method=12)])
     files["method_lzma"] = archive([q(method=14)])

@@ -148,6 +148,8 @@ const std::map<std::string, Expected>& expected_refusals() {
        {false, "local header disagrees with its central directory entry"}},
       {"eocd_claims_65535_entries", {false, "is not a valid zip archive"}},
       {"multi_disk", {false, "is a multi-disk zip archive"}},
+      {"zip64_claims_2pow40_entries", {false, "is not a valid zip archive"}},
+      {"zip64_central_directory_1pib", {false, "is not a valid zip archive"}},
       {"encrypted", {true, "the member is encrypted"}},
       {"method_bzip2", {true, "compressed with zip method 12 (bzip2)"}},
       {"method_lzma", {true, "compressed with zip method 14 (LZMA)"}},
