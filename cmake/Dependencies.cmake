@@ -9,7 +9,10 @@ find_path(QKV_CBLAS_INCLUDE_DIR cblas.h
 
 find_package(CLI11 REQUIRED)
 
+find_package(PkgConfig REQUIRED)
+# .npz archives are zip files: read through libzip (libzip-dev), never a hand-written inflater.
+pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET libzip)
+
 if(QKV_SIMD)
-  find_package(PkgConfig REQUIRED)
   pkg_check_modules(HWY REQUIRED IMPORTED_TARGET libhwy)
 endif()

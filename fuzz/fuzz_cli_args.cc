@@ -1,10 +1,10 @@
 // Fuzz target: the command line. The input is split at NUL bytes into arguments for the qkv
 // app with its `attention`, `layer` and `explain` commands, run in a scratch folder (on tmpfs
 // where there is one) holding a few small valid inputs that the seeds name (q.npy, k.npy, v.npy,
-// x.npy, w.npy, m.npy, model.safetensors, and for the version-2 flags --dtype, --softcap,
-// --alibi, --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy, s.npy,
-// cq.npy, ck.npy; for explain's labels, l.txt). explain's walk-through goes to stdout, which is
-// /dev/null here. Whatever the arguments, parsing and running must end in
+// x.npy, w.npy, m.npy, model.safetensors, model.npz, and for the version-2 flags --dtype,
+// --softcap, --alibi, --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy,
+// s.npy, cq.npy, ck.npy; for explain's labels, l.txt). explain's walk-through goes to stdout,
+// which is /dev/null here. Whatever the arguments, parsing and running must end in
 // success, a usage error (CLI::Error) or qkv::Error with a one-line message; any other
 // exception or crash is a finding.
 #include <unistd.h>
@@ -24,6 +24,7 @@
 #include "fuzz/fuzz_util.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
+#include "tests/io/npz_builder.h"
 
 namespace {
 
@@ -89,6 +90,11 @@ void prepare_scratch_folder() {
   file.append(static_cast<const char*>(w.data()), w.nbytes());
   file.append(static_cast<const char*>(c.data()), c.nbytes());
   write_file(dir / "model.safetensors", file);
+  // model.npz, as np.savez_compressed writes it: "q" [2, 5, 4] (as q.npy), "w" [8, 8] stored.
+  qkv::testing::write_npz(
+      dir / "model.npz",
+      {{"q.npy", qkv::encode_npy(filled({2, 5, 4}, 0.1f).view(), qkv::DType::kF32), true},
+       {"w.npy", qkv::encode_npy(w.view(), qkv::DType::kF32), false}});
   write_file(dir / "l.txt", "first\nsecond\nthird\nfourth\n");
   if (::chdir(dir.c_str()) != 0) qkv::fuzz::fail("cannot enter the scratch folder");
   // libFuzzer reports on stderr; explain's text would only flood the log.

@@ -3,11 +3,13 @@
 committed: these seeds, plus inputs found by fuzzing that add coverage (named by their SHA-1),
 merged in with `build/fuzz/fuzz/fuzz_NAME -merge=1 $PWD/fuzz/corpus/NAME $PWD/build/fuzz/corpus/NAME`.
 `make fuzz` adds what it finds to build/fuzz/corpus, not here; crashes go to regressions/NAME."""
+import io
 import json
 import os
 import random
 import shutil
 import struct
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTILE = os.path.join(HERE, "..", "tests", "hostile")
@@ -51,7 +53,7 @@ def write(folder, name, data):
 
 
 def main():
-    for folder in ("npy", "safetensors", "cli_args", "attention_diff"):
+    for folder in ("npy", "safetensors", "npz", "cli_args", "attention_diff"):
         os.makedirs(os.path.join(HERE, "regressions", folder), exist_ok=True)
         keep = os.path.join(HERE, "regressions", folder, ".gitkeep")
         open(keep, "a").close()
@@ -78,6 +80,24 @@ def main():
         shutil.copy(os.path.join(HOSTILE, "safetensors", name + ".safetensors"),
                     os.path.join(HERE, "corpus", "safetensors", "hostile_" + name))
 
+    # .npz: archives NumPy wrote, one zipfile writes, and hostile ones (tests/hostile/npz).
+    os.makedirs(os.path.join(HERE, "corpus", "npz"), exist_ok=True)
+    for name in ("npz_savez", "npz_savez_compressed", "npz_member_without_suffix"):
+        shutil.copy(os.path.join(HOSTILE, "legal", name + ".npz"), os.path.join(HERE, "corpus", "npz", name))
+    for stored in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", stored) as z:
+            # A fixed time stamp, so that the seed is the same bytes every time it is written.
+            for name, data in (("q.npy", npy("<f4", "(2, 3)", f32(6))),
+                               ("m.npy", npy("|b1", "(3,)", bytes([1, 0, 1]))),
+                               ("h.npy", npy("<f2", "(2,)", struct.pack("<2H", 0x3C00, 0x7BFF)))):
+                z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data, compress_type=stored)
+        write("npz", "zipfile_" + ("stored" if stored == zipfile.ZIP_STORED else "deflated"), buffer.getvalue())
+    for name in ("bomb_claims_4gib", "bomb_inflates_past_declared_size", "bad_crc_deflated", "duplicate_names",
+                 "overlapping_local_headers", "entry_overlaps_central_directory", "encrypted", "name_dotdot",
+                 "stream_shorter_than_declared", "member_npy_claims_more"):
+        shutil.copy(os.path.join(HOSTILE, "npz", name + ".npz"), os.path.join(HERE, "corpus", "npz", "hostile_" + name))
+
     commands = {
         "attention_plain": "attention --q q.npy --k k.npy --v v.npy --out o.npy",
         "attention_all": "attention --q q.npy --k k.npy --v v.npy --mask m.npy --causal --window 1,2 "
@@ -85,6 +105,8 @@ def main():
         "attention_kernel": "attention --q q.npy --k k.npy --v v.npy --kernel reference --out o.npy",
         "attention_budget": "attention --q q.npy --k k.npy --v v.npy --max-memory 1K --out o.npy",
         "attention_safetensors": "attention --q model.safetensors:w --k model.safetensors:w --v w.npy --out o.npy",
+        "attention_npz": "attention --q model.npz:q --k k.npy --v v.npy --weights w_out.npy --out o.npy",
+        "layer_npz": "layer --x x.npy --wq model.npz:w --wk model.npz:w --wv w.npy --heads 2 --out o.npy",
         "layer_plain": "layer --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --out o.npy",
         "layer_fused": "layer --x x.npy --wqkv model.safetensors:c_attn --heads 2 --kv-heads 2 --causal --out o.npy",
         "layer_linear": "layer --x x.npy --linear-layout --wq model.safetensors:w --wk w.npy --wv w.npy "

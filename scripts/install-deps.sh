@@ -4,7 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
-  libopenblas-dev libcli11-dev libhwy-dev nlohmann-json3-dev
+  libopenblas-dev libcli11-dev libhwy-dev nlohmann-json3-dev libzip-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-numpy
   chromium nodejs

@@ -16,8 +16,8 @@ namespace qkv {
 // float64 ('<f8'), float16 ('<f2', kept as stored: a kF16 tensor) or bool ('|b1'). The tensor's
 // name is the path. Anything else — a bad magic, a header past the end of the file, a shape
 // whose size overflows or that claims more data than the file holds, Fortran order, big-endian,
-// integers (read_npy_offsets reads those), objects, an .npz archive — throws qkv::Error naming
-// the file, before any large allocation.
+// integers (read_npy_offsets reads those), objects, an .npz archive (read_npz_tensor reads
+// those) — throws qkv::Error naming the file, before any large allocation.
 Tensor read_npy(const std::filesystem::path& path);
 
 // What reading a tensor will produce, known from the file's header alone: nothing but the
@@ -97,6 +97,27 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
 // header alone (same errors).
 TensorInfo inspect_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
 
+// The arrays of an .npz archive (np.savez, np.savez_compressed), by the names they are read by:
+// "q" for the member "q.npy" (a member named without .npy keeps its name). Members whose names
+// hold '/' or '\' are left out: they are never read. The archive is opened as
+// read_npz_tensor opens it (same errors).
+std::vector<std::string> list_npz(const std::filesystem::path& path);
+
+// Reads array `name` of an .npz archive: the member NAME, else NAME.npy, stored or deflated,
+// through read_npy's checks of everything in it. The archive is distrusted as a .npy file is:
+// its zip directory is checked for consistency (libzip's ZIP_CHECKCONS) and for a name given
+// twice; an encrypted member, another compression method, a declared size deflate cannot reach
+// from the compressed size (a zip bomb), a size unlike what the .npy header describes, data
+// longer or shorter than declared and a bad CRC-32 all throw qkv::Error naming "PATH:NAME" (or
+// PATH, for the archive as a whole), before anything larger than the .npy header is allocated.
+// NAME with '/' or '\', ".", or ".." names nothing. The tensor's name is "PATH:NAME".
+Tensor read_npz_tensor(const std::filesystem::path& path, const std::string& name);
+
+// Array `name` of an .npz archive as read_npz_tensor would read it, from its .npy header alone
+// (only the header is inflated; same errors, except those found only by reading the data: its
+// length and its CRC-32).
+TensorInfo inspect_npz_tensor(const std::filesystem::path& path, const std::string& name);
+
 // The whole of a small file (labels, say), opened as inputs are: anything but a regular file (a
 // FIFO, a device, a socket) is refused without blocking, and so is a file above `max_bytes`
 // ("is larger than the 64 MiB a labels file may hold", `what` being "a labels file"). Throws
@@ -104,8 +125,10 @@ TensorInfo inspect_safetensors_tensor(const std::filesystem::path& path, const s
 std::string read_text_file(const std::filesystem::path& path, std::uint64_t max_bytes,
                            const std::string& what);
 
-// A tensor named the way the command line names one: "FILE.npy" (or any path: read as .npy), or
-// "FILE.safetensors:NAME" for the tensor NAME inside a safetensors file.
+// A tensor named the way the command line names one: "FILE.npy" (or any path: read as .npy),
+// "FILE.safetensors:NAME" for the tensor NAME inside a safetensors file, or "FILE.npz:NAME" for
+// the array NAME (member NAME.npy) of an .npz archive. The first ".safetensors:" or ".npz:" ends
+// the file's name.
 Tensor read_tensor(const std::string& spec);
 
 // The tensor `spec` names, as read_tensor would read it, from the file's header alone: what a

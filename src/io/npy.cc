@@ -57,6 +57,7 @@
 #include "core/format_bytes.h"
 #include "core/out_of_memory.h"
 #include "io/input_file.h"
+#include "io/npy_bytes.h"
 #include "io/npy_dtype.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -321,7 +322,7 @@ struct Layout {
   std::uint64_t data_bytes = 0;  // exactly what the file holds after the header
 };
 
-Layout read_layout(const InputFile& file, const std::string& subject, NpyAccept accept) {
+Layout read_layout(io::NpyBytes& file, const std::string& subject, NpyAccept accept) {
   const std::uint64_t file_size = file.size();
   if (file_size == 0) throw Error(subject, "is empty (0 bytes), not an .npy file");
 
@@ -418,17 +419,41 @@ Layout read_layout(const InputFile& file, const std::string& subject, NpyAccept 
   return Layout{dtype, header.shape, data_offset, data_bytes};
 }
 
+// An .npy file on disk, as the parser reads it.
+class FileBytes final : public io::NpyBytes {
+ public:
+  FileBytes(const std::filesystem::path& path, const std::string& subject) : file_(path, subject) {}
+  std::uint64_t size() const override { return file_.size(); }
+  void read_at(std::uint64_t offset, void* buffer, std::size_t count) override {
+    file_.read_at(offset, buffer, count);
+  }
+
+ private:
+  InputFile file_;
+};
+
 TensorInfo inspect(const std::filesystem::path& path, NpyAccept accept) {
   const std::string subject = path.string();
-  const InputFile file(path, subject);
-  Layout layout = read_layout(file, subject, accept);
-  return TensorInfo{subject, layout.dtype, std::move(layout.shape), layout.data_bytes};
+  FileBytes file(path, subject);
+  return io::inspect_npy_bytes(file, subject, accept);
 }
 
 Tensor read(const std::filesystem::path& path, NpyAccept accept) {
   const std::string subject = path.string();
-  const InputFile file(path, subject);
-  const Layout layout = read_layout(file, subject, accept);
+  FileBytes file(path, subject);
+  return io::read_npy_bytes(file, subject, accept);
+}
+
+}  // namespace
+
+TensorInfo io::inspect_npy_bytes(io::NpyBytes& bytes, const std::string& subject,
+                                 NpyAccept accept) {
+  Layout layout = read_layout(bytes, subject, accept);
+  return TensorInfo{subject, layout.dtype, std::move(layout.shape), layout.data_bytes};
+}
+
+Tensor io::read_npy_bytes(io::NpyBytes& bytes, const std::string& subject, NpyAccept accept) {
+  const Layout layout = read_layout(bytes, subject, accept);
   const std::uint64_t data_bytes = layout.data_bytes;
   Tensor tensor;
   try {
@@ -436,20 +461,18 @@ Tensor read(const std::filesystem::path& path, NpyAccept accept) {
   } catch (const core::OutOfMemory& e) {
     throw Error(subject, "out of memory reading " + e.allocation());
   }
-  if (data_bytes > 0) file.read_at(layout.data_offset, tensor.data(), data_bytes);
+  if (data_bytes > 0) bytes.read_at(layout.data_offset, tensor.data(), data_bytes);
   if (layout.dtype == DType::kBool) {
-    const auto* bytes = static_cast<const unsigned char*>(tensor.data());
+    const auto* values = static_cast<const unsigned char*>(tensor.data());
     for (std::uint64_t i = 0; i < data_bytes; ++i) {
-      if (bytes[i] > 1) {
+      if (values[i] > 1) {
         throw Error(subject, "bool element " + std::to_string(i) + " holds the byte " +
-                                 std::to_string(bytes[i]) + "; bool data must be 0 or 1");
+                                 std::to_string(values[i]) + "; bool data must be 0 or 1");
       }
     }
   }
   return tensor;
 }
-
-}  // namespace
 
 TensorInfo inspect_npy(const std::filesystem::path& path) {
   return inspect(path, NpyAccept::kValues);

@@ -66,7 +66,6 @@ static_assert(std::endian::native == std::endian::little,
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::size_t kMaxRank = 64;
 constexpr std::size_t kQuoteLimit = 60;
-constexpr const char* kSuffix = ".safetensors";
 constexpr const char* kSupported = "qkv reads F32, F64, F16, BF16 and BOOL";
 
 // Text from the file in single quotes, made safe for a one-line message.
@@ -495,27 +494,6 @@ Located locate_tensor(const InputFile& file, const std::string& subject, const s
   return located;
 }
 
-// A tensor argument split into its file and, for a safetensors file, the tensor's name
-// (empty for an .npy file): read_tensor and inspect_tensor take it apart the same way.
-struct Spec {
-  std::string path;
-  std::string name;
-};
-
-Spec parse_spec(const std::string& spec) {
-  const std::string marker = std::string(kSuffix) + ":";
-  const std::size_t at = spec.find(marker);
-  if (at != std::string::npos) {
-    Spec parts{spec.substr(0, at + marker.size() - 1), spec.substr(at + marker.size())};
-    if (parts.name.empty()) throw Error(spec, "names no tensor; write FILE.safetensors:NAME");
-    return parts;
-  }
-  if (spec.ends_with(kSuffix)) {
-    throw Error(spec, "is a safetensors file: name the tensor as " + spec + ":NAME");
-  }
-  return Spec{spec, ""};
-}
-
 }  // namespace
 
 std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path) {
@@ -554,18 +532,6 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
     }
   }
   return tensor;
-}
-
-Tensor read_tensor(const std::string& spec) {
-  const Spec parts = parse_spec(spec);
-  return parts.name.empty() ? read_npy(parts.path)
-                            : read_safetensors_tensor(parts.path, parts.name);
-}
-
-TensorInfo inspect_tensor(const std::string& spec) {
-  const Spec parts = parse_spec(spec);
-  return parts.name.empty() ? inspect_npy(parts.path)
-                            : inspect_safetensors_tensor(parts.path, parts.name);
 }
 
 }  // namespace qkv

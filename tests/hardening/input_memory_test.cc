@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -103,8 +104,8 @@ void write_sparse(const std::filesystem::path& path, const std::string& head, st
   std::filesystem::resize_file(path, bytes);
 }
 
-// A float32 .npy of `shape` holding zeros, sparse.
-void write_sparse_npy(const std::filesystem::path& path, const Shape& shape) {
+// The preamble and header of a float32 .npy of `shape`.
+std::string npy_head(const Shape& shape) {
   std::string header =
       "{'descr': '<f4', 'fortran_order': False, 'shape': " + python_shape(shape) + "}";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
@@ -113,9 +114,47 @@ void write_sparse_npy(const std::filesystem::path& path, const Shape& shape) {
   head.push_back(static_cast<char>(header.size() & 0xff));
   head.push_back(static_cast<char>(header.size() >> 8));
   head += header;
+  return head;
+}
+
+std::uint64_t f32_bytes(const Shape& shape) {
   std::uint64_t bytes = 4;
   for (const std::int64_t dim : shape) bytes *= static_cast<std::uint64_t>(dim);
-  write_sparse(path, head, head.size() + bytes);
+  return bytes;
+}
+
+// A float32 .npy of `shape` holding zeros, sparse.
+void write_sparse_npy(const std::filesystem::path& path, const Shape& shape) {
+  const std::string head = npy_head(shape);
+  write_sparse(path, head, head.size() + f32_bytes(shape));
+}
+
+// Little-endian bytes of `value`, as zip headers hold their fields.
+std::string le(std::uint64_t value, int bytes) {
+  std::string out;
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+  return out;
+}
+
+// An .npz archive (as np.savez writes it: a stored member "t.npy") of a float32 .npy of
+// `shape`, zeros, sparse; under 4 GiB, so without zip64 fields. The CRC-32 is left 0: only the
+// header is ever read.
+void write_sparse_npz(const std::filesystem::path& path, const Shape& shape) {
+  const std::string head = npy_head(shape);
+  const std::uint64_t member = head.size() + f32_bytes(shape);
+  const std::string name = "t.npy";
+  const auto fields = [&](bool central) {
+    return le(20, 2) + (central ? le(20, 2) : "") + le(0, 2) + le(0, 2) + le(0, 4) + le(0, 4) +
+           le(member, 4) + le(member, 4) + le(name.size(), 2) + le(0, 2);
+  };
+  const std::string local = le(0x04034b50, 4) + fields(false) + name;
+  const std::string central = le(0x02014b50, 4) + fields(true) + le(0, 2) + le(0, 2) + le(0, 2) +
+                              le(0, 4) + le(0, 4) + name;
+  const std::uint64_t central_at = local.size() + member;
+  const std::string end = le(0x06054b50, 4) + le(0, 2) + le(0, 2) + le(1, 2) + le(1, 2) +
+                          le(central.size(), 4) + le(central_at, 4) + le(0, 2);
+  write_sparse(path, local + head, central_at);
+  std::ofstream(path, std::ios::binary | std::ios::app) << central << end;
 }
 
 // A .safetensors file holding one tensor "t" of `dtype` and `shape`, zeros, sparse.
@@ -198,8 +237,9 @@ TEST(InputMemory, SixteenBitTensorsAreKeptAsStored) {
 TEST(InputMemory, InputsOverTheBudgetAreRefusedBeforeReading) {
   if (QKV_UNDER_SANITIZER) GTEST_SKIP() << "RSS under a sanitizer measures the sanitizer";
   testing::ScratchDir dir;
-  write_sparse_npy(dir / "big.npy", {8192, 65536});                            // 2 GiB of float32
+  write_sparse_npy(dir / "big.npy", {8192, 65536});                             // 2 GiB of float32
   write_sparse_safetensors(dir / "big.safetensors", "F16", {16384, 65536}, 2);  // 2 GiB as stored
+  write_sparse_npz(dir / "big.npz", {8192, 65536});  // 2 GiB, a stored member
   const Tensor small = testing::random_tensor(DType::kF32, {4, 8}, 3);
   write_npy(dir / "s.npy", small.view(), DType::kF32);
   const Tensor w = testing::random_tensor(DType::kF32, {8, 8}, 4);
@@ -209,10 +249,13 @@ TEST(InputMemory, InputsOverTheBudgetAreRefusedBeforeReading) {
       {"attention", "--q", "s.npy", "--k", "s.npy", "--v", "big.safetensors:t", "--out", "o.npy"},
       {"attention", "--q", "s.npy", "--k", "s.npy", "--v", "s.npy", "--mask", "big.npy", "--out",
        "o.npy"},
+      {"attention", "--q", "s.npy", "--k", "big.npz:t", "--v", "s.npy", "--out", "o.npy"},
       {"layer", "--x", "big.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy", "--heads", "1",
        "--out", "o.npy"},
       {"layer", "--x", "s.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy", "--wo",
        "big.safetensors:t", "--heads", "1", "--out", "o.npy"},
+      {"layer", "--x", "s.npy", "--wq", "big.npz:t", "--wk", "w.npy", "--wv", "w.npy", "--heads",
+       "1", "--out", "o.npy"},
       {"explain", "--q", "big.npy", "--k", "s.npy", "--v", "s.npy"},
       {"explain", "--x", "s.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy", "--heads", "1",
        "--memory", "big.npy"},

@@ -1,7 +1,8 @@
-// The committed hostile corpus (make_corpus.py): every .npy and .safetensors file in npy/ and
-// safetensors/, given to `qkv attention` as Q, must end the command with exit status 1, exactly
-// one stderr line that names the file, and no output file; every file in legal/ must be accepted. Under the asan preset the same run is AddressSanitizer-
-// and UBSan-checked.
+// The committed hostile corpus (make_corpus.py, make_npz_corpus.py): every .npy, .safetensors
+// and .npz file in npy/, safetensors/ and npz/, given to `qkv attention` as Q (FILE:q for the
+// archives), must end the command with exit status 1, exactly
+// one stderr line that names the file, and no output file; every file in legal/ must be accepted.
+// Under the asan preset the same run is AddressSanitizer- and UBSan-checked.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "support/command_runner.h"
 #include "qkv/io.h"
+#include "support/command_runner.h"
 #include "support/test_support.h"
 
 namespace qkv {
@@ -31,8 +32,10 @@ std::vector<fs::path> corpus(const char* folder) {
 
 std::vector<fs::path> whole_corpus() {
   std::vector<fs::path> files = corpus("npy");
-  const std::vector<fs::path> st = corpus("safetensors");
-  files.insert(files.end(), st.begin(), st.end());
+  for (const char* folder : {"safetensors", "npz"}) {
+    const std::vector<fs::path> more = corpus(folder);
+    files.insert(files.end(), more.begin(), more.end());
+  }
   return files;
 }
 
@@ -40,13 +43,13 @@ class HostileFile : public ::testing::TestWithParam<fs::path> {};
 
 TEST_P(HostileFile, IsRefusedWithOneLineNamingItAndNoOutput) {
   const fs::path file = GetParam();
-  const bool safetensors = file.parent_path().filename() == "safetensors";
+  const bool named = file.parent_path().filename() != "npy";  // FILE.safetensors:q, FILE.npz:q
   testing::ScratchDir dir;
   const Tensor kv = testing::random_tensor(DType::kF32, {8, 4}, 1);
   write_npy(dir / "k.npy", kv.view(), DType::kF32);
   write_npy(dir / "v.npy", kv.view(), DType::kF32);
   const std::vector<std::string> before = testing::files_in(dir.path());
-  const std::string spec = file.string() + (safetensors ? ":q" : "");
+  const std::string spec = file.string() + (named ? ":q" : "");
   const testing::CommandRun run =
       testing::run_program(QKV_CLI_PATH, dir.path(),
                            {"attention", "--q", spec, "--k", "k.npy", "--v", "v.npy", "--out",
@@ -71,20 +74,21 @@ INSTANTIATE_TEST_SUITE_P(Corpus, HostileFile, ::testing::ValuesIn(whole_corpus()
                          });
 
 // The legal edge cases (legal/): float16 and bfloat16 extremes (subnormals, the largest finite
-// values, -0), other .npy versions, zero rows, tensors after others in a safetensors file. Each
-// is accepted as Q, and the output has its rows.
+// values, -0), other .npy versions, zero rows, tensors after others in a safetensors file,
+// archives from np.savez and np.savez_compressed. Each is accepted as Q, and the output has its
+// rows.
 class LegalFile : public ::testing::TestWithParam<fs::path> {};
 
 TEST_P(LegalFile, IsAcceptedAndGivesAnOutputOfItsRows) {
   const fs::path file = GetParam();
-  const bool safetensors = file.extension() == ".safetensors";
-  const TensorInfo info = inspect_tensor(file.string() + (safetensors ? ":q" : ""));
+  const bool named = file.extension() == ".safetensors" || file.extension() == ".npz";
+  const TensorInfo info = inspect_tensor(file.string() + (named ? ":q" : ""));
   ASSERT_EQ(info.shape.size(), 2u);
   testing::ScratchDir dir;
   const Tensor kv = testing::random_tensor(DType::kF32, {8, 4}, 1);
   write_npy(dir / "k.npy", kv.view(), DType::kF32);
   write_npy(dir / "v.npy", kv.view(), DType::kF32);
-  const std::string spec = file.string() + (safetensors ? ":q" : "");
+  const std::string spec = file.string() + (named ? ":q" : "");
   const testing::CommandRun run = testing::run_program(
       QKV_CLI_PATH, dir.path(),
       {"attention", "--q", spec, "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"});
@@ -106,9 +110,10 @@ INSTANTIATE_TEST_SUITE_P(Corpus, LegalFile, ::testing::ValuesIn(corpus("legal"))
                            return name;
                          });
 
-TEST(HostileCorpus, HasAtLeastThirtyNpyAndTwentyFiveSafetensorsFiles) {
+TEST(HostileCorpus, HasAtLeastThirtyNpyAndTwentyFiveSafetensorsAndThirtyNpzFiles) {
   EXPECT_GE(corpus("npy").size(), 30u);
   EXPECT_GE(corpus("safetensors").size(), 25u);
+  EXPECT_GE(corpus("npz").size(), 30u);
 }
 
 }  // namespace

@@ -210,7 +210,8 @@ def main():
     legal = os.path.join(HERE, "legal")
     os.makedirs(legal, exist_ok=True)
     for name in os.listdir(legal):
-        os.remove(os.path.join(legal, name))
+        if not name.endswith(".npz"):  # make_npz_corpus.py writes those
+            os.remove(os.path.join(legal, name))
     for name, data in LEGAL.items():
         with open(os.path.join(legal, name), "wb") as f:
             f.write(data)

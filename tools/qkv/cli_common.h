@@ -88,7 +88,7 @@ AttentionOptions attention_options(const AttentionFlags& flags, const std::optio
 // "--softcap", "return_weights" -> "--weights"); any other subject (a file) as it is.
 std::string flag_for_subject(const std::string& subject);
 
-// Reads a tensor argument: "FILE.npy" or "FILE.safetensors:NAME".
+// Reads a tensor argument: "FILE.npy", "FILE.safetensors:NAME" or "FILE.npz:NAME".
 Tensor read_input(const std::string& spec);
 
 // An optional tensor argument: nothing for an empty spec.

@@ -87,7 +87,8 @@ void register_attention_command(CLI::App& app) {
   auto command = std::make_shared<AttentionCommand>();
   CLI::App* sub = app.add_subcommand(
       "attention",
-      "softmax(scale·Q·K^T + mask)·V on given Q, K, V (.npy or FILE.safetensors:NAME)");
+      "softmax(scale·Q·K^T + mask)·V on given Q, K, V (.npy, FILE.safetensors:NAME or "
+      "FILE.npz:NAME)");
   sub->add_option("--q", command->q_path,
                   "queries [B,H,Nq,D], [H,Nq,D] or [Nq,D] ([H,total_q,D] or [total_q,D] packed)")
       ->required();
@@ -109,8 +110,10 @@ void register_attention_command(CLI::App& app) {
       "h / (H/Hkv). A row with no allowed key gives zeros and lse = -inf (--sinks: the sink).\n"
       "Packed: causal, window and ALiBi positions count within each sequence.\n"
       ".npy inputs are float32, float64 or float16 (kept as stored), masks also bool.\n"
-      "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL), but the\n"
+      "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL) or FILE.npz:NAME\n"
+      "(array NAME of np.savez or np.savez_compressed, read as its NAME.npy), but the\n"
       "--cu-seqlens-* offsets: int32 or int64 .npy (the only integer files read).\n"
+      "Outputs are always written as .npy (no .npz).\n"
       "QKV_VERBOSE=1 prints which kernel ran and why the others declined or were passed over, "
       "and whether the system refused threads (stderr). Every dimension may be 0.");
   sub->callback([command] { run_attention(*command); });

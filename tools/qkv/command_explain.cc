@@ -375,6 +375,7 @@ void register_explain_command(CLI::App& app) {
       "  qkv explain --x h.npy --wqkv gpt2.safetensors:h.0.attn.c_attn.weight \\\n"
       "              --bqkv gpt2.safetensors:h.0.attn.c_attn.bias --heads 12 --causal --quiet \\\n"
       "              --html gpt2-layer0.html\n"
+      "Any tensor may be FILE.safetensors:NAME or FILE.npz:NAME (array NAME of np.savez).\n"
       "Weights are read as qkv layer reads them (--wqkv, --bqkv, --linear-layout, "
       "FILE.safetensors:NAME);\n"
       "--heads is required with them. A batched input: the terminal walks through --batch "

@@ -128,7 +128,8 @@ void register_layer_command(CLI::App& app) {
       "            --causal --out o.npy --weights w.npy\n"
       "  qkv layer --x h.npy --wqkv gpt2.safetensors:h.0.attn.c_attn.weight \\\n"
       "            --bqkv gpt2.safetensors:h.0.attn.c_attn.bias --heads 12 --causal --out o.npy\n"
-      "Any tensor may be FILE.safetensors:NAME. A PyTorch nn.Linear weight is the transpose of\n"
+      "Any tensor may be FILE.safetensors:NAME or FILE.npz:NAME (array NAME of np.savez or\n"
+      "np.savez_compressed); outputs are .npy. A PyTorch nn.Linear weight is the transpose of\n"
       "W here: say --linear-layout. --weights is [B,H,Nq,Nk]. --dtype rounds the projected\n"
       "Q, K, V. Packed batches: X is [total, d] (M [total_m, d_m]); --cu-seqlens-q cuts X's\n"
       "rows, --cu-seqlens-k those of X (or M) that give K and V; --lse is [H, total].");
