@@ -92,6 +92,14 @@ std::vector<F64Case> f64_cases() {
     c.scale = 1.0;
   });
   add("strided", [](KernelCase& c) { c.strided = true; });
+  // Mixed and 16-bit inputs with dtype = f64 asked for: widened exactly into the float64 tiles.
+  add("mixed_asked_f64", [](KernelCase& c) {
+    c.in_dtype = DType::kF32;
+    c.k_dtype = DType::kF16;
+    c.v_dtype = DType::kBF16;
+    c.dtype = DType::kF64;
+    c.causal = true;
+  });
   add(
       "softcap", [](KernelCase& c) { c.magnitude = 4.0; },
       [](AttentionOptions& o, const KernelCase&) { o.softcap = 5.0; });
