@@ -39,8 +39,9 @@ struct AttentionOptions {
   // The storage type of Q, K and V for the computation (kF64, kF32, kBF16, kF16); values are
   // rounded to it (nearest even) as the kernels read them, never copied. f32 and f16: float32
   // products and sums; bf16: q·k and P·V on bf16 operands (P rounded to bf16) with float32
-  // accumulation and a float32 softmax; f64: float64 throughout (the reference kernel).
-  // Default: bf16 or f16 when Q, K and V are all stored in it, else f32.
+  // accumulation and a float32 softmax; f64: float64 throughout (the fused kernel's float64
+  // path, the reference when that declines). Default: the type Q, K and V are all stored in when
+  // it is f64, bf16 or f16, else f32 (mixed dtypes); kF32 opts all-float64 inputs into float32.
   std::optional<DType> dtype;
 
   // Score modifiers. What the softmax sees is

@@ -43,7 +43,10 @@ std::vector<double> per_head_values(const TensorView& view, std::int64_t heads,
 
 }  // namespace
 
-// The storage type of a call, checked and set in p.
+// The storage type of a call, checked and set in p: options.dtype when given, else the type Q,
+// K and V share when it is f64, bf16 or f16 (float64 inputs are computed in float64 unless the
+// caller opts into float32), else f32 (mixed inputs, or all float32). The one place this rule
+// lives: the CLI's --dtype only fills options.dtype.
 void apply_storage_type(const AttentionOptions& options, AttentionParams& p) {
   if (options.dtype) {
     const DType d = *options.dtype;
@@ -52,7 +55,8 @@ void apply_storage_type(const AttentionOptions& options, AttentionParams& p) {
     }
     p.compute = d;
   } else if (p.q.dtype == p.k.dtype && p.k.dtype == p.v.dtype &&
-             (p.q.dtype == DType::kBF16 || p.q.dtype == DType::kF16)) {
+             (p.q.dtype == DType::kF64 || p.q.dtype == DType::kBF16 ||
+              p.q.dtype == DType::kF16)) {
     p.compute = p.q.dtype;
   }
 }

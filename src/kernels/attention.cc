@@ -40,7 +40,8 @@ const kernels::AttentionKernel& choose_kernel(const core::AttentionParams& param
 }
 
 std::uint64_t workspace_bytes(const core::AttentionCall& call, const AttentionOptions& options) {
-  return kernels::attention_workspace_bytes(call.params.shape, call.params.threads, options.kernel);
+  return kernels::attention_workspace_bytes(call.params.shape, call.params.threads, options.kernel,
+                                            call.params.compute);
 }
 
 std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& options,
@@ -73,7 +74,8 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
     throw Error("attention", "out of memory: kernel " + std::string(kernel.name) +
                                  " could not allocate its workspace (about " +
                                  core::format_bytes(kernels::attention_workspace_bytes(
-                                     params.shape, params.threads, std::string(kernel.name))) +
+                                     params.shape, params.threads, std::string(kernel.name),
+                                     params.compute)) +
                                  ")");
   }
   return std::string(kernel.name);

@@ -21,10 +21,24 @@
 // other vector ops (exp 4 x 15, subtract/store/sum 4 x 3, scale, max and its reduction, the
 // alpha rescale): the FMAs can be at most ~84 % of the issued vector ops (~90 % at d = 128),
 // which bounds the kernel's fraction of the FMA peak even with every load hitting L1.
+//
+// Float64 (HwyMicro<double>, for calls whose compute type is kF64: by default those whose Q, K
+// and V are all float64): the same micro-kernels and loop nest on double lanes, half as many
+// per vector (8 on AVX-512, 4 on AVX2). The key tile stays 64 keys (the driver's unit: masks,
+// task ranges and the packed layout are in keys, not vectors), so a tile is 8 AVX-512 vectors
+// and the 6 x 4 register block covers 6 rows x 32 keys: the same 24 accumulators and 10 loads
+// per 24 FMAs as in float32, each FMA doing half the flops, so the float64 path's ceiling is
+// half the float32 one's. The packed K^T tile doubles to 32 KiB at d = 64 (L1 on AVX-512
+// machines with 48 KiB, else L2) and a task's Q and o to 256 KiB at d = dv = 64; smaller tiles
+// would cut the reuse per load that keeps the float32 path near its ceiling, and the measured
+// ratio (docs/performance.md) is about 0.45 of the float32 kernel's GFLOP/s, near the 0.5 the
+// lane count allows. exp is ExpNonPositive64 (exp_hwy-inl.h, float64 to within about an ulp),
+// softcap Highway's Tanh in double, ALiBi distances in double lanes.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_fwd_fused_hwy.cc"
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
@@ -39,13 +53,16 @@ HWY_BEFORE_NAMESPACE();
 namespace qkv::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+template <class Real>
 struct HwyMicro {
-  using D = hn::ScalableTag<float>;
+  using F = Real;
+  using D = hn::ScalableTag<F>;
   using V = hn::Vec<D>;
   static constexpr std::int64_t kTile = fused::kKeyTile;
   static constexpr std::int64_t kLanes = static_cast<std::int64_t>(hn::MaxLanes(D()));
   static_assert(kTile % kLanes == 0, "the key tile must be a whole number of vectors");
   static constexpr std::int64_t kTileVectors = kTile / kLanes;
+  static constexpr F kInf = std::numeric_limits<F>::infinity();
 #if HWY_TARGET <= HWY_AVX3
   // 32 vector registers: 6 x 4 accumulators, 4 operand vectors and a broadcast. Six rows
   // rather than four cut the loads per FMA from 1/2 to 5/12; measured in isolation on L1-resident
@@ -73,9 +90,9 @@ struct HwyMicro {
   }
 
   template <int MR, int NK>
-  static HWY_INLINE void scores_block(const float* HWY_RESTRICT q, std::int64_t d,
-                                      const float* HWY_RESTRICT kt, float scale,
-                                      float* HWY_RESTRICT s, float* HWY_RESTRICT row_max) {
+  static HWY_INLINE void scores_block(const F* HWY_RESTRICT q, std::int64_t d,
+                                      const F* HWY_RESTRICT kt, F scale, F* HWY_RESTRICT s,
+                                      F* HWY_RESTRICT row_max) {
     const D df;
     V acc[static_cast<std::size_t>(MR)][static_cast<std::size_t>(NK)];
     for (int r = 0; r < MR; ++r) {
@@ -92,7 +109,7 @@ struct HwyMicro {
     // The scale and the row max while the scores are still in registers.
     const V vs = hn::Set(df, scale);
     for (int r = 0; r < MR; ++r) {
-      V m = hn::Set(df, -fused::kInfF);
+      V m = hn::Set(df, -kInf);
       for (int u = 0; u < NK; ++u) {
         const V x = hn::Mul(acc[r][u], vs);
         hn::Store(x, df, s + r * kTile + u * kLanes);
@@ -104,9 +121,9 @@ struct HwyMicro {
 
   // The first `vectors` key vectors of the tile: blocks of kKeyVectors, then one narrower block.
   template <int MR>
-  static HWY_INLINE void scores_rows(const float* q, std::int64_t d, const float* kt,
-                                     std::int64_t vectors, float scale, float* s, float* row_max) {
-    for (int r = 0; r < MR; ++r) row_max[r] = -fused::kInfF;
+  static HWY_INLINE void scores_rows(const F* q, std::int64_t d, const F* kt, std::int64_t vectors,
+                                     F scale, F* s, F* row_max) {
+    for (int r = 0; r < MR; ++r) row_max[r] = -kInf;
     std::int64_t u = 0;
     for (; u + kKeyVectors <= vectors; u += kKeyVectors) {
       scores_block<MR, kKeyVectors>(q, d, kt + u * kLanes, scale, s + u * kLanes, row_max);
@@ -127,22 +144,22 @@ struct HwyMicro {
     }
   }
 
-  static void scores(const float* q, std::int64_t rows, std::int64_t d, const float* kt,
-                     std::int64_t keys, float scale, float* s, float* row_max) noexcept {
+  static void scores(const F* q, std::int64_t rows, std::int64_t d, const F* kt, std::int64_t keys,
+                     F scale, F* s, F* row_max) noexcept {
     const std::int64_t vectors = (keys + kLanes - 1) / kLanes;
     for_row_blocks(rows, 0, [&]<int MR>(std::int64_t r) {
       scores_rows<MR>(q + r * d, d, kt, vectors, scale, s + r * kTile, row_max + r);
     });
   }
 
-  static float row_max(const float* s) noexcept {
+  static F row_max(const F* s) noexcept {
     const D df;
-    V m = hn::Set(df, -fused::kInfF);
+    V m = hn::Set(df, -kInf);
     for (std::int64_t j = 0; j < kTile; j += kLanes) m = hn::Max(m, hn::Load(df, s + j));
     return hn::GetLane(hn::MaxOfLanes(df, m));
   }
 
-  static HWY_INLINE void exp_accumulate(float* s, float max, float alpha, float* lsum) noexcept {
+  static HWY_INLINE void exp_accumulate(F* s, F max, F alpha, F* lsum) noexcept {
     const D df;
     const V vm = hn::Set(df, max);
     V sum = hn::Zero(df);
@@ -154,13 +171,13 @@ struct HwyMicro {
     hn::Store(hn::MulAdd(hn::Load(df, lsum), hn::Set(df, alpha), sum), df, lsum);
   }
 
-  static float exp1(float x) noexcept {
+  static F exp1(F x) noexcept {
     const D df;
     return hn::GetLane(ExpNonPositive(df, hn::Set(df, x)));
   }
 
-  static void softmax_rows(float* s, std::int64_t rows, const float* tile_max, float* m,
-                           float* alpha, float* lsum) noexcept {
+  static void softmax_rows(F* s, std::int64_t rows, const F* tile_max, F* m, F* alpha,
+                           F* lsum) noexcept {
     const D df;
     for (std::int64_t r = 0; r < rows; r += kLanes) {
       const auto live = hn::FirstN(df, static_cast<std::size_t>(std::min(kLanes, rows - r)));
@@ -176,11 +193,11 @@ struct HwyMicro {
 
   // Softcap and ALiBi on a row of the tile (ModifyScores, shared with the decode kernel); returns
   // the row's new max (used when no mask follows).
-  static float modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
+  static F modify_scores(F* s, F cap, F slope, std::int64_t offset) noexcept {
     return ModifyScores(D(), s, kTile, cap, slope, offset);
   }
 
-  static void exp_scale(float* s, float max, float factor) noexcept {
+  static void exp_scale(F* s, F max, F factor) noexcept {
     const D df;
     const V vm = hn::Set(df, max);
     const V vf = hn::Set(df, factor);
@@ -190,9 +207,9 @@ struct HwyMicro {
   }
 
   template <int MR, int NV>
-  static HWY_INLINE void pv_block(const float* HWY_RESTRICT p, std::int64_t bk,
-                                  const float* HWY_RESTRICT v, std::int64_t ldv, std::int64_t dvp,
-                                  const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+  static HWY_INLINE void pv_block(const F* HWY_RESTRICT p, std::int64_t bk, const F* HWY_RESTRICT v,
+                                  std::int64_t ldv, std::int64_t dvp, const F* HWY_RESTRICT alpha,
+                                  F* HWY_RESTRICT o) {
     const D df;
     V acc[static_cast<std::size_t>(MR)][static_cast<std::size_t>(NV)];
     for (int r = 0; r < MR; ++r) {
@@ -215,8 +232,8 @@ struct HwyMicro {
   // o's columns in blocks of kKeyVectors vectors (the register budget of an MR x NV block is
   // that of the scores block), the last block narrower.
   template <int MR>
-  static HWY_INLINE void pv_rows(const float* p, std::int64_t bk, const float* v, std::int64_t ldv,
-                                 std::int64_t dvp, const float* alpha, float* o) {
+  static HWY_INLINE void pv_rows(const F* p, std::int64_t bk, const F* v, std::int64_t ldv,
+                                 std::int64_t dvp, const F* alpha, F* o) {
     const std::int64_t vectors = dvp / kLanes;
     std::int64_t u = 0;
     for (; u + kKeyVectors <= vectors; u += kKeyVectors) {
@@ -238,9 +255,8 @@ struct HwyMicro {
     }
   }
 
-  static void accumulate_pv(const float* p, std::int64_t rows, std::int64_t bk, const float* v,
-                            std::int64_t ldv, std::int64_t dvp, const float* alpha,
-                            float* o) noexcept {
+  static void accumulate_pv(const F* p, std::int64_t rows, std::int64_t bk, const F* v,
+                            std::int64_t ldv, std::int64_t dvp, const F* alpha, F* o) noexcept {
     for_row_blocks(rows, 0, [&]<int MR>(std::int64_t r) {
       pv_rows<MR>(p + r * kTile, bk, v, ldv, dvp, alpha + r, o + r * dvp);
     });
@@ -258,13 +274,17 @@ struct HwyMicro {
 #include "kernels/fused_bf16-inl.h"
 
 core::KernelStatus FusedForward(const core::AttentionParams& p) {
+  if (p.compute == DType::kF64) return run_fused<HwyMicro<double>, fused::F64Tiles>(p);
   if (p.compute == DType::kBF16 && bf16_dots_supported()) {
     return run_fused<Bf16Micro, Bf16Tiles>(p);
   }
-  return run_fused<HwyMicro>(p);
+  return run_fused<HwyMicro<float>>(p);
 }
 #else
-core::KernelStatus FusedForward(const core::AttentionParams& p) { return run_fused<HwyMicro>(p); }
+core::KernelStatus FusedForward(const core::AttentionParams& p) {
+  if (p.compute == DType::kF64) return run_fused<HwyMicro<double>, fused::F64Tiles>(p);
+  return run_fused<HwyMicro<float>>(p);
+}
 #endif
 
 }  // namespace qkv::kernels::HWY_NAMESPACE
@@ -304,13 +324,15 @@ std::string fused_hwy_path(DType compute) {
                                          : "float32 on bf16-rounded tiles";
     case DType::kF16:
       return "float32 on f16-rounded tiles";
+    case DType::kF64:
+      return "float64";
     default:
       return "float32";
   }
 }
 
 std::string attention_fwd_fused_hwy_declines(const core::AttentionParams& p) {
-  return float32_declines(p);
+  return fused_declines(p);
 }
 
 // QKV_SIMD_MAX=AVX2 (or SSE4, SSSE3, ...: a Highway target name) caps the targets dispatch may

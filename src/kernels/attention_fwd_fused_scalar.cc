@@ -10,7 +10,9 @@
 //   accumulate_pv o[r][c] = alpha[r] · o[r][c] + sum_{j < bk} P[r][j] · V[j][c]
 //
 // Every loop order keeps the innermost index contiguous, so the compiler may vectorise it for
-// the baseline ISA; the sums run in a fixed order, so results never depend on threads.
+// the baseline ISA; the sums run in a fixed order, so results never depend on threads. A call
+// computing in float64 (AttentionParams::compute == kF64) runs the same loops on double
+// (ScalarMicro<double>, F64Tiles): std::exp and std::tanh in double, one rounding per operation.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -23,22 +25,26 @@
 namespace qkv::kernels {
 namespace scalar {
 
+// F is the compute type: float for float32 calls, double for float64 ones.
+template <class Real>
 struct ScalarMicro {
+  using F = Real;
   static constexpr std::int64_t kLanes = 1;
   static constexpr std::int64_t kRows = 4;
   static constexpr std::int64_t kTile = fused::kKeyTile;
+  static constexpr F kInf = std::numeric_limits<F>::infinity();
 
-  static void scores(const float* q, std::int64_t rows, std::int64_t d, const float* kt,
-                     std::int64_t keys, float scale, float* s, float* row_max) noexcept {
+  static void scores(const F* q, std::int64_t rows, std::int64_t d, const F* kt, std::int64_t keys,
+                     F scale, F* s, F* row_max) noexcept {
     for (std::int64_t r = 0; r < rows; ++r) {
-      float* row = s + r * kTile;
-      for (std::int64_t j = 0; j < keys; ++j) row[j] = 0.0f;
+      F* row = s + r * kTile;
+      for (std::int64_t j = 0; j < keys; ++j) row[j] = F{0};
       for (std::int64_t c = 0; c < d; ++c) {
-        const float qc = q[r * d + c];
-        const float* k = kt + c * kTile;
+        const F qc = q[r * d + c];
+        const F* k = kt + c * kTile;
         for (std::int64_t j = 0; j < keys; ++j) row[j] += qc * k[j];
       }
-      row_max[r] = -fused::kInfF;
+      row_max[r] = -kInf;
       for (std::int64_t j = 0; j < keys; ++j) {
         row[j] *= scale;
         row_max[r] = std::max(row_max[r], row[j]);
@@ -46,14 +52,14 @@ struct ScalarMicro {
     }
   }
 
-  static float row_max(const float* s) noexcept {
-    float m = -fused::kInfF;
+  static F row_max(const F* s) noexcept {
+    F m = -kInf;
     for (std::int64_t j = 0; j < kTile; ++j) m = std::max(m, s[j]);
     return m;
   }
 
-  static void exp_accumulate(float* s, float m, float alpha, float* lsum) noexcept {
-    float sum = 0.0f;
+  static void exp_accumulate(F* s, F m, F alpha, F* lsum) noexcept {
+    F sum = F{0};
     for (std::int64_t j = 0; j < kTile; ++j) {
       s[j] = std::exp(s[j] - m);
       sum += s[j];
@@ -61,47 +67,46 @@ struct ScalarMicro {
     lsum[0] = lsum[0] * alpha + sum;
   }
 
-  static float exp1(float x) noexcept { return std::exp(x); }
+  static F exp1(F x) noexcept { return std::exp(x); }
 
   // s_j := cap·tanh(s_j / cap) (cap > 0) - slope·|offset - j| (slope != 0), offset being the
   // row's diagonal minus the tile's first key.
   // Returns the tile's new max (used when no mask follows).
-  static float modify_scores(float* s, float cap, float slope, std::int64_t offset) noexcept {
+  static F modify_scores(F* s, F cap, F slope, std::int64_t offset) noexcept {
     for (std::int64_t j = 0; j < kTile; ++j) {
-      float x = s[j];
+      F x = s[j];
       if (cap > 0) x = cap * std::tanh(x / cap);
       if (slope != 0) {
         const std::int64_t distance = offset >= j ? offset - j : j - offset;
-        x -= slope * static_cast<float>(distance);
+        x -= slope * static_cast<F>(distance);
       }
       s[j] = x;
     }
     return row_max(s);
   }
 
-  static void softmax_rows(float* s, std::int64_t rows, const float* tile_max, float* m,
-                           float* alpha, float* lsum) noexcept {
+  static void softmax_rows(F* s, std::int64_t rows, const F* tile_max, F* m, F* alpha,
+                           F* lsum) noexcept {
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float now = std::max(m[r], tile_max[r]);
+      const F now = std::max(m[r], tile_max[r]);
       alpha[r] = std::exp(m[r] - now);
       m[r] = now;
       exp_accumulate(s + r * kTile, m[r], alpha[r], lsum + r);
     }
   }
 
-  static void exp_scale(float* s, float m, float factor) noexcept {
+  static void exp_scale(F* s, F m, F factor) noexcept {
     for (std::int64_t j = 0; j < kTile; ++j) s[j] = std::exp(s[j] - m) * factor;
   }
 
-  static void accumulate_pv(const float* p, std::int64_t rows, std::int64_t bk, const float* v,
-                            std::int64_t ldv, std::int64_t dvp, const float* alpha,
-                            float* o) noexcept {
+  static void accumulate_pv(const F* p, std::int64_t rows, std::int64_t bk, const F* v,
+                            std::int64_t ldv, std::int64_t dvp, const F* alpha, F* o) noexcept {
     for (std::int64_t r = 0; r < rows; ++r) {
-      float* acc = o + r * dvp;
+      F* acc = o + r * dvp;
       for (std::int64_t c = 0; c < dvp; ++c) acc[c] *= alpha[r];
       for (std::int64_t j = 0; j < bk; ++j) {
-        const float w = p[r * kTile + j];
-        const float* vj = v + j * ldv;
+        const F w = p[r * kTile + j];
+        const F* vj = v + j * ldv;
         for (std::int64_t c = 0; c < dvp; ++c) acc[c] += w * vj[c];
       }
     }
@@ -179,12 +184,39 @@ std::string plain_only_declines(const core::AttentionParams& p) {
   return {};
 }
 
+// The float64 path has the same overflow hazards as the float32 one, at float64's range: its
+// scores and P·V sums are bounded from the same magnitudes, and a call that could pass
+// DBL_MAX / 2 is left to the reference (which never forms the unnormalised sum).
+std::string float64_declines(const core::AttentionParams& p) {
+  constexpr double kLimit = std::numeric_limits<double>::max() / 2;
+  const core::AttentionShape& s = p.shape;
+  const core::Magnitudes& mag = p.magnitudes;
+  double slope = 0.0;
+  for (const double x : p.modifiers.alibi_slopes) slope = std::max(slope, std::abs(x));
+  const double alibi = slope * static_cast<double>(std::max(s.nk, s.nq));
+  const double dot = static_cast<double>(s.d) * mag.q * mag.k;
+  const double score = std::max(1.0, std::abs(p.scale)) * dot;
+  const double accumulator = static_cast<double>(s.nk) * mag.v;
+  if (!(score <= kLimit / 4) || !(alibi <= kLimit / 4) || !(mag.sink <= kLimit / 4) ||
+      !(mag.mask <= kLimit / 4) || !(accumulator <= kLimit)) {
+    return "its scores or P·V sums may pass float64's range";
+  }
+  return {};
+}
+
+std::string fused_declines(const core::AttentionParams& p) {
+  return p.compute == DType::kF64 ? float64_declines(p) : float32_declines(p);
+}
+
 std::string attention_fwd_fused_scalar_declines(const core::AttentionParams& p) {
-  return float32_declines(p);
+  return fused_declines(p);
 }
 
 core::KernelStatus attention_fwd_fused_scalar(const core::AttentionParams& p) noexcept {
-  return scalar::run_fused<scalar::ScalarMicro>(p);
+  if (p.compute == DType::kF64) {
+    return scalar::run_fused<scalar::ScalarMicro<double>, fused::F64Tiles>(p);
+  }
+  return scalar::run_fused<scalar::ScalarMicro<float>>(p);
 }
 
 }  // namespace qkv::kernels

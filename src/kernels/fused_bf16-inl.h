@@ -123,6 +123,7 @@ constexpr std::int64_t kChunk = 512;
 struct Bf16Tiles {
   using T = std::uint16_t;
   static constexpr bool kReadsInPlace = false;
+  static constexpr DType kInPlaceDType = DType::kBF16;  // unused: nothing is read in place
   // pack_v writes every word of its tile, padding included: the slots need no zeroing (a 4 MiB
   // memset per call at n = 2048, H = 8, d = 64 was 9 % of the call).
   static constexpr bool kWritesPadding = true;
@@ -238,7 +239,7 @@ struct Bf16Tiles {
 
 // The bf16 micro-kernels: scores and accumulate_pv on the pairs above; the softmax steps on the
 // float32 score tile (row_max, exp1, exp_accumulate, softmax_rows, exp_scale) are HwyMicro's.
-struct Bf16Micro : HwyMicro {
+struct Bf16Micro : HwyMicro<float> {
   static constexpr std::int64_t kGroupRows = 4 * kRows;  // the driver's row group
 
   template <int MR, int NK>

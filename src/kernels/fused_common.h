@@ -1,7 +1,7 @@
 // The ISA-independent half of the fused kernels: tiling plan, task order, which key tiles a
 // query tile needs and which of them need per-element mask checks, packing of operand tiles to
-// contiguous float32 (from float32, float64, bfloat16 or float16), the per-element mask path
-// and the strided stores. The loop nest itself is in fused_driver-inl.h; see the comment there.
+// contiguous float32 or float64 (from float32, float64, bfloat16 or float16), the per-element
+// mask path and the strided stores, each generic over the compute type E (float or double). The loop nest itself is in fused_driver-inl.h; see the comment there.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <sys/mman.h>
@@ -46,15 +47,22 @@ constexpr std::int64_t kMaxLanes = 16;
 
 constexpr float kInfF = std::numeric_limits<float>::infinity();
 
+// The storage type whose operands a tile of E holds as they are (read in place, copied).
+template <class E>
+constexpr DType kDTypeOf = std::is_same_v<E, double> ? DType::kF64 : DType::kF32;
+
 inline std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept {
   return (n + m - 1) / m * m;
 }
 
-// A 64-byte aligned float buffer, zeroed unless the caller writes every element it reads.
+// A 64-byte aligned buffer of E (float, or double for the float64 path), zeroed unless the
+// caller writes every element it reads.
 struct FreeDeleter {
-  void operator()(float* p) const noexcept { std::free(p); }
+  void operator()(void* p) const noexcept { std::free(p); }
 };
-using Buffer = std::unique_ptr<float[], FreeDeleter>;
+template <class E>
+using BufferOf = std::unique_ptr<E[], FreeDeleter>;
+using Buffer = BufferOf<float>;
 
 // Buffers of at least kHugeBytes (the packed K^T/V slots) are 2 MiB aligned and asked to be
 // backed by transparent huge pages: packing into a fresh 8 MiB slot otherwise takes 2048 page
@@ -62,15 +70,17 @@ using Buffer = std::unique_ptr<float[], FreeDeleter>;
 constexpr std::size_t kHugeBytes = std::size_t{4} << 20;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
-inline Buffer make_buffer(std::int64_t count, bool zeroed = true) noexcept {
+template <class E = float>
+inline BufferOf<E> make_buffer(std::int64_t count, bool zeroed = true) noexcept {
+  constexpr auto kSize = static_cast<std::int64_t>(sizeof(E));
   std::size_t bytes =
-      static_cast<std::size_t>(round_up(std::max<std::int64_t>(count, 1) * 4, 64));
+      static_cast<std::size_t>(round_up(std::max<std::int64_t>(count, 1) * kSize, 64));
   const bool huge = bytes >= kHugeBytes;
   if (huge) bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  auto* p = static_cast<float*>(std::aligned_alloc(huge ? kHugePage : 64, bytes));
+  auto* p = static_cast<E*>(std::aligned_alloc(huge ? kHugePage : 64, bytes));
   if (p != nullptr && huge) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: errors are harmless
   if (p != nullptr && zeroed) std::memset(p, 0, bytes);
-  return Buffer(p);
+  return BufferOf<E>(p);
 }
 
 // Tasks are (batch, kv head, query tile); a query tile holds bq rows of each of the g query
@@ -144,55 +154,64 @@ inline bool tile_fully_allowed(const core::Masking& m, const core::AttentionShap
   return bottom.first <= j0 && j1 <= top.last;
 }
 
-// One element of a float64 (rounded), bfloat16 or float16 (exact) operand as float; the float32
-// operands take the paths beside each caller.
-inline float load_float(const core::InputOperand& op, std::int64_t at) noexcept {
+// One element of an operand as E: float64 rounded to float for E = float, the 16-bit types
+// exactly, float32 exactly into double.
+template <class E = float>
+inline E load_as(const core::InputOperand& op, std::int64_t at) noexcept {
   switch (op.dtype) {
     case DType::kF64:
-      return static_cast<float>(static_cast<const double*>(op.data)[at]);
+      return static_cast<E>(static_cast<const double*>(op.data)[at]);
     case DType::kBF16:
-      return core::bf16_to_float(static_cast<const std::uint16_t*>(op.data)[at]);
+      return static_cast<E>(core::bf16_to_float(static_cast<const std::uint16_t*>(op.data)[at]));
     case DType::kF16:
-      return core::f16_to_float(static_cast<const std::uint16_t*>(op.data)[at]);
+      return static_cast<E>(core::f16_to_float(static_cast<const std::uint16_t*>(op.data)[at]));
     case DType::kF32:
     case DType::kBool:
     case DType::kI32:
     case DType::kI64: break;
   }
-  return static_cast<const float*>(op.data)[at];
+  return static_cast<E>(static_cast<const float*>(op.data)[at]);
 }
 
-// One element as float, rounded to the call's storage type `round_to` first when that is
+inline float load_float(const core::InputOperand& op, std::int64_t at) noexcept {
+  return load_as<float>(op, at);
+}
+
+// One element as E, rounded to the call's storage type `round_to` first when that is
 // narrower than the operand's (core::operand_rounds): once, from the stored value.
-inline float load_rounded(const core::InputOperand& op, std::int64_t at, DType round_to) noexcept {
+template <class E = float>
+inline E load_rounded(const core::InputOperand& op, std::int64_t at, DType round_to) noexcept {
   if (op.dtype == DType::kF64) {
-    return static_cast<float>(
+    return static_cast<E>(
         core::round_to_storage(static_cast<const double*>(op.data)[at], round_to));
   }
-  return static_cast<float>(core::round_to_storage(load_float(op, at), round_to));
+  return static_cast<E>(core::round_to_storage(load_float(op, at), round_to));
 }
 
-// dst[r * dst_stride + c] = operand[b, h, row0 + r, c] for r < rows, c < cols, as float, rounded
+// dst[r * dst_stride + c] = operand[b, h, row0 + r, c] for r < rows, c < cols, as E, rounded
 // to `round_to` where core::operand_rounds says so.
+template <class E>
 inline void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h,
-                      std::int64_t row0, std::int64_t rows, std::int64_t cols, float* dst,
+                      std::int64_t row0, std::int64_t rows, std::int64_t cols, E* dst,
                       std::int64_t dst_stride, DType round_to = DType::kF32) noexcept {
   const core::Strides4& st = op.strides;
   const bool rounds = core::operand_rounds(op, round_to);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t base = st.at(b, h, row0 + r, 0);
-    float* out = dst + r * dst_stride;
+    E* out = dst + r * dst_stride;
     if (rounds) {
-      for (std::int64_t c = 0; c < cols; ++c) out[c] = load_rounded(op, base + c * st.col, round_to);
-    } else if (op.dtype == DType::kF32) {
-      const float* in = static_cast<const float*>(op.data) + base;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        out[c] = load_rounded<E>(op, base + c * st.col, round_to);
+      }
+    } else if (op.dtype == kDTypeOf<E>) {
+      const E* in = static_cast<const E*>(op.data) + base;
       if (st.col == 1) {
-        std::memcpy(out, in, static_cast<std::size_t>(cols) * sizeof(float));
+        std::memcpy(out, in, static_cast<std::size_t>(cols) * sizeof(E));
       } else {
         for (std::int64_t c = 0; c < cols; ++c) out[c] = in[c * st.col];
       }
     } else {
-      for (std::int64_t c = 0; c < cols; ++c) out[c] = load_float(op, base + c * st.col);
+      for (std::int64_t c = 0; c < cols; ++c) out[c] = load_as<E>(op, base + c * st.col);
     }
   }
 }
@@ -201,8 +220,9 @@ inline void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t
 // micro-kernel reads a contiguous vector of keys for each head-dimension index c. Float32 rows
 // with unit column stride go 16 rows at a time, column by column: each column's 16 values are
 // one cache line of dst (row by row, every value landed on another line of dst).
+template <class E>
 inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::int64_t h,
-                            std::int64_t row0, std::int64_t rows, std::int64_t cols, float* dst,
+                            std::int64_t row0, std::int64_t rows, std::int64_t cols, E* dst,
                             std::int64_t dst_stride, DType round_to = DType::kF32) noexcept {
   const core::Strides4& st = op.strides;
   std::int64_t r = 0;
@@ -210,32 +230,33 @@ inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::i
     for (; r < rows; ++r) {
       const std::int64_t base = st.at(b, h, row0 + r, 0);
       for (std::int64_t c = 0; c < cols; ++c) {
-        dst[c * dst_stride + r] = load_rounded(op, base + c * st.col, round_to);
+        dst[c * dst_stride + r] = load_rounded<E>(op, base + c * st.col, round_to);
       }
     }
     return;
   }
-  if (op.dtype == DType::kF32 && st.col == 1) {
+  // 16 rows: a 64-byte line of float32 (two of float64) per column.
+  if (op.dtype == kDTypeOf<E> && st.col == 1) {
     constexpr std::int64_t kBlock = 16;
-    const float* in[kBlock];
+    const E* in[kBlock];
     for (; r + kBlock <= rows; r += kBlock) {
       for (std::int64_t x = 0; x < kBlock; ++x) {
-        in[x] = static_cast<const float*>(op.data) + st.at(b, h, row0 + r + x, 0);
+        in[x] = static_cast<const E*>(op.data) + st.at(b, h, row0 + r + x, 0);
       }
       for (std::int64_t c = 0; c < cols; ++c) {
-        float* out = dst + c * dst_stride + r;
+        E* out = dst + c * dst_stride + r;
         for (std::int64_t x = 0; x < kBlock; ++x) out[x] = in[x][c];
       }
     }
   }
   for (; r < rows; ++r) {
     const std::int64_t base = st.at(b, h, row0 + r, 0);
-    if (op.dtype == DType::kF32) {
-      const float* in = static_cast<const float*>(op.data) + base;
+    if (op.dtype == kDTypeOf<E>) {
+      const E* in = static_cast<const E*>(op.data) + base;
       for (std::int64_t c = 0; c < cols; ++c) dst[c * dst_stride + r] = in[c * st.col];
     } else {
       for (std::int64_t c = 0; c < cols; ++c) {
-        dst[c * dst_stride + r] = load_float(op, base + c * st.col);
+        dst[c * dst_stride + r] = load_as<E>(op, base + c * st.col);
       }
     }
   }
@@ -244,8 +265,10 @@ inline void pack_transposed(const core::InputOperand& op, std::int64_t b, std::i
 // The masked path for one row of a tile of scaled scores: -inf outside the row's causal/window
 // interval and past `count` (two fills: the interval is contiguous), then the explicit mask's
 // bias inside it, element by element only when there is a mask.
+template <class E>
 inline void mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_t h, std::int64_t i,
-                     std::int64_t j0, std::int64_t count, bool check_structure, float* s) noexcept {
+                     std::int64_t j0, std::int64_t count, bool check_structure, E* s) noexcept {
+  constexpr E kInf = std::numeric_limits<E>::infinity();
   const core::Masking& m = p.masking;
   std::int64_t lo = 0;
   std::int64_t hi = count;
@@ -254,24 +277,26 @@ inline void mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_
     lo = std::clamp<std::int64_t>(r.first - j0, 0, count);
     hi = std::clamp<std::int64_t>(r.last - j0, lo, count);
   }
-  std::fill(s, s + lo, -kInfF);
-  std::fill(s + hi, s + kKeyTile, -kInfF);
+  std::fill(s, s + lo, -kInf);
+  std::fill(s + hi, s + kKeyTile, -kInf);
   if (m.mask == nullptr) return;
   for (std::int64_t j = lo; j < hi; ++j) {
-    const float bias = static_cast<float>(core::mask_bias(m, b, h, i, j0 + j));
-    s[j] = bias == -kInfF ? -kInfF : s[j] + bias;
+    const E bias = static_cast<E>(core::mask_bias(m, b, h, i, j0 + j));
+    s[j] = bias == -kInf ? -kInf : s[j] + bias;
   }
 }
 
-// out[b, h, i, c0 + c] = src[c] · factor for c < count.
+// out[b, h, i, c0 + c] = src[c] · factor for c < count, formed in E and rounded once to the
+// output's dtype (a float64 call keeps its bits in a float64 output).
+template <class E>
 inline void store_row(const core::OutputOperand& out, std::int64_t b, std::int64_t h,
-                      std::int64_t i, std::int64_t c0, const float* src, std::int64_t count,
-                      float factor) noexcept {
+                      std::int64_t i, std::int64_t c0, const E* src, std::int64_t count,
+                      E factor) noexcept {
   const core::Strides4& st = out.strides;
   const std::int64_t base = st.at(b, h, i, c0);
   if (out.dtype == DType::kF32) {
     float* dst = static_cast<float*>(out.data) + base;
-    for (std::int64_t c = 0; c < count; ++c) dst[c * st.col] = src[c] * factor;
+    for (std::int64_t c = 0; c < count; ++c) dst[c * st.col] = static_cast<float>(src[c] * factor);
   } else {
     double* dst = static_cast<double*>(out.data) + base;
     for (std::int64_t c = 0; c < count; ++c) {

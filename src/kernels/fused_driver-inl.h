@@ -10,13 +10,15 @@
 //            head (g·bq ≈ 256 rows), so every K/V tile is packed once for all of them. Tasks own
 //            disjoint output rows, threads take them from an atomic counter (order below):
 //            any thread count and any schedule give the same bits.
-//   packing  K^T in tiles of [d x 64] (and V as [nk x dvp] unless it is float32 with dense
-//            rows and dv a whole number of vectors, then read in place), once per kv
-//            head and call, shared by all tasks of that head (see run_fused). The element
-//            type and layout are the template parameter Tiles (fused_tiles.h): float32, or the
-//            bf16 pairs of fused_bf16-inl.h that vdpbf16ps reads (K^T as [d/2 x 64] pairs, V as
-//            [32 x dvp] pairs of keys); everything after the score tile is float32 either way.
-//   per task Q tile packed to float32 [rows x d]; per row a softmax state (max m, sum l: l in
+//   packing  K^T in tiles of [d x 64] (and V as [nk x dvp] unless it is stored as the tile's
+//            type with dense rows and dv a whole number of vectors, then read in place), once per
+//            kv head and call, shared by all tasks of that head (see run_fused). The element type
+//            and layout are the template parameter Tiles (fused_tiles.h): float32, or the bf16
+//            pairs of fused_bf16-inl.h that vdpbf16ps reads (K^T as [d/2 x 64] pairs, V as [32 x
+//            dvp] pairs of keys), or float64 for a call computing in float64 (F64Tiles); everything
+//            after the score tile is in the Micro's type F: float32 for the float32 and bf16 paths,
+//            float64 for the float64 one (the same loop nest, templated).
+//   per task Q tile packed to F [rows x d]; per row a softmax state (max m, sum l: l in
 //            kLanes lanes) and an accumulator o [dv] (padded to the vector width, dvp).
 //            for each key tile [j0, j0 + 64) inside the union of the rows' causal/window ranges
 //            (tiles outside it are never touched), group by group of 4·kRows rows (24 on
@@ -51,7 +53,7 @@
 // Each tile's sum is formed over its 64 keys (4 per lane) before it enters l (a long row summed
 // one element at a time loses accuracy at nk = 65536).
 //
-// Memory: per worker the Q (unless read in place), S and o tiles, 256 (d + 64 + dv) floats;
+// Memory: per worker the Q (unless read in place), S and o tiles, 256 (d + 64 + dv) elements of F;
 // shared, the packed K^T (and V when it cannot be read in place) of all kv heads if that fits
 // 32 MiB, else of two.
 // No n x n buffer anywhere. Traffic: K and V are converted/transposed once per kv head, then
@@ -59,6 +61,7 @@
 // O element is read or written once.
 //
 // The policy `Micro` supplies the inner loops (all on 64-key rows of S):
+//   F (float or double: the type of S, P, o and the softmax state);
 //   kLanes, kRows (the row group the loop nest hands the micro-kernels at a time);
 //   scores(q, rows, d, kt, keys, scale, s, row_max) (S = scale · Q·K^T and each row's max, for
 //   at least the first `keys` keys of the tile: later scores may be left as they were);
@@ -88,11 +91,14 @@ struct HeadPack {
   std::int64_t ldv = 0;
 };
 
-// Tiles (fused_tiles.h) is the packed element type and layout: float32 for every micro-kernel
-// but the bf16 one, whose Micro reads the bf16 pairs of fused_bf16-inl.h.
+// Tiles (fused_tiles.h) is the packed element type and layout: float32 for every float32
+// micro-kernel but the bf16 one, whose Micro reads the bf16 pairs of fused_bf16-inl.h, and
+// float64 for the float64 micro-kernels.
 template <class Micro, class Tiles>
 class FusedWorker {
   using T = typename Tiles::T;
+  using F = typename Micro::F;
+  static constexpr F kInf = std::numeric_limits<F>::infinity();
 
  public:
   FusedWorker(const core::AttentionParams& p, const fused::Plan& plan)
@@ -100,20 +106,20 @@ class FusedWorker {
         plan_(plan),
         dvp_(fused::round_up(p.shape.dv, Micro::kLanes)),
         q_stride_(Tiles::q_row(p.shape.d)),
-        q_in_place_(Tiles::kReadsInPlace && plan.g == 1 && p.q.dtype == DType::kF32 &&
+        q_in_place_(Tiles::kReadsInPlace && plan.g == 1 && p.q.dtype == Tiles::kInPlaceDType &&
                     p.q.strides.col == 1 && p.q.strides.row == p.shape.d &&
                     !core::operand_rounds(p.q, p.compute)),
         modified_(p.modifiers.softcap > 0 || !p.modifiers.alibi_slopes.empty()),
         q_(Tiles::make(q_in_place_ ? 0 : plan.max_rows * q_stride_)),
-        s_(fused::make_buffer(plan.max_rows * fused::kKeyTile)),
-        o_(fused::make_buffer(plan.max_rows * dvp_)),
+        s_(fused::make_buffer<F>(plan.max_rows * fused::kKeyTile)),
+        o_(fused::make_buffer<F>(plan.max_rows * dvp_)),
         // One vector of slack: softmax_rows reads these a vector of rows at a time, and
         // targets without masked loads read the whole vector.
-        alpha_(fused::make_buffer(plan.max_rows + Micro::kLanes)),
-        max_(fused::make_buffer(plan.max_rows + Micro::kLanes)),
-        m_(fused::make_buffer(plan.max_rows + Micro::kLanes)),
-        sum_(fused::make_buffer(plan.max_rows)),
-        lsum_(fused::make_buffer(plan.max_rows * Micro::kLanes)) {}
+        alpha_(fused::make_buffer<F>(plan.max_rows + Micro::kLanes)),
+        max_(fused::make_buffer<F>(plan.max_rows + Micro::kLanes)),
+        m_(fused::make_buffer<F>(plan.max_rows + Micro::kLanes)),
+        sum_(fused::make_buffer<F>(plan.max_rows)),
+        lsum_(fused::make_buffer<F>(plan.max_rows * Micro::kLanes)) {}
 
   bool ok() const noexcept { return q_ && s_ && o_ && alpha_ && max_ && m_ && sum_ && lsum_; }
 
@@ -121,7 +127,7 @@ class FusedWorker {
     const core::AttentionShape& sh = p_.shape;
     const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t rows = plan_.g * per_head;
-    // Q's rows are read in place when they already are the tile (float32, dense rows, one
+    // Q's rows are read in place when they already are the tile (the tile's type, dense rows, one
     // query head per kv head), else packed: the copy was 2 % of a causal n = 512, d = 128 call.
     q_rows_ = Tiles::data(q_);
     if (q_in_place_) {
@@ -132,17 +138,17 @@ class FusedWorker {
                       Tiles::data(q_) + gh * per_head * q_stride_, p_.compute);
       }
     }
-    std::fill(o_.get(), o_.get() + rows * dvp_, 0.0f);
-    std::fill(m_.get(), m_.get() + rows, -fused::kInfF);
-    std::fill(lsum_.get(), lsum_.get() + rows * Micro::kLanes, 0.0f);
+    std::fill(o_.get(), o_.get() + rows * dvp_, F{0});
+    std::fill(m_.get(), m_.get() + rows, -kInf);
+    std::fill(lsum_.get(), lsum_.get() + rows * Micro::kLanes, F{0});
     // A sink is a score every row has seen before its first key: the running max starts at it
     // and the running sum at exp(sink - sink) = 1. A row that never meets an allowed key keeps
     // exactly that state: out 0, lse = sink.
     if (!p_.modifiers.sinks.empty()) {
       for (std::int64_t r = 0; r < rows; ++r) {
         const auto h = static_cast<std::size_t>(t.hk * plan_.g + r / per_head);
-        m_.get()[r] = static_cast<float>(p_.modifiers.sinks[h]);
-        lsum_.get()[r * Micro::kLanes] = 1.0f;
+        m_.get()[r] = static_cast<F>(p_.modifiers.sinks[h]);
+        lsum_.get()[r * Micro::kLanes] = F{1};
       }
     }
 
@@ -189,11 +195,11 @@ class FusedWorker {
     }
 
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float* lsum = lsum_.get() + r * Micro::kLanes;
-      float& sum = sum_.get()[r];
-      sum = 0.0f;
+      const F* lsum = lsum_.get() + r * Micro::kLanes;
+      F& sum = sum_.get()[r];
+      sum = F{0};
       for (std::int64_t x = 0; x < Micro::kLanes; ++x) sum += lsum[x];
-      const SoftmaxState st{m_.get()[r], sum};
+      const BasicSoftmaxState<F> st{m_.get()[r], sum};
       const std::int64_t h = t.hk * plan_.g + r / per_head;
       const std::int64_t i = t.i0 + r % per_head;
       fused::store_row(p_.out, t.b, h, i, 0, o_.get() + r * dvp_, sh.dv, inverse_sum(st));
@@ -208,29 +214,29 @@ class FusedWorker {
  private:
   static constexpr std::int64_t kGroupRows = 4 * Micro::kRows;
 
-  float scale() const noexcept { return static_cast<float>(p_.scale); }
+  F scale() const noexcept { return static_cast<F>(p_.scale); }
 
   // The online-softmax step for row r of the current key tile, already masked (max_ holds its
   // max over the allowed keys): merge the tile's max into the running max m, P = exp(S - m), the
   // running sum, and the factor alpha for o (with the Micro's exp, which update_group uses too: a
   // row takes the same bits through either path).
   void update_row(std::int64_t r) noexcept {
-    float* s = s_.get() + r * fused::kKeyTile;
-    const float tile_max = max_.get()[r];
-    float& m = m_.get()[r];
-    const float now = std::max(m, tile_max);
-    const float alpha = rescale_factor(m, now, [](float x) { return Micro::exp1(x); });
+    F* s = s_.get() + r * fused::kKeyTile;
+    const F tile_max = max_.get()[r];
+    F& m = m_.get()[r];
+    const F now = std::max(m, tile_max);
+    const F alpha = rescale_factor(m, now, [](F x) { return Micro::exp1(x); });
     m = now;
     // The tile's exponentials are taken against the merged max, so its factor is 1; the
     // running sum lives in kLanes lanes per row (a horizontal sum per row and tile would cost
     // as much as the exp), each lane adding the tile's partial sum.
-    float* lsum = lsum_.get() + r * Micro::kLanes;
-    if (m == -fused::kInfF) {
-      std::fill(s, s + fused::kKeyTile, 0.0f);
-    } else if (m == fused::kInfF) {
+    F* lsum = lsum_.get() + r * Micro::kLanes;
+    if (m == -kInf) {
+      std::fill(s, s + fused::kKeyTile, F{0});
+    } else if (m == kInf) {
       for (std::int64_t x = 0; x < Micro::kLanes; ++x) lsum[x] *= alpha;
       for (std::int64_t j = 0; j < fused::kKeyTile; ++j) {
-        s[j] = s[j] == fused::kInfF ? 1.0f : 0.0f;
+        s[j] = s[j] == kInf ? F{1} : F{0};
         lsum[0] += s[j];
       }
     } else {
@@ -245,8 +251,8 @@ class FusedWorker {
   // max is not finite (a score that overflowed, or no allowed key yet) sends the group through
   // update_row, which has those cases.
   void update_group(std::int64_t r0, std::int64_t nr) noexcept {
-    const float* m = m_.get();
-    const float* tile_max = max_.get();
+    const F* m = m_.get();
+    const F* tile_max = max_.get();
     for (std::int64_t r = r0; r < r0 + nr; ++r) {
       if (!std::isfinite(std::max(m[r], tile_max[r]))) {
         for (std::int64_t x = r0; x < r0 + nr; ++x) update_row(x);
@@ -262,18 +268,18 @@ class FusedWorker {
   // boundary crosses, that has an explicit mask, or that is the short last tile); returns the
   // row's max. The forward sweep and the weights sweep both come here, so a score has the same
   // bits in both.
-  float finish_scores(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk,
-                      bool full, float* s) const noexcept {
+  F finish_scores(const fused::Task& t, std::int64_t r, std::int64_t j0, std::int64_t bk, bool full,
+                  F* s) const noexcept {
     const std::int64_t per_head = t.i1 - t.i0;
     const std::int64_t h = t.hk * plan_.g + r / per_head;
     const std::int64_t i = t.i0 + r % per_head;
     if (modified_) {
       const core::ScoreModifiers& mod = p_.modifiers;
-      const float slope =
-          mod.alibi_slopes.empty() ? 0.0f
-                                   : static_cast<float>(mod.alibi_slopes[static_cast<std::size_t>(h)]);
-      const float max = Micro::modify_scores(s, static_cast<float>(mod.softcap), slope,
-                                             i + p_.shape.diagonal_offset() - j0);
+      const F slope = mod.alibi_slopes.empty()
+                          ? F{0}
+                          : static_cast<F>(mod.alibi_slopes[static_cast<std::size_t>(h)]);
+      const F max = Micro::modify_scores(s, static_cast<F>(mod.softcap), slope,
+                                         i + p_.shape.diagonal_offset() - j0);
       if (full) return max;
     }
     fused::mask_row(p_, t.b, h, i, j0, bk, p_.masking.has_structure(), s);
@@ -305,22 +311,22 @@ class FusedWorker {
       const bool full = bk == fused::kKeyTile && p_.masking.mask == nullptr &&
                         fused::tile_fully_allowed(p_.masking, sh, t.i0, t.i1, j0, j0 + bk);
       for (std::int64_t r = 0; r < rows; ++r) {
-        float* s = s_.get() + r * fused::kKeyTile;
+        F* s = s_.get() + r * fused::kKeyTile;
         if (!full || modified_) finish_scores(t, r, j0, bk, full, s);
-        const SoftmaxState st{m_.get()[r], sum_.get()[r]};
-        const float inv_sum = inverse_sum(st);
-        if (st.max == -fused::kInfF) {
-          std::fill(s, s + fused::kKeyTile, 0.0f);
-        } else if (st.max == fused::kInfF) {
+        const BasicSoftmaxState<F> st{m_.get()[r], sum_.get()[r]};
+        const F inv_sum = inverse_sum(st);
+        if (st.max == -kInf) {
+          std::fill(s, s + fused::kKeyTile, F{0});
+        } else if (st.max == kInf) {
           for (std::int64_t j = 0; j < fused::kKeyTile; ++j) {
-            s[j] = s[j] == fused::kInfF ? inv_sum : 0.0f;
+            s[j] = s[j] == kInf ? inv_sum : F{0};
           }
         } else {
           Micro::exp_scale(s, st.max, inv_sum);
         }
         const std::int64_t h = t.hk * plan_.g + r / per_head;
         const std::int64_t i = t.i0 + r % per_head;
-        fused::store_row(p_.weights, t.b, h, i, j0, s, bk, 1.0f);
+        fused::store_row(p_.weights, t.b, h, i, j0, s, bk, F{1});
       }
     }
   }
@@ -330,11 +336,12 @@ class FusedWorker {
   std::int64_t dvp_;
   std::int64_t q_stride_;  // elements from one Q row to the next in q_
   bool q_in_place_;
-  bool modified_;  // softcap or ALiBi: every tile takes the per-row path
+  bool modified_;              // softcap or ALiBi: every tile takes the per-row path
   const T* q_rows_ = nullptr;  // the task's Q rows, q_stride_ apart: in place or q_
   // Per row: the tile's max (max_), the running max (m_), the factor for o (alpha_), the
   // running sum in kLanes lanes (lsum_) and its final total (sum_).
-  fused::Buffer q_, s_, o_, alpha_, max_, m_, sum_, lsum_;
+  decltype(Tiles::make(0)) q_;
+  fused::BufferOf<F> s_, o_, alpha_, max_, m_, sum_, lsum_;
 };
 
 // Runs the fused forward pass on min(p.threads, tasks) threads (fewer only when the system
@@ -359,17 +366,17 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
   // V is read in place only when its rows are dense: rows a wider matrix apart (heads as
   // column blocks, ldv = H·dv) fall into a few L1 sets (at 2 KiB apart, 64 rows share 8 of the
   // 64 sets) and measured 18 % slower at n = 2048, H = 8, d = 64 than a packed copy.
-  const bool v_in_place = Tiles::kReadsInPlace && p.v.dtype == DType::kF32 &&
+  const bool v_in_place = Tiles::kReadsInPlace && p.v.dtype == Tiles::kInPlaceDType &&
                           p.v.strides.col == 1 && p.v.strides.row == sh.dv &&
                           sh.dv % Micro::kLanes == 0 && !core::operand_rounds(p.v, p.compute);
   const std::int64_t kt_elements = key_tiles * Tiles::kt_tile(sh.d);
   const std::int64_t v_elements = v_in_place ? 0 : key_tiles * fused::kKeyTile * dvp;
   const std::int64_t head_elements = kt_elements + v_elements;
-  const bool all_at_once = heads * head_elements * static_cast<std::int64_t>(sizeof(T)) <=
-                           fused::kPackBudgetFloats * 4;
+  const bool all_at_once =
+      heads * head_elements * static_cast<std::int64_t>(sizeof(T)) <= fused::kPackBudgetFloats * 4;
   const std::int64_t chunk = all_at_once ? heads : 1;
   const std::int64_t chunks = heads / chunk;
-  fused::Buffer slots[2];
+  decltype(Tiles::make(0)) slots[2];
   for (std::int64_t slot = 0; slot < std::min<std::int64_t>(2, chunks); ++slot) {
     // Packing writes every element of the K^T tiles (the short last one zero-filled first);
     // a packed V leaves its padding columns and rows unwritten (unless Tiles::kWritesPadding),
@@ -410,8 +417,8 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
           if (bk < fused::kKeyTile) std::fill(tile, tile + Tiles::kt_tile(sh.d), T{0});
           Tiles::pack_kt(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d, tile, p.compute);
           if (!v_in_place) {
-            Tiles::pack_v(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv,
-                          head + kt_elements + j0 * dvp, dvp, p.compute);
+            Tiles::pack_v(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv, head + kt_elements + j0 * dvp,
+                          dvp, p.compute);
           }
         }
         team.sync();

@@ -60,14 +60,21 @@ inline constexpr double kUnfusedWorkspaceCapBytes = 2.0 * 1024 * 1024 * 1024;
 std::int64_t unfused_workers(const core::AttentionShape& shape, int threads) noexcept;
 
 // An upper bound on the scratch memory any kernel the call may run allocates for an attention
-// call of this shape on `threads` threads; `kernel` is options.kernel (empty: any). Kept beside
-// the kernels (workspace.cc) so that a kernel that grows its workspace grows this too. Used by
-// the memory budget, which refuses a call before anything is allocated.
+// call of this shape on `threads` threads; `kernel` is options.kernel (empty: any), `compute`
+// the call's compute type (AttentionParams::compute: the fused kernel's tiles are float64 for
+// kF64). Kept beside the kernels (workspace.cc) so that a kernel that grows its workspace grows
+// this too. Used by the memory budget, which refuses a call before anything is allocated.
 std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int threads,
-                                        const std::string& kernel) noexcept;
+                                        const std::string& kernel,
+                                        DType compute = DType::kF32) noexcept;
 
 // Shared by the float32 kernels: why float32 cannot represent these inputs, or empty.
 std::string float32_declines(const core::AttentionParams& params);
+// The fused kernels' float64 path (compute == kF64): why its scores or sums could overflow
+// float64, or empty. fused_declines picks float32_declines or float64_declines by the call's
+// compute type.
+std::string float64_declines(const core::AttentionParams& params);
+std::string fused_declines(const core::AttentionParams& params);
 // Shared by the kernels that read operands as they are stored and compute plain softmax
 // attention: why they decline a call with score modifiers (softcap, ALiBi, sinks) or operands
 // to round to a narrower storage type, or empty.

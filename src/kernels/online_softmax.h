@@ -12,6 +12,9 @@
 // 0, so a row that stays all-masked gives zeros and lse = -inf, never NaN. A score that
 // overflowed to +inf (finite float inputs, astronomically large products) takes all the weight,
 // shared with its equals, as in the float64 reference.
+//
+// The element type F is float for every float32 kernel and double for the fused kernel's
+// float64 path; SoftmaxState is the float32 state.
 #pragma once
 
 #include <cmath>
@@ -19,20 +22,22 @@
 
 namespace qkv::kernels {
 
-struct SoftmaxState {
-  float max = -std::numeric_limits<float>::infinity();
-  float sum = 0.0f;  // sum_j exp(r_j - max); 0 for an all-masked state
+template <class F>
+struct BasicSoftmaxState {
+  F max = -std::numeric_limits<F>::infinity();
+  F sum = F{0};  // sum_j exp(r_j - max); 0 for an all-masked state
 };
+using SoftmaxState = BasicSoftmaxState<float>;
 
 // The factor exp(from - to) that moves a state kept against max `from` to the max `to`
 // (to >= from), with the -inf and +inf cases of the contract. `exp` is the caller's: the fused
 // kernels pass the exp of their vector code, so that a row takes the same bits on every path.
-template <class Exp>
-inline float rescale_factor(float from, float to, Exp exp) noexcept {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  if (from == -kInf) return 0.0f;
-  if (from == to) return 1.0f;  // the common case once the max has settled: no exp call
-  if (to == kInf) return 0.0f;
+template <class F, class Exp>
+inline F rescale_factor(F from, F to, Exp exp) noexcept {
+  constexpr F kInf = std::numeric_limits<F>::infinity();
+  if (from == -kInf) return F{0};
+  if (from == to) return F{1};  // the common case once the max has settled: no exp call
+  if (to == kInf) return F{0};
   return exp(from - to);
 }
 
@@ -56,18 +61,20 @@ inline MergeFactors merge_states(SoftmaxState& into, const SoftmaxState& part, E
 
 // The finished row's factor 1/sum for the accumulator: 0 for an all-masked row, whose
 // accumulator is zero.
-inline float inverse_sum(const SoftmaxState& s) noexcept {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  if (s.max == -kInf || s.sum == 0.0f) return 0.0f;
-  return 1.0f / s.sum;
+template <class F>
+inline F inverse_sum(const BasicSoftmaxState<F>& s) noexcept {
+  constexpr F kInf = std::numeric_limits<F>::infinity();
+  if (s.max == -kInf || s.sum == F{0}) return F{0};
+  return F{1} / s.sum;
 }
 
 // The finished row's log-sum-exp, in double so that max + log(sum) keeps log(sum)'s bits when
 // |max| is large; -inf for an all-masked row. Kept apart from inverse_sum because the log is
 // worth skipping when nobody asked for the lse.
-inline double log_sum_exp(const SoftmaxState& s) noexcept {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  if (s.max == -kInf || s.sum == 0.0f) return -std::numeric_limits<double>::infinity();
+template <class F>
+inline double log_sum_exp(const BasicSoftmaxState<F>& s) noexcept {
+  constexpr F kInf = std::numeric_limits<F>::infinity();
+  if (s.max == -kInf || s.sum == F{0}) return -std::numeric_limits<double>::infinity();
   if (s.max == kInf) return static_cast<double>(kInf);
   return static_cast<double>(s.max) + std::log(static_cast<double>(s.sum));
 }

@@ -15,7 +15,7 @@ std::uint64_t u(std::int64_t n) noexcept { return n < 0 ? 0 : static_cast<std::u
 }  // namespace
 
 std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int threads,
-                                        const std::string& kernel) noexcept {
+                                        const std::string& kernel, DType compute) noexcept {
   using core::saturating_add;
   using core::saturating_mul;
   const std::uint64_t d = u(shape.d), dv = u(shape.dv), nq = u(shape.nq), nk = u(shape.nk);
@@ -29,6 +29,8 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
       u(std::clamp<std::int64_t>(shape.b * shape.h * shape.nq, 1, asked));
   const std::uint64_t lanes = u(fused::kMaxLanes), key_tile = u(fused::kKeyTile);
   const std::uint64_t group = shape.hkv > 0 ? u(shape.h / shape.hkv) : 1;
+  // The fused kernel's tiles hold float64 for a float64 call, float32 (or bf16) otherwise.
+  const std::uint64_t element = compute == DType::kF64 ? 8 : 4;
 
   // Fused, per worker: the Q, score, accumulator and row-state tiles of one task.
   const std::uint64_t rows = std::max(u(fused::kTaskRows), group);
@@ -36,14 +38,18 @@ std::uint64_t attention_workspace_bytes(const core::AttentionShape& shape, int t
   // Per row: Q, o (padded), scores, lane-wise sums and 4 scalars (alpha, tile max, running max,
   // sum); 3 vectors of slack for the per-row scalars.
   const std::uint64_t fused_tiles = saturating_mul(
-      saturating_add(saturating_mul(rows, d + dvp + key_tile + lanes + 4), 3 * lanes), 4);
-  // Fused, shared: packed K^T and V of every kv head when they fit the pack budget, else two.
+      saturating_add(saturating_mul(rows, d + dvp + key_tile + lanes + 4), 3 * lanes), element);
+  // Fused, shared: packed K^T and V of every kv head when they fit the pack budget (in bytes:
+  // kPackBudgetFloats float32 elements), else two.
   const std::uint64_t head_floats =
       saturating_mul((nk + key_tile - 1) / key_tile * key_tile, d + dvp);
   const std::uint64_t all_heads =
       saturating_mul(saturating_mul(u(shape.b), u(shape.hkv)), head_floats);
-  std::uint64_t packed = saturating_mul(
-      all_heads <= u(fused::kPackBudgetFloats) ? all_heads : saturating_mul(head_floats, 2), 4);
+  std::uint64_t packed =
+      saturating_mul(saturating_mul(all_heads, element) <= u(fused::kPackBudgetFloats) * 4
+                         ? all_heads
+                         : saturating_mul(head_floats, 2),
+                     element);
   // Slots of kHugeBytes or more are rounded up to whole huge pages (make_buffer): two at most.
   if (packed >= fused::kHugeBytes) packed = saturating_add(packed, 2 * fused::kHugePage);
   // Reference, per worker: one row of scores and one accumulator in float64.

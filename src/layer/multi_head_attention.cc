@@ -222,7 +222,8 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
                                      compute};
   const core::AttentionShape attention_shape{batch, heads, kv_heads, nq, nk, dk, dv};
   const std::uint64_t workspace =
-      kernels::attention_workspace_bytes(attention_shape, threads, options.attention.kernel);
+      kernels::attention_workspace_bytes(attention_shape, threads, options.attention.kernel,
+                                         options.attention.dtype.value_or(compute));
   core::check_memory_budget(core::layer_memory(layer_shape, options.attention, workspace),
                             options.attention.max_memory, "the layer");
 

@@ -32,6 +32,7 @@ struct KernelCase {
   DType in_dtype = DType::kF32;           // Q's dtype, and K's and V's unless given below
   std::optional<DType> k_dtype, v_dtype;  // mixed-dtype calls
   bool strided = false;  // Q, K, V (and the output) as head column blocks of wider matrices
+  std::optional<DType> dtype;  // options.dtype (unset: the default rule)
 };
 
 // Owns a case's inputs and exposes them as views.
@@ -46,6 +47,7 @@ struct CaseInputs {
     o.window = c.window;
     o.scale = c.scale;
     o.mask = mask;
+    o.dtype = c.dtype;
     return o;
   }
 };

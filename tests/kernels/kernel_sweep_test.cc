@@ -131,8 +131,11 @@ std::vector<KernelCase> sweep_cases() {
     c.hkv = 1;
     c.mask = MaskKind::kFloatFull;
   });
+  // Float64 inputs read by the float32 kernels: opted into float32 (by default all-float64
+  // calls compute in float64, which f64_path_test holds to a float64 tolerance).
   add("f64_inputs", [](KernelCase& c) {
     c.in_dtype = DType::kF64;
+    c.dtype = DType::kF32;
     c.mask = MaskKind::kFloatFull;
   });
   add("strided", [](KernelCase& c) {
@@ -144,6 +147,7 @@ std::vector<KernelCase> sweep_cases() {
   add("strided_f64", [](KernelCase& c) {
     c.strided = true;
     c.in_dtype = DType::kF64;
+    c.dtype = DType::kF32;
   });
   // 16-bit storage: every kernel widens it to float32 exactly (the reference reads it exactly
   // too, so the float32 criterion applies unchanged). Contiguous and head column blocks, GQA
@@ -373,12 +377,16 @@ TEST(KernelChoice, ExplainsTheDefaultAndForcedChoice) {
 }
 
 // The float32 kernels decline float64 inputs that float32 cannot hold; the reference takes them.
+// Computed in float64 (the default for all-float64 inputs), the fused kernel takes them (1e280:
+// its own bound, D·max|Q|·max|K| with max|Q| bounded by 2^32, stays within float64).
 TEST(KernelChoice, Float32KernelsDeclineOutOfRangeDoubles) {
   KernelCase c;
   c.in_dtype = DType::kF64;
   CaseInputs in = make_inputs(c, 5);
-  in.k_store.data_as<double>()[3] = 1e300;
+  in.k_store.data_as<double>()[3] = 1e280;
   AttentionOptions options = in.options(c);
+  EXPECT_NE(attention(in.q, in.k, in.v, options).kernel, "reference");
+  options.dtype = DType::kF32;
   EXPECT_EQ(attention(in.q, in.k, in.v, options).kernel, "reference");
 }
 

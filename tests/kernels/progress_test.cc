@@ -1,5 +1,6 @@
 // AttentionOptions::progress: every kernel counts each query row of each head exactly once, the
-// count reaches B·H·Nq (H·total_q for a packed batch), and listening changes no bit of a result.
+// count reaches B·H·Nq (H·total_q for a packed batch), and listening changes no bit of a result,
+// for float32 inputs and for float64 ones (computed in float64 by the fused kernels).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -73,10 +74,16 @@ std::vector<Case> cases() {
 }
 
 TEST(AttentionProgress, EveryKernelCountsEveryRowOnceAndChangesNoBit) {
-  for (const Case& c : cases()) {
-    const Tensor q = testing::random_tensor(DType::kF32, c.q, 1);
-    const Tensor k = testing::random_tensor(DType::kF32, c.k, 2);
-    const Tensor v = testing::random_tensor(DType::kF32, c.v, 3);
+  for (const auto& [c, dtype] : [] {
+         std::vector<std::pair<Case, DType>> all;
+         for (const Case& x : cases()) {
+           for (const DType d : {DType::kF32, DType::kF64}) all.emplace_back(x, d);
+         }
+         return all;
+       }()) {
+    const Tensor q = testing::random_tensor(dtype, c.q, 1);
+    const Tensor k = testing::random_tensor(dtype, c.k, 2);
+    const Tensor v = testing::random_tensor(dtype, c.v, 3);
     const Tensor cu_q = offsets(c.cu_q, "cu_q");
     const Tensor cu_k = offsets(c.cu_k, "cu_k");
     for (const std::string& kernel : attention_kernel_names()) {
@@ -100,8 +107,8 @@ TEST(AttentionProgress, EveryKernelCountsEveryRowOnceAndChangesNoBit) {
         Heard heard;
         options.progress = heard.listener();
         const AttentionResult told = attention(q.view(), k.view(), v.view(), options);
-        const std::string where = c.name + ", " + kernel + ", " + std::to_string(threads) +
-                                  " threads";
+        const std::string where = c.name + ", " + dtype_name(dtype) + ", " + kernel + ", " +
+                                  std::to_string(threads) + " threads";
         EXPECT_EQ(told.kernel, quiet.kernel) << where;
         EXPECT_EQ(heard.largest.load(), c.total) << where;
         EXPECT_FALSE(heard.done_out_of_range.load()) << where;

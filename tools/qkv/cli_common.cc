@@ -170,7 +170,8 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups gr
     command
         .add_option("--dtype", flags.dtype,
                     "storage type Q, K, V are rounded to (nearest even) for the computation "
-                    "(default: bf16 or f16 when all three are stored so, else f32)")
+                    "(default: f64, bf16 or f16 when all three are stored so, else f32; f64 "
+                    "computes in float64, --dtype f32 opts float64 inputs into float32)")
         ->check(CLI::IsMember({"f64", "f32", "bf16", "f16"}));
   } else {
     command.add_option("--out-dtype", flags.out_dtype, "dtype of every output")

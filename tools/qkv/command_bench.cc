@@ -53,8 +53,8 @@ struct Timing {
   double peak_rss_mib = 0.0;  // process peak RSS after this kernel's runs
 };
 
-// Fills a tensor of `dtype` (f32, bf16 or f16) with a cheap deterministic pattern in [-1, 1),
-// written straight in that type: a 16-bit run never holds a float32 copy of its inputs.
+// Fills a tensor of `dtype` (f64, f32, bf16 or f16) with a cheap deterministic pattern in
+// [-1, 1), written straight in that type: a 16-bit run never holds a float32 copy of its inputs.
 Tensor pattern_tensor(DType dtype, const Shape& shape, std::uint64_t seed, const char* name) {
   Tensor t(dtype, shape, name);
   std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -66,6 +66,8 @@ Tensor pattern_tensor(DType dtype, const Shape& shape, std::uint64_t seed, const
         1.0f;
     if (dtype == DType::kF32) {
       t.data_as<float>()[i] = x;
+    } else if (dtype == DType::kF64) {
+      t.data_as<double>()[i] = static_cast<double>(x);
     } else {
       t.data_as<std::uint16_t>()[i] =
           dtype == DType::kBF16 ? core::float_to_bf16(x) : core::float_to_f16(x);
@@ -77,9 +79,10 @@ Tensor pattern_tensor(DType dtype, const Shape& shape, std::uint64_t seed, const
 // --dtype of a prefill bench: the storage of Q, K, V and the computation's type.
 DType prefill_dtype(const std::string& name) {
   if (name == "f32") return DType::kF32;
+  if (name == "f64") return DType::kF64;
   if (name == "bf16") return DType::kBF16;
   if (name == "f16") return DType::kF16;
-  usage_error("--dtype", "expected f32, bf16 or f16 without --decode, got '" + name + "'");
+  usage_error("--dtype", "expected f64, f32, bf16 or f16 without --decode, got '" + name + "'");
 }
 
 // The useful flops: 2·(d + dv) per allowed (query, key) pair and head.
@@ -101,7 +104,9 @@ Timing time_kernel(const BenchCommand& c, const TensorView& q, const TensorView&
   options.causal = c.causal;
   options.threads = c.threads;
   options.kernel = kernel;
-  Tensor out(DType::kF32, {c.batch, c.heads, c.n, c.dv}, "out");
+  // A float64 call writes a float64 output (its accuracy is the point); every other a float32 one.
+  Tensor out(q.dtype == DType::kF64 ? DType::kF64 : DType::kF32, {c.batch, c.heads, c.n, c.dv},
+             "out");
   const AttentionOutputs outputs{out.mutable_view(), std::nullopt, std::nullopt};
   Timing t;
   for (int w = 0; w < c.warmup; ++w) t.kernel = attention_into(q, k, v, options, outputs);
@@ -222,10 +227,15 @@ void run_bench(BenchCommand c) {
   const double flops = useful_flops(c);
   const double fma_peak =
       c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(threads);
-  // The relevant peak: the bf16 dot-product peak for the bf16 path, the FMA peak otherwise.
+  // The relevant peak: the bf16 dot-product peak for the bf16 path, the fp64 FMA peak (half the
+  // fp32 one: the same FMAs on half as many lanes) for float64, the FMA peak otherwise.
   const std::string path = kernels::fused_hwy_path(dtype);
   const bool bf16_dots = dtype == DType::kBF16 && kernels::fused_bf16_dots_available();
-  const double peak = bf16_dots ? kernels::measure_bf16_dot_peak_gflops(threads) : fma_peak;
+  const bool f64 = dtype == DType::kF64;
+  const double peak = bf16_dots ? kernels::measure_bf16_dot_peak_gflops(threads)
+                      : f64     ? fma_peak / 2
+                                : fma_peak;
+  const char* peak_name = bf16_dots ? "bf16 dot" : f64 ? "fp64 FMA" : "FMA";
 
   if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
     AttentionOptions options;
@@ -251,9 +261,20 @@ void run_bench(BenchCommand c) {
       f32_note = e.what();
     }
   }
+  // A float64 run against the float64 reference (row by row, one thread per row block): the
+  // fused kernel's float64 path must beat it by 10x; unfused_blas computes in float32 only.
+  std::optional<Timing> reference;
+  std::string reference_note;
+  if (!c.no_baseline && f64 && main.kernel != "reference") {
+    try {
+      reference = time_kernel(c, q.view(), k.view(), v.view(), "reference", flops);
+    } catch (const Error& e) {
+      reference_note = e.what();
+    }
+  }
   std::optional<Timing> base;
   std::string base_note;
-  if (!c.no_baseline && main.kernel != "unfused_blas") {
+  if (!c.no_baseline && !f64 && main.kernel != "unfused_blas") {
     try {
       base = time_kernel(c, q.view(), k.view(), v.view(), "unfused_blas", flops);
     } catch (const Error& e) {
@@ -282,6 +303,11 @@ void run_bench(BenchCommand c) {
       print_json_timing("f32_fused", *f32_fused, fma_peak);
       std::printf(",\n  \"speedup_vs_f32_fused\": %.4f", f32_fused->ms / main.ms);
     }
+    if (reference) {
+      std::printf(",\n");
+      print_json_timing("reference", *reference, peak);
+      std::printf(",\n  \"speedup_vs_reference\": %.4f", reference->ms / main.ms);
+    }
     if (base) {
       std::printf(",\n");
       print_json_timing("baseline", *base, peak);
@@ -301,25 +327,37 @@ void run_bench(BenchCommand c) {
   std::printf("useful work %.3f GFLOP; fp32 FMA peak %.1f GFLOP/s; inputs+output %.1f MiB\n",
               flops * 1e-9, fma_peak, input_output_mib);
   if (bf16_dots) std::printf("bf16 dot-product peak %.1f GFLOP/s\n", peak);
+  if (f64) std::printf("fp64 FMA peak %.1f GFLOP/s (half the fp32 one)\n", peak);
   std::printf("Q, K, V stored and computed as %s; fused_hwy path: %s\n", c.dtype.c_str(),
               path.c_str());
-  auto line = [&](const char* role, const Timing& t, double of_peak) {
+  auto line = [&](const char* role, const Timing& t, double of_peak, const char* of_name) {
     std::printf(
         "%-9s %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of %s peak  "
         "peak RSS %.0f MiB\n",
         role, t.kernel.c_str(), t.ms, t.min_ms, t.cpu_ms, t.runs, t.gflops,
-        of_peak > 0 ? 100.0 * t.gflops / of_peak : 0.0, of_peak == fma_peak ? "FMA" : "bf16 dot",
-        t.peak_rss_mib);
+        of_peak > 0 ? 100.0 * t.gflops / of_peak : 0.0, of_name, t.peak_rss_mib);
   };
-  line("chosen", main, peak);
+  line("chosen", main, peak, peak_name);
   if (f32_fused) {
-    line("f32 fused", *f32_fused, fma_peak);
-    std::printf("speedup vs the float32 fused kernel: %.2fx\n", f32_fused->ms / main.ms);
+    line("f32 fused", *f32_fused, fma_peak, "FMA");
+    if (f64) {
+      std::printf("float64 / float32 fused GFLOP/s: %.2fx (target >= 0.4)\n",
+                  f32_fused->ms / main.ms);
+    } else {
+      std::printf("speedup vs the float32 fused kernel: %.2fx\n", f32_fused->ms / main.ms);
+    }
   } else if (!f32_note.empty()) {
     std::printf("float32 fused kernel: not run (%s)\n", f32_note.c_str());
   }
+  if (reference) {
+    line("reference", *reference, peak, peak_name);
+    std::printf("float64 fused / reference GFLOP/s: %.1fx (target >= 10)\n",
+                reference->ms / main.ms);
+  } else if (!reference_note.empty()) {
+    std::printf("reference: not run (%s)\n", reference_note.c_str());
+  }
   if (base) {
-    line("baseline", *base, fma_peak);
+    line("baseline", *base, fma_peak, "FMA");
     std::printf("speedup vs baseline: %.2fx\n", base->ms / main.ms);
   } else if (!base_note.empty()) {
     std::printf("baseline: not run (%s)\n", base_note.c_str());
@@ -388,9 +426,10 @@ void register_bench_command(CLI::App& app) {
       ->excludes(peak_option)
       ->excludes(peak_gflops_option);
   sub->add_option("--dtype", command->dtype,
-                  "Q, K and V stored and computed as f32, bf16 or f16 (default f32; bf16 and "
-                  "f16 are also timed against the float32 fused kernel); with --decode: the "
-                  "cache's storage, f32, bf16, f16 or int8");
+                  "Q, K and V stored and computed as f64, f32, bf16 or f16 (default f32; f64, "
+                  "bf16 and f16 are also timed against the float32 fused kernel, f64 also "
+                  "against the float64 reference); with --decode: the cache's storage, f32, "
+                  "bf16, f16 or int8");
   CLI::Option* lengths_option =
       sub->add_option("--lengths", command->lengths,
                       "with --decode: L1,L2,... rows of each sequence (B entries; B defaults to "
@@ -415,6 +454,7 @@ void register_bench_command(CLI::App& app) {
       "  qkv bench --n 4096 --d 64 --heads 8 --causal --threads 2\n"
       "  qkv bench --decode --nk 32768 --heads 8 --d 128 --dtype bf16 --threads 2\n"
       "  qkv bench --n 4096 --d 64 --heads 8 --dtype bf16 --threads 2\n"
+      "  qkv bench --n 1024 --d 64 --heads 8 --dtype f64 --threads 2\n"
       "  qkv bench --peak --threads 2\n"
       "GFLOP/s count the useful work 2·(d+dv) per allowed (query, key) pair and head.\n"
       "--decode counts the K/V bytes one call must read: rows · Hkv · (d + dv) values of the\n"
