@@ -1,5 +1,6 @@
 #include "support/test_support.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +87,48 @@ double max_abs_diff(const TensorView& a, const TensorView& b) {
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
+}
+
+CausalAttention64 causal_attention_f64(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const std::int64_t h_count = q.shape()[0], nq = q.shape()[1], d = q.shape()[2];
+  const std::int64_t nk = k.shape()[1], dv = v.shape()[2];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  CausalAttention64 result;
+  for (std::int64_t h = 0; h < h_count; ++h) {
+    for (std::int64_t i = 0; i < nq; ++i) {
+      const std::int64_t last = i + (nk - nq);
+      std::vector<double> s(static_cast<std::size_t>(last + 1));
+      double m = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = 0; j <= last; ++j) {
+        double dot = 0.0;
+        for (std::int64_t c = 0; c < d; ++c) {
+          dot += element(q.view(), (h * nq + i) * d + c) * element(k.view(), (h * nk + j) * d + c);
+        }
+        s[static_cast<std::size_t>(j)] = dot * scale;
+        m = std::max(m, dot * scale);
+      }
+      double sum = 0.0;
+      for (double& x : s) sum += (x = std::exp(x - m));
+      for (std::int64_t c = 0; c < dv; ++c) {
+        double o = 0.0;
+        for (std::int64_t j = 0; j <= last; ++j) {
+          o += s[static_cast<std::size_t>(j)] / sum * element(v.view(), (h * nk + j) * dv + c);
+        }
+        result.out.push_back(o);
+      }
+      result.lse.push_back(m + std::log(sum));
+    }
+  }
+  return result;
+}
+
+double max_abs_diff(const std::vector<double>& a, const Tensor& b) {
+  if (static_cast<std::int64_t>(a.size()) != b.numel()) return std::numeric_limits<double>::infinity();
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - element(b.view(), static_cast<std::int64_t>(i))));
+  }
+  return worst;
 }
 
 double max_abs(const TensorView& a) {

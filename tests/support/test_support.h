@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "qkv/tensor.h"
 
@@ -24,6 +25,17 @@ bool same_bytes(const Tensor& a, const Tensor& b);
 
 // Element i (flat, C order) of any view as a double.
 double element(const TensorView& view, std::int64_t flat_index);
+
+// softmax(q·k / sqrt(D), causal, bottom-right aligned)·v written out in plain float64, for
+// [H, Nq, D] q, [H, Nk, D] k and [H, Nk, Dv] v of any dtype (Nk >= Nq): what the CLI tests hold
+// qkv's outputs against. out is [H, Nq, Dv] and lse [H, Nq], both flat in C order.
+struct CausalAttention64 {
+  std::vector<double> out, lse;
+};
+CausalAttention64 causal_attention_f64(const Tensor& q, const Tensor& k, const Tensor& v);
+
+// max |a_i - b_i| over a flat float64 vector and a tensor of as many elements (any dtype).
+double max_abs_diff(const std::vector<double>& a, const Tensor& b);
 
 // A fresh folder under the system's temp dir, removed with everything in it on destruction.
 class ScratchDir {
