@@ -18,6 +18,7 @@
 #include "qkv/layer.h"
 #include "io/safetensors_builder.h"
 #include "support/command_runner.h"
+#include "support/refusal.h"
 #include "support/test_support.h"
 
 namespace qkv {
@@ -37,15 +38,7 @@ CommandRun run_qkv(const fs::path& dir, const std::vector<std::string>& args) {
 // folder's files exactly as before.
 void expect_clean_failure(const fs::path& dir, const std::vector<std::string>& args,
                           const std::string& mentions) {
-  const std::vector<std::string> before = files_in(dir);
-  const CommandRun run = run_qkv(dir, args);
-  EXPECT_GE(run.status, 1);
-  EXPECT_LE(run.status, 127);
-  ASSERT_FALSE(run.err.empty());
-  EXPECT_EQ(run.err.back(), '\n');
-  EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
-  EXPECT_NE(run.err.find(mentions), std::string::npos) << run.err;
-  EXPECT_EQ(files_in(dir), before) << run.err;
+  testing::expect_refused(QKV_CLI_PATH, dir, args, mentions, {1, 127});
 }
 
 class CliTest : public ::testing::Test {

@@ -15,6 +15,7 @@
 #include "qkv/io.h"
 #include "qkv/layer.h"
 #include "support/command_runner.h"
+#include "support/refusal.h"
 #include "support/test_support.h"
 
 namespace qkv {
@@ -88,16 +89,9 @@ class CliV2 : public ::testing::Test {
     EXPECT_EQ(testing::max_abs_diff(lse.view(), expected.lse.view()), 0.0);
   }
 
-  // Status 1..127, one stderr line holding `mentions`, no output on stdout, no file created.
+  // The refusal every bad input gets (support/refusal.h).
   void expect_refused(const std::vector<std::string>& args, const std::string& mentions) {
-    const std::vector<std::string> before = files_in(dir_.path());
-    const CommandRun r = run(args);
-    EXPECT_GE(r.status, 1) << r.err;
-    EXPECT_LE(r.status, 127) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_NE(r.err.find(mentions), std::string::npos) << r.err;
-    EXPECT_TRUE(r.out.empty()) << r.out;
-    EXPECT_EQ(files_in(dir_.path()), before) << r.err;
+    testing::expect_refused(QKV_CLI_PATH, dir_.path(), args, mentions, {1, 127});
   }
 
   testing::ScratchDir dir_;

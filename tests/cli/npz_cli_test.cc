@@ -13,6 +13,7 @@
 #include "io/npz_builder.h"
 #include "qkv/io.h"
 #include "support/command_runner.h"
+#include "support/refusal.h"
 #include "support/test_support.h"
 
 namespace qkv {
@@ -83,15 +84,9 @@ class NpzCli : public ::testing::Test {
     }
   }
 
-  // Status 1, one stderr line holding `mentions`, nothing on stdout, no file created.
+  // The refusal every bad input gets (support/refusal.h).
   void expect_refused(const std::vector<std::string>& args, const std::string& mentions) {
-    const std::vector<std::string> before = files_in(dir_.path());
-    const CommandRun r = run(args);
-    EXPECT_EQ(r.status, 1) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_NE(r.err.find(mentions), std::string::npos) << r.err;
-    EXPECT_TRUE(r.out.empty()) << r.out;
-    EXPECT_EQ(files_in(dir_.path()), before) << r.err;
+    testing::expect_refused(QKV_CLI_PATH, dir_.path(), args, mentions, {}, kTimeoutSeconds);
   }
 
   testing::ScratchDir dir_;
