@@ -40,6 +40,21 @@ std::string quote_from_file(std::string_view text, char delimiter, std::size_t l
   return out + delimiter;
 }
 
+std::string printable_name(std::string_view name) {
+  std::string shown;
+  for (const char c : name) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(byte));
+      shown += escaped;
+    } else {
+      shown += c;
+    }
+  }
+  return shown;
+}
+
 std::string file_kind(unsigned mode) {
   switch (mode & S_IFMT) {
     case S_IFREG:

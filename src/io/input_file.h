@@ -18,6 +18,10 @@ std::string errno_message(int err);
 // characters shown before "...". A hostile file cannot break or colour the line.
 std::string quote_from_file(std::string_view text, char delimiter, std::size_t limit);
 
+// A name the user gave (a tensor's or an archive member's), kept to one line for the subject of
+// a message: control characters (below 0x20, and 0x7f) as \xNN, every other byte as given.
+std::string printable_name(std::string_view name);
+
 // What a file that is not regular is, for messages: "a FIFO", "a character device", "a
 // socket", ...
 std::string file_kind(unsigned mode);

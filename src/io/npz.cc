@@ -281,18 +281,7 @@ std::string available_arrays(const std::vector<std::string>& members) {
 
 // "PATH:NAME" with control characters escaped: the subject of every error about the member.
 std::string member_subject(const std::string& path, const std::string& name) {
-  std::string shown = path + ":";
-  for (const char c : name) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7f) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(byte));
-      shown += escaped;
-    } else {
-      shown += c;
-    }
-  }
-  return shown;
+  return path + ":" + io::printable_name(name);
 }
 
 const char* method_name(std::uint16_t method) {

@@ -457,19 +457,8 @@ Located locate_tensor(const InputFile& file, const std::string& subject, const s
   }
   const SafetensorsEntry& entry = *found;
   // The subject of every later error about this tensor: kept to one printable line.
-  std::string shown_name;
-  for (const char c : name) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7f) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned>(byte));
-      shown_name += escaped;
-    } else {
-      shown_name += c;
-    }
-  }
   Located located;
-  located.info.name = subject + ":" + shown_name;
+  located.info.name = subject + ":" + io::printable_name(name);
   // Kept as stored: F16 and BF16 stay 16-bit in memory; the kernels widen them as they read.
   if (entry.dtype == "F32") {
     located.info.dtype = DType::kF32;
