@@ -15,13 +15,13 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "core/half.h"
-#include "core/mask_rule.h"
 #include "core/parallel_for.h"
 #include "decode_support.h"
 #include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
+#include "run_report.h"
 
 namespace qkv::cli {
 
@@ -85,16 +85,13 @@ DType prefill_dtype(const std::string& name) {
   usage_error("--dtype", "expected f64, f32, bf16 or f16 without --decode, got '" + name + "'");
 }
 
-// The useful flops: 2·(d + dv) per allowed (query, key) pair and head.
+// The useful flops: 2·(d + dv) per allowed (query, key) pair and head, counted as -v counts
+// them (run_report.h).
 double useful_flops(const BenchCommand& c) {
-  core::Masking m;
-  m.causal = c.causal;
-  double pairs = 0.0;
-  for (std::int64_t i = 0; i < c.n; ++i) {
-    const core::KeyRange r = core::allowed_key_range(m, c.nk, i + c.nk - c.n);
-    pairs += static_cast<double>(r.last - r.first);
-  }
-  return 2.0 * pairs * static_cast<double>(c.d + c.dv) * static_cast<double>(c.heads * c.batch);
+  AttentionOptions options;
+  options.causal = c.causal;
+  return attention_flops({c.batch, c.heads, c.n, c.d}, {c.batch, c.kv_heads, c.nk, c.d},
+                         {c.batch, c.kv_heads, c.nk, c.dv}, options);
 }
 
 Timing time_kernel(const BenchCommand& c, const TensorView& q, const TensorView& k,
