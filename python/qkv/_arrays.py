@@ -1,0 +1,52 @@
+"""Inputs as NumPy arrays without copying: NumPy arrays as they are, torch tensors and other
+DLPack producers through numpy.from_dlpack, anything else through numpy.asarray (__array__).
+
+torch.bfloat16, which NumPy lacks, travels as the pair ("bfloat16", its bits as uint16): the
+extension reads it as bfloat16 storage in place.
+"""
+
+import numpy as np
+
+
+def as_input(value):
+    """The array qkv reads `value` through (None stays None)."""
+    if value is None or type(value) is np.ndarray:
+        return value
+    module = type(value).__module__
+    if module.startswith("torch"):
+        return _from_torch(value)
+    if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
+        try:
+            return np.from_dlpack(value)
+        except (TypeError, BufferError, RuntimeError):
+            pass  # a device or dtype NumPy cannot take through DLPack: try __array__
+    return np.asarray(value)
+
+
+def _from_torch(tensor):
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        return np.asarray(tensor)
+    if tensor.device.type != "cpu":
+        raise TypeError(f"qkv computes on the CPU; move the tensor there first "
+                        f"(it is on {tensor.device})")
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return ("bfloat16", tensor.view(torch.int16).numpy().view(np.uint16))
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()
+    return tensor.numpy()
+
+
+def dtype_name(dtype):
+    """A dtype given as a string, a NumPy dtype or type, or a torch dtype, as a string."""
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text[len("torch."):]
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return text

@@ -1,0 +1,36 @@
+// The parts of the extension module qkv._qkv, each registering its functions and classes; the
+// Python layer (python/qkv/*.py) gives them their public signatures and docstrings.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "qkv/error.h"
+
+namespace qkv::python {
+
+namespace py = pybind11;
+
+// A problem with a file the caller named (reading or writing it): raised as qkv.FileError, which
+// is both a qkv.Error and an OSError. Bindings that touch files catch qkv::Error and rethrow it
+// as this.
+struct FileProblem {
+  std::string subject;
+  std::string problem;
+};
+
+// Runs `work` and turns a qkv::Error it throws into a FileProblem.
+template <typename Work>
+auto as_file_work(Work&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const Error& e) {
+    throw FileProblem{e.subject(), e.problem()};
+  }
+}
+
+void register_errors(py::module_& m);
+void register_attention(py::module_& m);
+
+}  // namespace qkv::python

@@ -1,0 +1,51 @@
+// qkv._qkv: the extension module under the Python package qkv (python/qkv/__init__.py).
+#include <pybind11/pybind11.h>
+
+#include "bindings.h"
+#include "qkv/error.h"
+
+namespace qkv::python {
+
+namespace {
+
+// Created with PyErr_NewException so that their names read "qkv.Error" and "qkv.FileError", and
+// so that FileError can have two bases.
+PyObject* error_type = nullptr;
+PyObject* file_error_type = nullptr;
+
+// Raises `type` with the library's one-line message, and its two parts as attributes.
+void raise(PyObject* type, const std::string& subject, const std::string& problem) {
+  py::object error = py::reinterpret_borrow<py::object>(type)(subject + ": " + problem);
+  error.attr("subject") = subject;
+  error.attr("problem") = problem;
+  PyErr_SetObject(type, error.ptr());
+}
+
+}  // namespace
+
+void register_errors(py::module_& m) {
+  error_type = PyErr_NewException("qkv.Error", PyExc_ValueError, nullptr);
+  py::tuple file_bases = py::make_tuple(py::handle(error_type), py::handle(PyExc_OSError));
+  file_error_type = PyErr_NewException("qkv.FileError", file_bases.ptr(), nullptr);
+  if (error_type == nullptr || file_error_type == nullptr) throw py::error_already_set();
+  m.attr("Error") = py::handle(error_type);
+  m.attr("FileError") = py::handle(file_error_type);
+  py::register_exception_translator([](std::exception_ptr thrown) {
+    try {
+      if (thrown) std::rethrow_exception(thrown);
+    } catch (const FileProblem& e) {
+      raise(file_error_type, e.subject, e.problem);
+    } catch (const Error& e) {
+      raise(error_type, e.subject(), e.problem());
+    }
+  });
+}
+
+}  // namespace qkv::python
+
+PYBIND11_MODULE(_qkv, m) {
+  m.doc() = "qkv's extension module; use the package qkv, which wraps it.";
+  m.attr("__version__") = qkv::version();
+  qkv::python::register_errors(m);
+  qkv::python::register_attention(m);
+}
