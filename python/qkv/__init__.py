@@ -9,6 +9,13 @@ file are qkv.FileError, which is also an OSError.
 
 from ._qkv import Error, FileError, __version__, alibi_slopes, kernel_names
 from ._attention import AttentionResult, attention
+from ._layer import *  # noqa: F401,F403
+from ._explain import *  # noqa: F401,F403
+from ._io import *  # noqa: F401,F403
+from ._kv_cache import *  # noqa: F401,F403
+from ._bench import *  # noqa: F401,F403
+from . import _layer, _explain, _io, _kv_cache, _bench
 
 __all__ = ["Error", "FileError", "__version__", "alibi_slopes", "kernel_names", "attention",
            "AttentionResult"]
+__all__ += _layer.__all__ + _explain.__all__ + _io.__all__ + _kv_cache.__all__ + _bench.__all__

@@ -32,5 +32,10 @@ auto as_file_work(Work&& work) -> decltype(work()) {
 
 void register_errors(py::module_& m);
 void register_attention(py::module_& m);
+void register_layer(py::module_& m);
+void register_explain(py::module_& m);
+void register_io(py::module_& m);
+void register_kv_cache(py::module_& m);
+void register_timing(py::module_& m);
 
 }  // namespace qkv::python

@@ -48,4 +48,9 @@ PYBIND11_MODULE(_qkv, m) {
   m.attr("__version__") = qkv::version();
   qkv::python::register_errors(m);
   qkv::python::register_attention(m);
+  qkv::python::register_layer(m);
+  qkv::python::register_explain(m);
+  qkv::python::register_io(m);
+  qkv::python::register_kv_cache(m);
+  qkv::python::register_timing(m);
 }

@@ -1,0 +1,3 @@
+"""qkv.explain: the walk-through and the attention page."""
+
+__all__ = []

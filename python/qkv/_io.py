@@ -1,0 +1,3 @@
+"""qkv.read_npy, qkv.load_safetensors and friends: files in and out."""
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""qkv.KVCache: decoding against cached keys and values."""
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""qkv.MultiHeadAttention and qkv.linear: the layer in the seed's X·W layout."""
+
+__all__ = []
