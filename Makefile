@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 PYTHON ?= /usr/bin/python3
 
 .PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build portable \
-	screenshots install clean
+	screenshots install install-python clean
 
 all: build
 
@@ -76,6 +76,11 @@ screenshots: build
 
 install: build
 	cmake --install build
+
+# The Python module for the current user (import qkv from /usr/bin/python3 anywhere); without it,
+# PYTHONPATH=build/python finds the built package.
+install-python: build
+	@bash scripts/install-python.sh build
 
 clean:
 	rm -rf build

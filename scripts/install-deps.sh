@@ -6,10 +6,12 @@ packages=(
   build-essential cmake pkg-config
   libopenblas-dev libcli11-dev libhwy-dev nlohmann-json3-dev libzip-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-numpy
+  python3-numpy python3-dev pybind11-dev python3-pytest python3-torch
   chromium nodejs
   clang libclang-rt-14-dev
 )
+# The Python module builds with pybind11 for Debian's python3; its tests (tests/python) use pytest
+# and compare with PyTorch (python3-torch).
 # clang and its runtime libraries (libFuzzer, the sanitizers) build the fuzz targets (make fuzz).
 # The browser test (tests/browser) drives Debian's chromium with playwright-core from npm. Some
 # machines have Node.js from elsewhere with its own npm, which Debian's npm package would clash
