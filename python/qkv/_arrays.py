@@ -5,6 +5,8 @@ torch.bfloat16, which NumPy lacks, travels as the pair ("bfloat16", its bits as 
 extension reads it as bfloat16 storage in place.
 """
 
+import sys
+
 import numpy as np
 
 
@@ -24,19 +26,20 @@ def as_input(value):
 
 
 def _from_torch(tensor):
-    import torch
-
+    torch = sys.modules["torch"]  # loaded: `tensor` is one of its objects
     if not isinstance(tensor, torch.Tensor):
         return np.asarray(tensor)
     if tensor.device.type != "cpu":
         raise TypeError(f"qkv computes on the CPU; move the tensor there first "
                         f"(it is on {tensor.device})")
-    tensor = tensor.detach()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
         return ("bfloat16", tensor.view(torch.int16).numpy().view(np.uint16))
-    if tensor.is_conj() or tensor.is_neg():
-        tensor = tensor.resolve_conj().resolve_neg()
-    return tensor.numpy()
+    try:
+        return tensor.numpy()  # shares the tensor's memory
+    except RuntimeError:  # a lazily negated or conjugated view: materialise it
+        return tensor.resolve_conj().resolve_neg().numpy()
 
 
 def dtype_name(dtype):
