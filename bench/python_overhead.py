@@ -12,7 +12,8 @@ the same arrays, the output allocated and freed in each call). The two loops alt
 several rounds and each side's samples are pooled, so that a slow spell on a shared machine
 falls on both. Cases: n = 16 (d = 64, H = 1 and H = 4), n = 1024 and 2048 (d = 64, H = 8),
 each with threads=1 and threads=None (one per hardware thread), and n = 16 with torch tensors
-in (the DLPack path) when torch imports.
+in when torch imports (qkv._arrays reads a CPU tensor through tensor.detach().numpy(), in
+place; the C++ loop reads that same NumPy view).
 
 Prints a table (us per call, difference, ratio) and one JSON line; with --check, exits 1 when
 a bar is missed (n = 16: difference > 20 us; n >= 1024: ratio > 1.03).
