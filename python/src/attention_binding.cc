@@ -68,9 +68,14 @@ py::tuple attention(const py::handle& q_in, const py::handle& k_in, const py::ha
   if (max_memory) options.max_memory = *max_memory;
 
   AttentionResult result;
-  {
+  try {
     py::gil_scoped_release computing;
     result = qkv::attention(q, k, v, options);
+  } catch (const Error& e) {
+    // The library names the mask "mask" where it names no view (a mask with a packed batch);
+    // Python callers know the argument as attn_mask.
+    if (e.subject() == "mask") throw Error("attn_mask", e.problem());
+    throw;
   }
   py::object lse = return_lse ? py::object(to_numpy(std::move(result.lse))) : py::none();
   py::object weights =
