@@ -111,7 +111,12 @@ def test_two_threads_take_the_time_of_one():
         single.append(timed(one))
         pair.append(timed(both))
         baseline.append(timed(qkv_two_threads))
+    if min(pair) > 1.5 * min(single) and min(baseline) > 1.5 * min(single):
+        # qkv's own two threads could not do two calls' work in the time of one either: the
+        # second core was busy (a shared machine), so the bar cannot be measured now. With two
+        # free cores and the GIL held, `baseline` stays near one call and the assert below fails.
+        pytest.skip(f"the second core is busy: qkv's own two threads took {min(baseline):.3f} s "
+                    f"for two calls' work, one call {min(single):.3f} s")
     assert min(pair) <= 1.5 * min(single), (
         f"two Python threads took {min(pair):.3f} s, one call {min(single):.3f} s; qkv's own "
-        f"two threads took {min(baseline):.3f} s for the same work (about 2x one call means "
-        f"the machine's second core was busy)")
+        f"two threads took {min(baseline):.3f} s for the same work")
