@@ -2,8 +2,10 @@
 // names their arguments). It holds the library's Explanations and their head scans, and gives
 // what `qkv explain` gives: the terminal walk-through, the page, one row's steps.
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -309,7 +311,7 @@ void register_explain(py::module_& m) {
           "The self-contained attention page (what `qkv explain --html` writes).")
       .def(
           "save_html",
-          [](const PyExplanation& e, const std::string& path) {
+          [](const PyExplanation& e, const std::filesystem::path& path) {
             py::gil_scoped_release computing;
             const std::string page = e.page();
             as_file_work([&] {
@@ -318,7 +320,8 @@ void register_explain(py::module_& m) {
               files.commit();
             });
           },
-          py::arg("path"), "Writes the page to `path` atomically (never a partial file).")
+          py::arg("path"),
+          "Writes the page to `path` (str or os.PathLike) atomically (never a partial file).")
       .def(
           "_repr_html_",
           [](const PyExplanation& e) {
