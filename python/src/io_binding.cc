@@ -67,6 +67,9 @@ void write_npy_call(const std::string& path, const py::handle& array,
   TensorView view = view_of(array, "array", keeper);
   view.name = path;
   const DType stored = dtype ? parse_dtype(*dtype, "dtype") : file_dtype(view);
+  if (stored == DType::kBF16) {
+    throw Error("dtype", "a .npy file cannot hold bfloat16 (NumPy has no such dtype)");
+  }
   py::gil_scoped_release writing;
   as_file_work([&] { write_npy(path, view, stored); });
 }
