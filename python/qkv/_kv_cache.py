@@ -134,7 +134,8 @@ def attention_cached(q, cache, sequences, is_causal=False, scale=None, window=No
     ...) on cache.gather(s) and cache.gather(s, values=True). A mask and the weights output are
     not offered (the key length differs between sequences).
 
-    out_dtype: default float64 or float16 when q is stored so, else float32. Returns the output
+    out_dtype: "float32" or "float64" (default float64 when q is float64, else float32; a
+    float16 output is not offered here). Returns the output
     [S, H, Nq, dv] (or [H, Nq, dv]), or qkv.AttentionResult(out, lse, None) with return_lse.
     Raises qkv.Error on an unknown sequence, heads that do not match the cache, or a window
     reaching a forgotten row. The GIL is released while qkv computes.
@@ -145,7 +146,7 @@ def attention_cached(q, cache, sequences, is_causal=False, scale=None, window=No
         sequences = [sequences]
     q = as_input(q)
     if out_dtype is None:
-        out_dtype = default_out_dtype(q)
+        out_dtype = "float64" if default_out_dtype(q) == "float64" else "float32"
     options = attention_options(is_causal=is_causal, scale=scale, window=window,
                                 out_dtype=out_dtype, return_lse=return_lse, threads=threads)
     out, lse, _ = _qkv.attention_cached(q, cache._cache, [int(s) for s in sequences], options)
