@@ -44,15 +44,16 @@ def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=No
     """
     given = [name for name, value in (("q", q), ("k", k), ("v", v)) if value is not None]
     if not given:
-        defaults = dict(attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
-                        alibi_slopes=None, sinks=None, dtype=None, query_labels=None,
-                        key_labels=None, title=None, batch=0)
-        values = dict(attn_mask=attn_mask, is_causal=is_causal, scale=scale, window=window,
-                      softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, dtype=dtype,
-                      query_labels=query_labels, key_labels=key_labels, title=title,
-                      batch=batch)
+        values = dict(attn_mask=attn_mask, scale=scale, window=window, softcap=softcap,
+                      alibi_slopes=alibi_slopes, sinks=sinks, dtype=dtype,
+                      query_labels=query_labels, key_labels=key_labels, title=title)
+        values = {name: value for name, value in values.items() if value is not None}
+        if is_causal:
+            values["is_causal"] = is_causal
+        if batch != 0:
+            values["batch"] = batch
         for name in _INPUT_OPTIONS:
-            if values[name] is not defaults[name] and values[name] != defaults[name]:
+            if name in values:
                 raise _qkv.Error(f"{name}: applies to given q, k, v; the built-in example has "
                                  f"its own")
         return _qkv.builtin_examples()

@@ -96,8 +96,24 @@ def test_builtin_example():
     assert e.walk_through(0, 0, part=1)["row"] == 0
     with pytest.raises(qkv.Error, match="^part: part 2 is outside the 2 parts"):
         e.walk_through(0, 0, part=2)
-    with pytest.raises(qkv.Error, match="^is_causal"):
+    with pytest.raises(qkv.Error, match="^is_causal: applies to given q, k, v"):
         qkv.explain(is_causal=True)
+    with pytest.raises(qkv.Error, match="^attn_mask: applies to given q, k, v"):
+        qkv.explain(attn_mask=np.ones((4, 6), bool))
+
+
+def test_low_precision_storage_is_what_is_explained():
+    q, k, v = (a.astype(np.float32) for a in inputs(seed=8))
+    e = qkv.explain(q, k, v, dtype="bfloat16")
+    assert "bfloat16" in e.text() or "bf16" in e.text()
+    step = e.walk_through(0, 1)
+    bits = q[0, 1].view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+    assert np.array_equal(step["q"], rounded.view(np.float32))  # rounded once, nearest even
+    assert not np.array_equal(step["q"], q[0, 1])
+    # The kernel rounds P to bfloat16 (2^-9 relative) before P·V; the float64 weighted sum does
+    # not: a percent of the scale leaves room for the float32 accumulation too.
+    close(step["weighted_sum"], step["out"], 1e-2)
 
 
 def test_page_and_notebook(tmp_path):
