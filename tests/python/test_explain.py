@@ -209,3 +209,14 @@ def test_weights_refused_when_too_many():
         e.weights(0)
     step = e.walk_through(0, 4096)  # one row is still fine
     close(step["weight"], np.full(4097, 1 / 4097))
+
+
+def test_builtin_text_is_what_the_cli_prints():
+    import pathlib
+    import subprocess
+
+    cli = pathlib.Path(qkv.__file__).resolve().parents[2] / "qkv"  # build/qkv beside build/python
+    if not cli.is_file():
+        pytest.skip(f"the qkv command is not built at {cli}")
+    printed = subprocess.run([str(cli), "explain"], check=True, capture_output=True).stdout
+    assert qkv.explain().text() == printed.decode("utf-8")
