@@ -1,3 +1,52 @@
-"""qkv.read_npy, qkv.load_safetensors and friends: files in and out."""
+"""qkv.read_npy, qkv.load_safetensors and friends: files in and out.
 
-__all__ = []
+Every problem with a file (missing, unreadable, truncated, malformed, not writable) raises
+qkv.FileError — both a qkv.Error and an OSError — with the library's one-line message naming
+the file. Paths may be str or os.PathLike.
+"""
+
+import os
+
+from . import _qkv
+from ._arrays import as_input, dtype_name
+
+__all__ = ["read_npy", "read_tensor", "load_safetensors", "write_npy"]
+
+
+def _path(path, name="path"):
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise _qkv.Error(f"{name}: expected a str or os.PathLike path, got "
+                         f"{type(path).__name__}") from None
+
+
+def read_npy(path):
+    """The array of a .npy file (versions 1-3; little-endian float32, float64, float16 — kept as
+    float16 — or bool; C order), read with every check qkv's command line makes. Integers,
+    Fortran order, big-endian data and .npz archives are refused (see read_tensor for .npz)."""
+    return _qkv.read_npy(_path(path))
+
+
+def read_tensor(spec):
+    """A tensor named the way the command line names one: "FILE.npy" (any other path is read
+    as .npy), "FILE.safetensors:NAME" (tensor NAME of a safetensors file) or "FILE.npz:NAME"
+    (array NAME of an np.savez archive). A bfloat16 tensor, which NumPy cannot hold, comes back
+    as float32 (exactly: every bfloat16 is a float32)."""
+    return _qkv.read_tensor(_path(spec, "spec"))
+
+
+def load_safetensors(path):
+    """Every tensor of a .safetensors file, as a dict name -> NumPy array (F32, F64, F16 as
+    stored; BOOL as bool; BF16, which NumPy lacks, as float32, converted exactly). The whole
+    header is validated first; a tensor of another dtype (integers) raises qkv.FileError
+    naming it."""
+    return _qkv.load_safetensors(_path(path))
+
+
+def write_npy(path, array, dtype=None):
+    """Writes `array` to a .npy file atomically (a temporary file beside it, then a rename: never
+    a partial file). dtype: "float32", "float64" or "float16" (default: the array's own; a
+    bfloat16 torch tensor is written as float32). Problems with the destination raise
+    qkv.FileError; an array qkv cannot take raises qkv.Error."""
+    _qkv.write_npy(_path(path), as_input(array), dtype_name(dtype))

@@ -1,3 +1,158 @@
 """qkv.MultiHeadAttention and qkv.linear: the layer in the seed's X·W layout."""
 
-__all__ = []
+import numpy as np
+
+from . import _qkv
+from ._arrays import as_input
+from ._attention import AttentionResult
+from ._options import attention_options, default_out_dtype
+
+__all__ = ["MultiHeadAttention", "linear"]
+
+_WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")
+
+
+def linear(x, w, bias=None, threads=None):
+    """x·w + bias: [..., N, d] · [d, n_out] -> [..., N, n_out].
+
+    The X·W layout: w is [d, n_out], the transpose of a torch.nn.Linear weight (which computes
+    x·Wᵀ + b). float32 when x, w and bias all are float32 (or narrower), float64 otherwise.
+    Raises qkv.Error naming the argument on a shape mismatch or a non-finite value.
+    """
+    return _qkv.linear(as_input(x), as_input(w), as_input(bias), threads)
+
+
+def _shape(array):
+    if isinstance(array, tuple):  # ("bfloat16", bits)
+        return array[1].shape
+    return np.shape(array)
+
+
+class MultiHeadAttention:
+    """The seed's multi-head attention layer, in the X·W layout:
+
+        Q = X·W^Q + b^Q,  K = M·W^K + b^K,  V = M·W^V + b^V     (M = X unless memory is given)
+        head h = attention(Q_h, K_g, V_g),  g = h // (heads // kv_heads)
+        out = concat_h(head h)·W^O + b^O     (the concatenation itself without W^O)
+
+    W^Q is [d, heads·dk], W^K [d_m, kv_heads·dk], W^V [d_m, kv_heads·dv], W^O [heads·dv, d_out];
+    biases are 1-D of the matching width. These are the transposes of torch.nn.Linear weights
+    (see from_torch). The arrays (NumPy, torch, DLPack or __array__) are converted once, here,
+    without copying, and checked against each other: a mismatch raises qkv.Error naming them.
+    kv_heads < heads is grouped-query attention (default: kv_heads = heads).
+    """
+
+    def __init__(self, wq, wk, wv, wo=None, bq=None, bk=None, bv=None, bo=None, *, heads,
+                 kv_heads=None):
+        self._weights = tuple(as_input(w) for w in (wq, wk, wv, wo, bq, bk, bv, bo))
+        self.heads = int(heads)
+        self.kv_heads = self.heads if kv_heads is None else int(kv_heads)
+        self._check()
+
+    def _check(self):
+        # A call with no rows runs every check of shapes and values and computes nothing.
+        wq, wk = _shape(self._weights[0]), _shape(self._weights[1])
+        d = wq[0] if len(wq) == 2 else 1
+        d_m = wk[0] if len(wk) == 2 else d
+        memory = np.zeros((0, d_m), np.float32) if d_m != d else None
+        self._call(np.zeros((0, d), np.float32), memory, attention_options())
+
+    def __getattr__(self, name):
+        if name in _WEIGHT_NAMES:
+            return self._weights[_WEIGHT_NAMES.index(name)]
+        raise AttributeError(name)
+
+    def __repr__(self):
+        wq, wv = _shape(self._weights[0]), _shape(self._weights[2])
+        present = [n for n, w in zip(_WEIGHT_NAMES, self._weights) if w is not None]
+        return (f"qkv.MultiHeadAttention(d={wq[0] if wq else '?'}, heads={self.heads}, "
+                f"kv_heads={self.kv_heads}, dv={wv[-1] // self.kv_heads if wv else '?'}, "
+                f"weights={'/'.join(present)})")
+
+    def _call(self, x, memory, options):
+        return _qkv.multi_head_attention(as_input(x), as_input(memory), self._weights,
+                                         self.heads, self.kv_heads, options)
+
+    def __call__(self, x, memory=None, attn_mask=None, is_causal=False, scale=None, window=None,
+                 softcap=None, alibi_slopes=None, sinks=None, return_lse=False,
+                 return_weights=False, threads=None, dtype=None, out_dtype=None):
+        """The layer on samples x, [B, N, d] or [N, d] (one sample per row).
+
+        memory: cross-attention's source of K and V, [B, Nk, d_m] or [Nk, d_m] (same rank and
+        batch as x). The other arguments mean what they mean for qkv.attention: attn_mask
+        (bool, True = may attend; or float, added to the scaled scores) broadcasts to
+        [B, heads, N, Nk] ([heads, N, Nk] for a 2-D x) — note that torch.nn.MultiheadAttention's
+        bool masks mean the opposite (True = masked out); is_causal is bottom-right aligned;
+        scale defaults to 1/sqrt(dk); window, softcap, alibi_slopes ([heads] or True), sinks
+        ([heads]) and dtype (the storage type the heads' attention computes in: "bfloat16",
+        "float16", ...) as there. The projections compute in float32 when x, the weights and the
+        output are all float32 or float16 (or bfloat16), else in float64.
+
+        out_dtype: default float64 or float16 when x and every weight are stored so, else
+        float32. Returns the output [.., N, d_out] ([.., N, heads·dv] without W^O), or
+        qkv.AttentionResult(out, lse, weights) when return_lse or return_weights is asked for:
+        lse [B, heads, N], weights [B, heads, N, Nk] per head (not averaged over heads, unlike
+        torch's default). The GIL is released while qkv computes.
+        """
+        x = as_input(x)
+        memory = as_input(memory)
+        if out_dtype is None:
+            out_dtype = default_out_dtype(x, memory, *self._weights)
+        options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
+                                    sinks, dtype, out_dtype, return_lse, return_weights, threads)
+        out, lse, weights, _ = self._call(x, memory, options)
+        if return_lse or return_weights:
+            return AttentionResult(out, lse, weights)
+        return out
+
+    def explain(self, x, memory=None, *, attn_mask=None, is_causal=False, scale=None,
+                window=None, softcap=None, alibi_slopes=None, sinks=None, dtype=None,
+                threads=None, query_labels=None, key_labels=None, title=None, batch=0):
+        """The walk-through of this layer's attention on x (batch element `batch` of a batched
+        x): a qkv.Explanation whose Q, K and V are exactly the projections __call__ makes, with
+        x_i shown beside q_i and m_j beside k_j and v_j. Options as for __call__; labels name
+        the query rows and key rows (one string each)."""
+        from ._explain import explain_layer
+        return explain_layer(self, x, memory, attention_options(
+            attn_mask, is_causal, scale, window, softcap, alibi_slopes, sinks, dtype,
+            threads=threads), query_labels, key_labels, title, batch)
+
+    @classmethod
+    def from_torch(cls, module):
+        """The layer of a torch.nn.MultiheadAttention, with its weights (copied once, transposed
+        into the X·W layout) and its heads.
+
+        The result takes qkv's layout, x [B, N, E] (batch first) or [N, E], whatever the
+        module's batch_first says: torch's forward takes [L, N, E] unless batch_first. With
+        kdim/vdim set (separate q/k/v_proj_weight), pass the keys' and values' source as
+        `memory` — qkv takes one memory for both, so kdim must equal vdim. Dropout is not
+        applied (the module in eval mode). bias_k/bias_v (add_bias_kv) and add_zero_attn have
+        no counterpart in qkv and raise qkv.Error naming them.
+        """
+        for unsupported in ("bias_k", "bias_v"):
+            if getattr(module, unsupported, None) is not None:
+                raise _qkv.Error(f"{unsupported}: torch's add_bias_kv has no counterpart in qkv")
+        if getattr(module, "add_zero_attn", False):
+            raise _qkv.Error("add_zero_attn: torch's add_zero_attn has no counterpart in qkv")
+        if module.kdim != module.vdim:
+            raise _qkv.Error(f"kdim: qkv takes one memory for keys and values, so kdim "
+                             f"({module.kdim}) must equal vdim ({module.vdim})")
+
+        def columns(weight):  # a Linear weight [out, in] -> [in, out], contiguous
+            return None if weight is None else np.ascontiguousarray(
+                weight.detach().cpu().numpy().T)
+
+        def numpy(tensor):
+            return None if tensor is None else tensor.detach().cpu().numpy().copy()
+
+        e = module.embed_dim
+        if module.in_proj_weight is not None:
+            wq, wk, wv = (columns(module.in_proj_weight[i * e:(i + 1) * e]) for i in range(3))
+        else:
+            wq, wk, wv = (columns(w) for w in (module.q_proj_weight, module.k_proj_weight,
+                                               module.v_proj_weight))
+        bq = bk = bv = None
+        if module.in_proj_bias is not None:
+            bq, bk, bv = (numpy(module.in_proj_bias[i * e:(i + 1) * e]) for i in range(3))
+        return cls(wq, wk, wv, columns(module.out_proj.weight), bq, bk, bv,
+                   numpy(module.out_proj.bias), heads=module.num_heads)

@@ -1,8 +1,86 @@
-// qkv.read_npy, qkv.load_safetensors and friends: files in and out.
+// qkv.read_npy, qkv.read_tensor, qkv.load_safetensors and qkv.write_npy: the library's readers
+// and atomic writer (python/qkv/_io.py turns os.PathLike paths into strings). Every problem is a
+// qkv.FileError with the library's one-line message.
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "arrays.h"
 #include "bindings.h"
+#include "qkv/io.h"
 
 namespace qkv::python {
 
-void register_io(py::module_& /*m*/) {}
+namespace {
+
+// NumPy has no bfloat16: such a tensor comes out as float32, which holds every bfloat16 exactly.
+py::array numpy_of(Tensor&& tensor) {
+  if (tensor.dtype() == DType::kBF16) return to_numpy(tensor.to(DType::kF32));
+  return to_numpy(std::move(tensor));
+}
+
+py::array read_npy_call(const std::string& path) {
+  Tensor tensor;
+  {
+    py::gil_scoped_release reading;
+    tensor = as_file_work([&] { return read_npy(path); });
+  }
+  return numpy_of(std::move(tensor));
+}
+
+py::array read_tensor_call(const std::string& spec) {
+  Tensor tensor;
+  {
+    py::gil_scoped_release reading;
+    tensor = as_file_work([&] { return read_tensor(spec); });
+  }
+  return numpy_of(std::move(tensor));
+}
+
+py::dict load_safetensors_call(const std::string& path) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  {
+    py::gil_scoped_release reading;
+    as_file_work([&] {
+      for (const SafetensorsEntry& entry : list_safetensors(path)) {
+        tensors.emplace_back(entry.name, read_safetensors_tensor(path, entry.name));
+      }
+    });
+  }
+  py::dict result;
+  for (auto& [name, tensor] : tensors) result[py::str(name)] = numpy_of(std::move(tensor));
+  return result;
+}
+
+// The dtype a file gets by default: the array's own, bfloat16 (which .npy cannot hold) widened
+// to float32.
+DType file_dtype(const TensorView& view) {
+  return view.dtype == DType::kBF16 ? DType::kF32 : view.dtype;
+}
+
+void write_npy_call(const std::string& path, const py::handle& array,
+                    const std::optional<std::string>& dtype) {
+  ArrayKeeper keeper;
+  TensorView view = view_of(array, "array", keeper);
+  view.name = path;
+  const DType stored = dtype ? parse_dtype(*dtype, "dtype") : file_dtype(view);
+  if (stored == DType::kBF16) {
+    throw Error("dtype", "a .npy file cannot hold bfloat16 (NumPy has no such dtype)");
+  }
+  py::gil_scoped_release writing;
+  as_file_work([&] { write_npy(path, view, stored); });
+}
+
+}  // namespace
+
+void register_io(py::module_& m) {
+  m.def("read_npy", &read_npy_call, "See qkv.read_npy.");
+  m.def("read_tensor", &read_tensor_call, "See qkv.read_tensor.");
+  m.def("load_safetensors", &load_safetensors_call, "See qkv.load_safetensors.");
+  m.def("write_npy", &write_npy_call, "See qkv.write_npy.");
+}
 
 }  // namespace qkv::python

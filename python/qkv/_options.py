@@ -1,0 +1,50 @@
+"""The attention options the layer, explain and the KV cache share, in the one dict form their
+C++ bindings read (python/src/options.h)."""
+
+import numpy as np
+
+from . import _qkv
+from ._arrays import as_input, dtype_name
+
+
+def window_bounds(window):
+    """(left, right) with -1 for an unbounded side, or None without a window."""
+    if window is None:
+        return None
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise _qkv.Error(f"window: expected (left, right), got {window!r}") from None
+    return (-1 if left is None else left), (-1 if right is None else right)
+
+
+def default_out_dtype(*arrays):
+    """float64 or float16 when every given array is stored so (as torch's outputs follow their
+    inputs), else float32 (mixed dtypes, bfloat16, which NumPy cannot hold)."""
+    dtypes = {a.dtype for a in arrays if a is not None and isinstance(a, np.ndarray)}
+    if len(dtypes) == 1 and all(a is None or isinstance(a, np.ndarray) for a in arrays):
+        name = dtypes.pop().name
+        if name in ("float64", "float16"):
+            return name
+    return "float32"
+
+
+def attention_options(attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
+                      alibi_slopes=None, sinks=None, dtype=None, out_dtype=None,
+                      return_lse=False, return_weights=False, threads=None):
+    alibi = alibi_slopes is True
+    return {
+        "attn_mask": as_input(attn_mask),
+        "is_causal": bool(is_causal),
+        "scale": scale,
+        "window": window_bounds(window),
+        "softcap": softcap,
+        "alibi": alibi,
+        "alibi_slopes": None if alibi or alibi_slopes is False else as_input(alibi_slopes),
+        "sinks": as_input(sinks),
+        "dtype": dtype_name(dtype),
+        "out_dtype": dtype_name(out_dtype),
+        "return_lse": bool(return_lse),
+        "return_weights": bool(return_weights),
+        "threads": threads,
+    }

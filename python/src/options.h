@@ -1,0 +1,90 @@
+// The attention options the layer, explain and the KV cache take from Python, read from one
+// dict that python/qkv/_options.py builds, so that every surface spells and checks them alike
+// and weights (qkv.attention keeps its own positional call, which its owner maintains).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "arrays.h"
+#include "qkv/attention.h"
+#include "qkv/error.h"
+#include "qkv/layer.h"
+
+namespace qkv::python {
+
+inline int thread_option(const py::handle& threads) {
+  if (threads.is_none()) return 0;
+  const auto count = threads.cast<std::int64_t>();
+  if (count < 0 || count > std::numeric_limits<int>::max()) {
+    throw Error("threads",
+                "must be 0 (one per hardware thread) or more, got " + std::to_string(count));
+  }
+  return static_cast<int>(count);
+}
+
+template <typename T>
+std::optional<T> optional_item(const py::dict& options, const char* key) {
+  if (!options.contains(key) || options[key].is_none()) return std::nullopt;
+  return options[key].cast<T>();
+}
+
+inline py::handle item_or_none(const py::dict& options, const char* key) {
+  return options.contains(key) ? py::handle(options[key]) : py::handle(Py_None);
+}
+
+// Keys (all optional): attn_mask, is_causal, scale, window (left, right; -1 unbounded),
+// softcap, alibi (True: the standard slopes), alibi_slopes, sinks, dtype, out_dtype,
+// return_lse, return_weights, threads. The arrays stay alive in `keeper`.
+inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& keeper) {
+  AttentionOptions result;
+  result.mask = optional_view_of(item_or_none(options, "attn_mask"), "attn_mask", keeper);
+  result.causal = optional_item<bool>(options, "is_causal").value_or(false);
+  result.scale = optional_item<double>(options, "scale");
+  if (const auto window = optional_item<py::tuple>(options, "window")) {
+    result.window = Window{(*window)[0].cast<std::int64_t>(), (*window)[1].cast<std::int64_t>()};
+  }
+  result.softcap = optional_item<double>(options, "softcap");
+  result.alibi = optional_item<bool>(options, "alibi").value_or(false);
+  result.alibi_slopes =
+      optional_view_of(item_or_none(options, "alibi_slopes"), "alibi_slopes", keeper);
+  result.sinks = optional_view_of(item_or_none(options, "sinks"), "sinks", keeper);
+  if (const auto dtype = optional_item<std::string>(options, "dtype")) {
+    result.dtype = parse_dtype(*dtype, "dtype");
+  }
+  if (const auto out_dtype = optional_item<std::string>(options, "out_dtype")) {
+    result.out_dtype = parse_dtype(*out_dtype, "out_dtype");
+  }
+  result.return_lse = optional_item<bool>(options, "return_lse").value_or(false);
+  result.return_weights = optional_item<bool>(options, "return_weights").value_or(false);
+  result.threads = thread_option(item_or_none(options, "threads"));
+  return result;
+}
+
+// `weights` is the tuple (wq, wk, wv, wo, bq, bk, bv, bo), None for those left out.
+inline LayerWeights layer_weights(const py::tuple& weights, ArrayKeeper& keeper) {
+  if (weights.size() != 8) throw Error("weights", "expected (wq, wk, wv, wo, bq, bk, bv, bo)");
+  LayerWeights result{view_of(weights[0], "wq", keeper), view_of(weights[1], "wk", keeper),
+                      view_of(weights[2], "wv", keeper)};
+  result.wo = optional_view_of(weights[3], "wo", keeper);
+  result.bq = optional_view_of(weights[4], "bq", keeper);
+  result.bk = optional_view_of(weights[5], "bk", keeper);
+  result.bv = optional_view_of(weights[6], "bv", keeper);
+  result.bo = optional_view_of(weights[7], "bo", keeper);
+  return result;
+}
+
+inline LayerOptions layer_options(std::int64_t heads, std::int64_t kv_heads,
+                                  const py::dict& options, ArrayKeeper& keeper) {
+  LayerOptions result;
+  result.heads = heads;
+  result.kv_heads = kv_heads;
+  result.attention = attention_options(options, keeper);
+  return result;
+}
+
+}  // namespace qkv::python
