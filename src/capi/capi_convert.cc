@@ -207,7 +207,7 @@ AttentionOptions to_options(const qkv_attention_options* options) {
 extern "C" {
 
 const char* qkv_status_name(qkv_status status) {
-  switch (status) {
+  switch (qkv::capi::enum_value(status)) {
     case QKV_OK:
       return "QKV_OK";
     case QKV_ERROR_INVALID_ARGUMENT:

@@ -42,7 +42,7 @@ qkv_status qkv_result_tensor(const qkv_result* result, qkv_result_part part, qkv
     }
     if (tensor->empty()) {
       throw qkv::Error(
-          what, part == QKV_RESULT_OUT
+          what, tensor == &result->out
                     ? "is not in this result"
                     : std::string("is not in this result (set options.return_") + what + ")");
     }
