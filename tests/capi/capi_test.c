@@ -2,7 +2,10 @@
  * loop), every error path with its status and message, and the ABI rules (struct_size from an
  * older or newer client). Outputs are float32 unless stated; float32 rounding of values of
  * magnitude <= 4 is below 1e-6, so kTol = 1e-6 is the tolerance throughout. */
+#define _POSIX_C_SOURCE 200809L /* pthreads under -std=c99 */
+
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -661,6 +664,28 @@ static void test_read_npy(const char* directory) {
   CHECK(result == NULL);
 }
 
+/* The message is per thread: a new thread starts with none, and its failure does not replace
+ * the message of the thread that started it. */
+static void* fail_in_thread(void* seen) {
+  qkv_status status;
+  ((int*)seen)[0] = qkv_last_error()[0] == '\0';
+  status = qkv_kv_cache_remove(NULL, 0);
+  ((int*)seen)[1] = status == QKV_ERROR_INVALID_ARGUMENT &&
+                    strcmp(qkv_last_error(), "cache: must not be NULL") == 0;
+  return NULL;
+}
+
+static void test_thread_local_message(void) {
+  pthread_t thread;
+  int seen[2] = {0, 0};
+  qkv_result* result = NULL;
+  CHECK_ERROR(qkv_read_npy(NULL, &result), QKV_ERROR_INVALID_ARGUMENT, "path: must not be NULL");
+  CHECK(pthread_create(&thread, NULL, fail_in_thread, seen) == 0);
+  CHECK(pthread_join(thread, NULL) == 0);
+  CHECK(seen[0] && seen[1]);
+  CHECK(strcmp(qkv_last_error(), "path: must not be NULL") == 0);
+}
+
 static void test_names(void) {
   CHECK(strcmp(qkv_status_name(QKV_OK), "QKV_OK") == 0);
   CHECK(strcmp(qkv_status_name(QKV_ERROR_FILE), "QKV_ERROR_FILE") == 0);
@@ -680,6 +705,7 @@ int main(int argc, char** argv) {
   test_errors();
   test_struct_sizes();
   test_read_npy(directory);
+  test_thread_local_message();
   printf("capi_test: all checks passed\n");
   return 0;
 }
