@@ -231,6 +231,22 @@ static void test_masks(void) {
   }
 }
 
+/* No query rows: NULL data is fine for an empty tensor, and the result has an empty out. */
+static void test_empty(void) {
+  const int64_t no_rows[] = {0, 2};
+  qkv_tensor q = make_tensor(NULL, QKV_F32, 2, no_rows, "q");
+  qkv_tensor k = make_tensor((void*)kK3, QKV_F32, 2, kShape3, "k");
+  qkv_tensor v = make_tensor((void*)kV3, QKV_F32, 2, kShape3, "v");
+  qkv_result* result = NULL;
+  qkv_tensor view;
+  CHECK_OK(qkv_attention(&q, &k, &v, NULL, &result));
+  memset(&view, 0, sizeof view);
+  view.struct_size = sizeof view;
+  CHECK_OK(qkv_result_tensor(result, QKV_RESULT_OUT, &view));
+  CHECK(view.rank == 2 && view.shape[0] == 0 && view.shape[1] == 2 && view.data != NULL);
+  qkv_result_free(result);
+}
+
 /* Grouped-query: 4 query heads read 2 kv heads (head h reads kv head h / 2). */
 static void test_gqa(void) {
   float q[4 * 2 * 2], k[2 * 3 * 2], v[2 * 3 * 2], out[4 * 2 * 2];
@@ -700,6 +716,7 @@ int main(int argc, char** argv) {
   test_hand_computed();
   test_masks();
   test_gqa();
+  test_empty();
   test_layer();
   test_kv_cache();
   test_errors();
