@@ -321,6 +321,22 @@ static void test_layer(void) {
   }
   qkv_result_free(result);
 
+  /* Cross-attention: K and V from a memory of two rows (kK3's first two), identity weights. */
+  {
+    const int64_t memory_shape[] = {2, 2};
+    qkv_tensor memory = make_tensor((void*)kK3, QKV_F32, 2, memory_shape, "memory");
+    qkv_layer_options_init(&options);
+    weights.wo = NULL;
+    weights.bo = NULL;
+    CHECK_OK(qkv_multi_head_attention(&x, &weights, &options, &memory, &result));
+    CHECK_OK(qkv_result_tensor(result, QKV_RESULT_OUT, &view));
+    CHECK(view.rank == 2 && view.shape[0] == 3 && view.shape[1] == 2);
+    naive_head(kQ3, kK3, kK3, 3, 2, 2, 2, 1.0 / sqrt(2.0), 0, NULL, expected, NULL);
+    for (i = 0; i < 6; ++i) CHECK_NEAR(((const float*)view.data)[i], expected[i]);
+    qkv_result_free(result);
+    options.heads = 2;
+  }
+
   result = (qkv_result*)&view; /* a sentinel: a failed call must not write *result */
   weights.wk = NULL;
   CHECK_ERROR(qkv_multi_head_attention(&x, &weights, &options, NULL, &result),
