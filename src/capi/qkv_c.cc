@@ -1,0 +1,137 @@
+// The C API's attention, layer, result handles and reader: each entry point converts its
+// arguments (capi_convert.cc), calls the C++ API, and turns any exception into a status.
+#include "qkv/qkv_c.h"
+
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "capi/capi_internal.h"
+#include "qkv/attention.h"
+#include "qkv/io.h"
+#include "qkv/layer.h"
+
+using qkv::capi::guarded;
+using qkv::capi::hand_over;
+using qkv::capi::make_result;
+using qkv::capi::require;
+
+extern "C" {
+
+qkv_status qkv_result_tensor(const qkv_result* result, qkv_result_part part, qkv_tensor* view) {
+  return guarded([&] {
+    require(result, "result");
+    require(view, "view");
+    // Checked now, written at the end: the caller's view is untouched on error.
+    qkv::capi::checked_struct_size(view, view->struct_size, {sizeof(qkv_tensor)}, "view");
+    const qkv::Tensor* tensor = nullptr;
+    const char* what = "";
+    switch (qkv::capi::enum_value(part)) {
+      case QKV_RESULT_OUT:
+        tensor = &result->out, what = "out";
+        break;
+      case QKV_RESULT_WEIGHTS:
+        tensor = &result->weights, what = "weights";
+        break;
+      case QKV_RESULT_LSE:
+        tensor = &result->lse, what = "lse";
+        break;
+      default:
+        throw qkv::Error("part",
+                         std::to_string(qkv::capi::enum_value(part)) + " is not a qkv_result_part");
+    }
+    if (tensor->empty()) {
+      throw qkv::Error(
+          what, tensor == &result->out
+                    ? "is not in this result"
+                    : std::string("is not in this result (set options.return_") + what + ")");
+    }
+    view->data = const_cast<void*>(tensor->data());
+    view->dtype = qkv::capi::from_dtype(tensor->dtype());
+    view->rank = static_cast<int32_t>(tensor->shape().size());
+    view->shape = tensor->shape().data();
+    view->strides = nullptr;
+    view->name = tensor->name().c_str();
+  });
+}
+
+const char* qkv_result_kernel(const qkv_result* result) {
+  return result != nullptr ? result->kernel.c_str() : nullptr;
+}
+
+void qkv_result_free(qkv_result* result) { delete result; }
+
+qkv_status qkv_attention_into(const qkv_tensor* q, const qkv_tensor* k, const qkv_tensor* v,
+                              const qkv_attention_options* options, const qkv_tensor* out,
+                              const qkv_tensor* weights, const qkv_tensor* lse) {
+  return guarded([&] {
+    qkv::AttentionOutputs outputs{qkv::capi::to_mutable_view(out, "out"), std::nullopt,
+                                  std::nullopt};
+    if (weights != nullptr) outputs.weights = qkv::capi::to_mutable_view(weights, "weights");
+    if (lse != nullptr) outputs.lse = qkv::capi::to_mutable_view(lse, "lse");
+    qkv::attention_into(qkv::capi::to_view(q, "q"), qkv::capi::to_view(k, "k"),
+                        qkv::capi::to_view(v, "v"), qkv::capi::to_options(options), outputs);
+  });
+}
+
+qkv_status qkv_attention(const qkv_tensor* q, const qkv_tensor* k, const qkv_tensor* v,
+                         const qkv_attention_options* options, qkv_result** result) {
+  return guarded([&] {
+    require(result, "result");
+    hand_over(
+        make_result(qkv::attention(qkv::capi::to_view(q, "q"), qkv::capi::to_view(k, "k"),
+                                   qkv::capi::to_view(v, "v"), qkv::capi::to_options(options))),
+        result);
+  });
+}
+
+qkv_status qkv_multi_head_attention(const qkv_tensor* x, const qkv_layer_weights* weights,
+                                    const qkv_layer_options* options, const qkv_tensor* memory,
+                                    qkv_result** result) {
+  return guarded([&] {
+    require(result, "result");
+    qkv_layer_weights no_weights;
+    qkv_layer_weights_init(&no_weights);
+    const qkv_layer_weights w = qkv::capi::read_struct(weights, no_weights, "weights");
+    qkv_layer_options default_options;
+    qkv_layer_options_init(&default_options);
+    const qkv_layer_options o = qkv::capi::read_struct(options, default_options, "options");
+
+    qkv::LayerWeights layer_weights{qkv::capi::to_view(w.wq, "wq"), qkv::capi::to_view(w.wk, "wk"),
+                                    qkv::capi::to_view(w.wv, "wv")};
+    layer_weights.wo = qkv::capi::to_optional_view(w.wo, "wo");
+    layer_weights.bq = qkv::capi::to_optional_view(w.bq, "bq");
+    layer_weights.bk = qkv::capi::to_optional_view(w.bk, "bk");
+    layer_weights.bv = qkv::capi::to_optional_view(w.bv, "bv");
+    layer_weights.bo = qkv::capi::to_optional_view(w.bo, "bo");
+    qkv::LayerOptions layer_options;
+    layer_options.heads = o.heads;
+    layer_options.kv_heads = o.kv_heads;
+    layer_options.attention = qkv::capi::to_options(o.attention);
+
+    qkv::LayerResult r =
+        qkv::multi_head_attention(qkv::capi::to_view(x, "x"), layer_weights, layer_options,
+                                  qkv::capi::to_optional_view(memory, "memory"));
+    hand_over(make_result(std::move(r)), result);
+  });
+}
+
+qkv_status qkv_read_npy(const char* path, qkv_result** result) {
+  // Arguments first, as invalid arguments: only the reading itself is a file error.
+  if (const qkv_status status = guarded([&] {
+        require(path, "path");
+        require(result, "result");
+      });
+      status != QKV_OK) {
+    return status;
+  }
+  return guarded(
+      [&] {
+        auto made = std::make_unique<qkv_result>();
+        made->out = qkv::read_npy(path);
+        hand_over(std::move(made), result);
+      },
+      QKV_ERROR_FILE);
+}
+
+}  // extern "C"
