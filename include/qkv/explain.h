@@ -213,6 +213,31 @@ HeadScan scan_head(const Explanation& e, std::int64_t head, std::int64_t max_sid
 std::vector<std::int64_t> interesting_rows(const Explanation& e,
                                            const std::vector<HeadScan>& scans);
 
+// What the terminal says of one or more explanations (qkv explain, qkv.Explanation.text()):
+// each part's overview, its key/value rows (layer form, few keys), the walk-through of `rows`
+// for each head, and with W^O each row's layer output; the built-in example's framing around it.
+struct ExplainText {
+  std::vector<std::int64_t> rows;  // empty: interesting_rows() of each part; rows past a part's
+                                   // end are left out of it
+  std::int64_t head = -1;          // -1: every head
+  std::int64_t top_keys = 8;       // as format_walk_through
+  std::int64_t batch = -1;         // only the part of this batch element; -1: every part
+  bool builtin = false;            // the built-in example: its introduction, "Part N.", and
+                                   // what it shows
+  std::optional<TensorView> wo = std::nullopt;  // the layer's W^O and b^O, for its output line
+  std::optional<TensorView> bo = std::nullopt;
+  int threads = 0;
+};
+
+// `scans` holds scan_head() of every head of every part.
+std::string format_explanation(const std::vector<Explanation>& parts,
+                               const std::vector<std::vector<HeadScan>>& scans,
+                               const ExplainText& how);
+
+// The layer's final output for one row: concat_h O_i,h · W^O + b^O, its first 8 values.
+std::string format_layer_output(const Explanation& e, std::int64_t row, const TensorView& wo,
+                                const std::optional<TensorView>& bo, int threads = 0);
+
 // One self-contained HTML page (inline CSS, JS and data; no network) for one or more
 // explanations: heatmaps per head, mask pattern, head summaries, row walk-throughs.
 // What the page shows when it opens: a part, a head, and a row (-1: that head's most focused row).

@@ -4,7 +4,6 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -21,19 +20,6 @@
 namespace qkv::python {
 
 namespace {
-
-// The built-in example's framing, as `qkv explain` words it (tools/qkv/command_explain.cc).
-constexpr const char* kBuiltinIntro =
-    "qkv explain: the built-in example (no input files given). Q, K and V as in the\n"
-    "classic explanation: a query asks, keys say what they match, values are what they\n"
-    "give; O_i = Σ_j softmax(scale·q_i·K^T)_j·v_j.\n\n";
-constexpr const char* kBuiltinConclusions =
-    "What the example shows\n"
-    "  1. O_i is a weighted sum of *all* the values: every film contributes to every user's\n"
-    "     output, in proportion to its weight (step 6); a bad match only gets a small weight.\n"
-    "  2. K and V are two transforms of the same rows: a film's key (its genres: what a taste\n"
-    "     can match) and its value (what it gives you) both come from the film's one row, through\n"
-    "     W^K and W^V. The key decides how much a film counts; the value is what it brings.\n";
 
 // Far more weights than a notebook can show; recomputing them row by row is for small inputs.
 constexpr double kMaxWeights = 16777216.0;  // 2^24
@@ -91,29 +77,15 @@ class PyExplanation {
         throw Error("rows", "row " + str(row) + " is outside the " + str(longest) + " query rows");
       }
     }
-    std::string text = builtin_ ? kBuiltinIntro : "";
-    for (std::size_t n = 0; n < parts_.size(); ++n) {
-      const Explanation& e = parts_[n];
-      std::vector<std::int64_t> shown = rows;
-      if (shown.empty()) {
-        shown = interesting_rows(e, scans_[n]);
-      } else {
-        // The built-in example's parts differ in length: a row applies to the parts that have it.
-        std::erase_if(shown, [&](std::int64_t row) { return row >= e.nq; });
-      }
-      text += (builtin_ ? "Part " + std::to_string(n + 1) + ". " : std::string()) +
-              format_overview(e) + "\n";
-      if (e.projection && (builtin_ || e.nk <= 12)) text += format_key_value_rows(e) + "\n";
-      for (const std::int64_t row : shown) {
-        for (std::int64_t h = 0; h < e.heads; ++h) {
-          if (head >= 0 && h != head) continue;
-          text += format_walk_through(e, walk_through(e, h, row), top) + "\n";
-        }
-        if (wo_) text += layer_output_line(e, row);
-      }
-    }
-    if (builtin_) text += kBuiltinConclusions;
-    return text;
+    ExplainText how;
+    how.rows = rows;
+    how.head = head;
+    how.top_keys = top;
+    how.builtin = builtin_;
+    if (wo_) how.wo = wo_->view();
+    if (bo_) how.bo = bo_->view();
+    how.threads = threads_;
+    return format_explanation(parts_, scans_, how);
   }
 
   std::string page() const { return html_page(parts_, scans_); }
@@ -140,28 +112,6 @@ class PyExplanation {
       throw Error("head", "head " + str(head) + " is outside the " + str(e.heads) +
                               (e.heads == 1 ? " head" : " heads"));
     }
-  }
-
-  // The layer's final output for one row: concat_h O_i,h · W^O + b^O.
-  std::string layer_output_line(const Explanation& e, std::int64_t row) const {
-    Tensor concat(DType::kF64, {1, e.heads * e.dv}, "concatenated heads");
-    for (std::int64_t h = 0; h < e.heads; ++h) {
-      for (std::int64_t c = 0; c < e.dv; ++c) {
-        concat.data_as<double>()[h * e.dv + c] = e.out[static_cast<std::size_t>(h)].at(row, c);
-      }
-    }
-    const std::optional<TensorView> bias =
-        bo_ ? std::optional<TensorView>(bo_->view()) : std::nullopt;
-    const Tensor out = linear(concat.view(), wo_->view(), bias, threads_).to(DType::kF64);
-    std::string text = "layer output for query " + str(row) + " = concat_h O_i·W^O" +
-                       (bo_ ? " + b^O" : "") + " = [";
-    for (std::int64_t c = 0; c < out.numel() && c < 8; ++c) {
-      char value[32];
-      std::snprintf(value, sizeof value, " %8.4f", out.data_as<double>()[c]);
-      text += value;
-    }
-    if (out.numel() > 8) text += "  ... " + str(out.numel() - 8) + " more";
-    return text + " ]\n";
   }
 
   std::vector<Explanation> parts_;

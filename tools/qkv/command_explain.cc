@@ -38,14 +38,6 @@ struct ExplainCommand {
 constexpr std::int64_t kMaxPageBatches = 8;
 constexpr double kMaxPageBatchScores = 268435456.0;  // 2^28 weights
 
-constexpr const char* kConclusions =
-    "What the example shows\n"
-    "  1. O_i is a weighted sum of *all* the values: every film contributes to every user's\n"
-    "     output, in proportion to its weight (step 6); a bad match only gets a small weight.\n"
-    "  2. K and V are two transforms of the same rows: a film's key (its genres: what a taste\n"
-    "     can match) and its value (what it gives you) both come from the film's one row, through\n"
-    "     W^K and W^V. The key decides how much a film counts; the value is what it brings.\n";
-
 // Far above the labels of any rows qkv explain can show, and bounded: a labels file is read
 // whole, and /dev/zero (refused anyway, as every non-regular file is) must not be the only
 // thing that stops an unbounded read.
@@ -235,27 +227,6 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
   });
 }
 
-// The layer's final output for one row: concat_h O_i,h · W^O + b^O.
-std::string layer_output_line(const Explanation& e, std::int64_t row, const Tensor& wo,
-                              const std::optional<Tensor>& bo, int threads) {
-  Tensor concat(DType::kF64, {1, e.heads * e.dv}, "concatenated heads");
-  for (std::int64_t h = 0; h < e.heads; ++h) {
-    for (std::int64_t c = 0; c < e.dv; ++c) {
-      concat.data_as<double>()[h * e.dv + c] = e.out[static_cast<std::size_t>(h)].at(row, c);
-    }
-  }
-  const Tensor out = linear(concat.view(), wo.view(), view_of(bo), threads).to(DType::kF64);
-  std::string text = "layer output for query " + std::to_string(row) + " = concat_h O_i·W^O" +
-                     (bo ? " + b^O" : "") + " = [";
-  for (std::int64_t c = 0; c < out.numel() && c < 8; ++c) {
-    char value[32];
-    std::snprintf(value, sizeof value, " %8.4f", out.data_as<double>()[c]);
-    text += value;
-  }
-  if (out.numel() > 8) text += "  ... " + std::to_string(out.numel() - 8) + " more";
-  return text + " ]\n";
-}
-
 void run_explain(const ExplainCommand& c) {
   if (c.quiet && c.html_path.empty() && c.svg_path.empty()) {
     throw Error("--quiet", "leaves nothing to do without --html or --svg");
@@ -264,15 +235,19 @@ void run_explain(const ExplainCommand& c) {
   const std::vector<Explanation> parts = explain_inputs(c, inputs);
   const bool builtin = inputs.builtin;
   std::vector<std::vector<HeadScan>> scans;
-  std::string text;
-  if (builtin) {
-    text +=
-        "qkv explain: the built-in example (no input files given). Q, K and V as in the\n"
-        "classic explanation: a query asks, keys say what they match, values are what they\n"
-        "give; O_i = Σ_j softmax(scale·q_i·K^T)_j·v_j.\n\n";
-  }
+  ExplainText how;
+  how.head = c.head;
+  how.top_keys = c.top;
+  how.batch = c.batch;
+  how.builtin = builtin;
+  if (inputs.weights.wo) how.wo = inputs.weights.wo->view();
+  if (inputs.weights.bo) how.bo = inputs.weights.bo->view();
+  how.threads = c.flags.threads;
   PageView open;
   open.head = std::max<std::int64_t>(c.head, 0);
+  std::int64_t longest = 0;
+  for (const Explanation& part : parts) longest = std::max(longest, part.nq);
+  if (!c.rows.empty()) how.rows = parse_rows(c.rows, longest);
   for (std::size_t n = 0; n < parts.size(); ++n) {
     const Explanation& e = parts[n];
     if (c.head >= e.heads) {
@@ -281,33 +256,20 @@ void run_explain(const ExplainCommand& c) {
     }
     auto& head_scans = scans.emplace_back();
     for (std::int64_t h = 0; h < e.heads; ++h) head_scans.push_back(scan_head(e, h));
-    // The terminal walks through the batch element --batch names; the page has them all.
+    // The terminal walks through the batch element --batch names; the page has them all and
+    // opens on it, at the first row asked for that the part has.
     if (e.batch != c.batch && !builtin) continue;
     if (!builtin) open.part = static_cast<std::int64_t>(n);
-    std::vector<std::int64_t> rows = interesting_rows(e, head_scans);
-    if (!c.rows.empty()) {
-      // The built-in example's parts differ in length: a row applies to the parts that have it.
-      std::int64_t longest = 0;
-      for (const Explanation& part : parts) longest = std::max(longest, part.nq);
-      rows = parse_rows(c.rows, longest);
-      std::erase_if(rows, [&](std::int64_t row) { return row >= e.nq; });
-      if (static_cast<std::int64_t>(n) == open.part && !rows.empty()) open.row = rows.front();
-    }
-    if (c.quiet) continue;
-    text += (builtin ? "Part " + std::to_string(n + 1) + ". " : std::string()) +
-            format_overview(e) + "\n";
-    if (e.projection && (builtin || e.nk <= 12)) text += format_key_value_rows(e) + "\n";
-    for (const std::int64_t row : rows) {
-      for (std::int64_t h = 0; h < e.heads; ++h) {
-        if (c.head >= 0 && h != c.head) continue;
-        text += format_walk_through(e, walk_through(e, h, row), c.top) + "\n";
-      }
-      if (inputs.weights.wo) {
-        text += layer_output_line(e, row, *inputs.weights.wo, inputs.weights.bo, c.flags.threads);
+    if (static_cast<std::int64_t>(n) == open.part) {
+      for (const std::int64_t row : how.rows) {
+        if (row < e.nq) {
+          open.row = row;
+          break;
+        }
       }
     }
   }
-  if (builtin && !c.quiet) text += kConclusions;
+  const std::string text = c.quiet ? std::string() : format_explanation(parts, scans, how);
 
   // Every output is made before any is written, and they appear together or not at all.
   OutputFiles files;
