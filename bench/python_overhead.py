@@ -33,6 +33,7 @@ import numpy as np
 
 import qkv
 from qkv import _qkv
+from qkv._options import attention_options
 
 SMALL_BAR_US = 20.0  # n = 16: Python may add at most this much per call
 LARGE_BAR_RATIO = 1.03  # n >= 1024: Python within 3 % of C++
@@ -58,14 +59,15 @@ def measure(q, k, v, threads, rounds, per_round):
     kernel = None
     # Warm up both paths (threads, caches, the allocator).
     python_times(q, k, v, threads, 2)
-    _qkv.time_attention(as_numpy(q), as_numpy(k), as_numpy(v), threads=threads, repeats=1)
+    options = attention_options(threads=threads)
+    _qkv.time_attention(as_numpy(q), as_numpy(k), as_numpy(v), options, repeats=1)
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(rounds):
             # The C++ loop reads exactly the arrays qkv.attention reads (torch through DLPack).
-            times, kernel = _qkv.time_attention(as_numpy(q), as_numpy(k), as_numpy(v),
-                                                threads=threads, repeats=per_round, warmup=0)
+            times, kernel = _qkv.time_attention(as_numpy(q), as_numpy(k), as_numpy(v), options,
+                                                repeats=per_round, warmup=0)
             cpp_all += times
             py_all += python_times(q, k, v, threads, per_round)
     finally:

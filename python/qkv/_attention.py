@@ -3,23 +3,14 @@
 from collections import namedtuple
 
 from . import _qkv
-from ._arrays import as_input, dtype_name
+from ._arrays import as_input
+from ._options import attention_options
 
 AttentionResult = namedtuple("AttentionResult", ["out", "lse", "weights"])
 AttentionResult.__doc__ = """What qkv.attention returns when an extra output is asked for.
 
 out: [..., Nq, Dv]; lse: the log-sum-exp of each row's scores, [..., Nq] (None unless
 return_lse); weights: the softmax weights, [..., Nq, Nk] (None unless return_weights)."""
-
-
-def _window_bounds(window):
-    if window is None:
-        return None, None
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise _qkv.Error(f"window: expected (left, right), got {window!r}") from None
-    return (-1 if left is None else left), (-1 if right is None else right)
 
 
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
@@ -67,14 +58,10 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     return_lse or return_weights is asked for. Raises qkv.Error (a ValueError) naming the
     argument and the problem on any bad input.
     """
-    left, right = _window_bounds(window)
-    alibi = alibi_slopes is True
-    out, lse, weights, _, _ = _qkv.attention(
-        as_input(q), as_input(k), as_input(v), as_input(attn_mask), bool(is_causal), scale, left,
-        right, softcap, alibi, None if alibi else as_input(alibi_slopes), as_input(sinks),
-        as_input(cu_seqlens_q), as_input(cu_seqlens_k), dtype_name(dtype),
-        dtype_name(out_dtype), bool(return_lse), bool(return_weights), threads, kernel,
-        max_memory)
+    options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
+                                sinks, dtype, out_dtype, return_lse, return_weights, threads,
+                                cu_seqlens_q, cu_seqlens_k, kernel, max_memory)
+    out, lse, weights, _, _ = _qkv.attention(as_input(q), as_input(k), as_input(v), options)
     if return_lse or return_weights:
         return AttentionResult(out, lse, weights)
     return out

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import _qkv
 from ._arrays import dtype_name
+from ._options import attention_options
 
 __all__ = ["bench", "BenchResult", "attention_flops"]
 
@@ -112,8 +113,8 @@ def bench(n=1024, d=64, heads=8, kv_heads=None, nk=None, dv=None, is_causal=Fals
     k = rng.standard_normal((kv_heads, nk, d)).astype(storage)
     v = rng.standard_normal((kv_heads, nk, dv)).astype(storage)
 
-    times, kernel = _qkv.time_attention(q, k, v, is_causal=bool(is_causal), dtype=name,
-                                        threads=threads, repeats=repeats, warmup=1)
+    options = attention_options(is_causal=is_causal, dtype=name, threads=threads)
+    times, kernel = _qkv.time_attention(q, k, v, options, repeats=repeats, warmup=1)
     seconds = statistics.median(times)
     flops = attention_flops(n, d, heads, nk=nk, dv=dv, is_causal=is_causal)
 

@@ -1,5 +1,5 @@
-"""The attention options the layer, explain and the KV cache share, in the one dict form their
-C++ bindings read (python/src/options.h)."""
+"""The attention options every surface shares (qkv.attention, the layer, explain, the KV cache,
+qkv.bench), in the one dict form their C++ bindings read (python/src/options.h)."""
 
 import numpy as np
 
@@ -31,9 +31,14 @@ def default_out_dtype(*arrays):
 
 def attention_options(attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
                       alibi_slopes=None, sinks=None, dtype=None, out_dtype=None,
-                      return_lse=False, return_weights=False, threads=None):
+                      return_lse=False, return_weights=False, threads=None, cu_seqlens_q=None,
+                      cu_seqlens_k=None, kernel=None, max_memory=None):
     alibi = alibi_slopes is True
     return {
+        "cu_seqlens_q": as_input(cu_seqlens_q),
+        "cu_seqlens_k": as_input(cu_seqlens_k),
+        "kernel": kernel,
+        "max_memory": max_memory,
         "attn_mask": as_input(attn_mask),
         "is_causal": bool(is_causal),
         "scale": scale,

@@ -13,8 +13,17 @@ namespace {
 PyObject* error_type = nullptr;
 PyObject* file_error_type = nullptr;
 
+// The library names an option it refuses by its C++ field; Python callers know two of them by
+// torch's argument names (as the CLI maps subjects to its flags).
+std::string python_subject(const std::string& subject) {
+  if (subject == "mask") return "attn_mask";
+  if (subject == "causal") return "is_causal";
+  return subject;
+}
+
 // Raises `type` with the library's one-line message, and its two parts as attributes.
-void raise(PyObject* type, const std::string& subject, const std::string& problem) {
+void raise(PyObject* type, const std::string& library_subject, const std::string& problem) {
+  const std::string subject = python_subject(library_subject);
   py::object error = py::reinterpret_borrow<py::object>(type)(subject + ": " + problem);
   error.attr("subject") = subject;
   error.attr("problem") = problem;

@@ -1,11 +1,12 @@
-// The attention options the layer, explain and the KV cache take from Python, read from one
-// dict that python/qkv/_options.py builds, so that every surface spells and checks them alike
-// and weights (qkv.attention keeps its own positional call, which its owner maintains).
+// The attention options every binding takes from Python (attention, the layer, explain, the KV
+// cache, timing), read from the one dict python/qkv/_options.py builds, so that every surface
+// spells, defaults and checks them alike.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -16,6 +17,10 @@
 #include "qkv/layer.h"
 
 namespace qkv::python {
+
+inline bool has_item(const py::dict& options, const char* key) {
+  return options.contains(key) && !options[key].is_none();
+}
 
 inline int thread_option(const py::handle& threads) {
   if (threads.is_none()) return 0;
@@ -37,9 +42,22 @@ inline py::handle item_or_none(const py::dict& options, const char* key) {
   return options.contains(key) ? py::handle(options[key]) : py::handle(Py_None);
 }
 
+// Outputs follow the inputs, as torch's do: float64 or float16 when every given view is stored
+// so, else float32 (mixed dtypes, bfloat16 bits, which NumPy cannot hold).
+inline DType default_out_dtype(std::initializer_list<const TensorView*> views) {
+  std::optional<DType> common;
+  for (const TensorView* view : views) {
+    if (view == nullptr) continue;
+    if (common && *common != view->dtype) return DType::kF32;
+    common = view->dtype;
+  }
+  return common && (*common == DType::kF64 || *common == DType::kF16) ? *common : DType::kF32;
+}
+
 // Keys (all optional): attn_mask, is_causal, scale, window (left, right; -1 unbounded),
-// softcap, alibi (True: the standard slopes), alibi_slopes, sinks, dtype, out_dtype,
-// return_lse, return_weights, threads. The arrays stay alive in `keeper`.
+// softcap, alibi (True: the standard slopes), alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k,
+// dtype, out_dtype (absent: kF32; callers apply default_out_dtype), return_lse,
+// return_weights, threads, kernel, max_memory. The arrays stay alive in `keeper`.
 inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& keeper) {
   AttentionOptions result;
   result.mask = optional_view_of(item_or_none(options, "attn_mask"), "attn_mask", keeper);
@@ -53,6 +71,10 @@ inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& 
   result.alibi_slopes =
       optional_view_of(item_or_none(options, "alibi_slopes"), "alibi_slopes", keeper);
   result.sinks = optional_view_of(item_or_none(options, "sinks"), "sinks", keeper);
+  result.cu_seqlens_q =
+      optional_view_of(item_or_none(options, "cu_seqlens_q"), "cu_seqlens_q", keeper);
+  result.cu_seqlens_k =
+      optional_view_of(item_or_none(options, "cu_seqlens_k"), "cu_seqlens_k", keeper);
   if (const auto dtype = optional_item<std::string>(options, "dtype")) {
     result.dtype = parse_dtype(*dtype, "dtype");
   }
@@ -62,6 +84,8 @@ inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& 
   result.return_lse = optional_item<bool>(options, "return_lse").value_or(false);
   result.return_weights = optional_item<bool>(options, "return_weights").value_or(false);
   result.threads = thread_option(item_or_none(options, "threads"));
+  result.kernel = optional_item<std::string>(options, "kernel").value_or("");
+  result.max_memory = optional_item<std::uint64_t>(options, "max_memory").value_or(0);
   return result;
 }
 

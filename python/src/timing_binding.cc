@@ -17,20 +17,12 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "options.h"
 #include "qkv/attention.h"
 
 namespace qkv::python {
 
 namespace {
-
-// As _qkv.attention: float64 or float16 out when Q, K and V all are, else float32.
-DType default_out_dtype(const TensorView& q, const TensorView& k, const TensorView& v) {
-  if (q.dtype == k.dtype && k.dtype == v.dtype &&
-      (q.dtype == DType::kF64 || q.dtype == DType::kF16)) {
-    return q.dtype;
-  }
-  return DType::kF32;
-}
 
 int checked_count(std::int64_t value, std::int64_t least, const std::string& subject,
                   const std::string& meaning) {
@@ -42,24 +34,14 @@ int checked_count(std::int64_t value, std::int64_t least, const std::string& sub
 
 // Returns (seconds of each timed call, the kernel that ran).
 std::pair<std::vector<double>, std::string> time_attention(
-    const py::handle& q_in, const py::handle& k_in, const py::handle& v_in, bool causal,
-    std::optional<double> scale, std::optional<std::string> dtype,
-    std::optional<std::string> out_dtype, std::optional<std::int64_t> threads,
-    std::optional<std::string> kernel, std::int64_t repeats, std::int64_t warmup) {
+    const py::handle& q_in, const py::handle& k_in, const py::handle& v_in,
+    const py::dict& option_items, std::int64_t repeats, std::int64_t warmup) {
   ArrayKeeper keeper;
   const TensorView q = view_of(q_in, "q", keeper);
   const TensorView k = view_of(k_in, "k", keeper);
   const TensorView v = view_of(v_in, "v", keeper);
-  AttentionOptions options;
-  options.causal = causal;
-  options.scale = scale;
-  if (dtype) options.dtype = parse_dtype(*dtype, "dtype");
-  options.out_dtype =
-      out_dtype ? parse_dtype(*out_dtype, "out_dtype") : default_out_dtype(q, k, v);
-  if (threads) {
-    options.threads = checked_count(*threads, 0, "threads", "0 (one per hardware thread) or more");
-  }
-  if (kernel) options.kernel = *kernel;
+  AttentionOptions options = attention_options(option_items, keeper);
+  if (!has_item(option_items, "out_dtype")) options.out_dtype = default_out_dtype({&q, &k, &v});
   const int timed = checked_count(repeats, 1, "repeats", "1 or more");
   const int untimed = checked_count(warmup, 0, "warmup", "0 or more");
 
@@ -88,13 +70,11 @@ std::pair<std::vector<double>, std::string> time_attention(
 
 void register_timing(py::module_& m) {
   m.def("time_attention", &time_attention, py::arg("q"), py::arg("k"), py::arg("v"),
-        py::arg("is_causal") = false, py::arg("scale") = py::none(),
-        py::arg("dtype") = py::none(), py::arg("out_dtype") = py::none(),
-        py::arg("threads") = py::none(), py::arg("kernel") = py::none(),
-        py::arg("repeats") = 10, py::arg("warmup") = 1,
+        py::arg("options"), py::arg("repeats") = 10, py::arg("warmup") = 1,
         "Runs qkv::attention warmup + repeats times in a C++ loop with the GIL released; "
         "returns (the seconds of each of the `repeats` timed calls, the kernel that ran). "
-        "q, k, v are NumPy arrays (or the ('bfloat16', uint16 bits) pair).");
+        "q, k, v are NumPy arrays (or the ('bfloat16', uint16 bits) pair); options is the "
+        "dict qkv._options.attention_options makes, as for _qkv.attention.");
 }
 
 }  // namespace qkv::python
