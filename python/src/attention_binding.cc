@@ -16,15 +16,12 @@ namespace {
 py::tuple attention(const py::handle& q_in, const py::handle& k_in, const py::handle& v_in,
                     const py::dict& option_items) {
   ArrayKeeper keeper;
-  const TensorView q = view_of(q_in, "q", keeper);
-  const TensorView k = view_of(k_in, "k", keeper);
-  const TensorView v = view_of(v_in, "v", keeper);
-  AttentionOptions options = attention_options(option_items, keeper);
-  if (!has_item(option_items, "out_dtype")) options.out_dtype = default_out_dtype({&q, &k, &v});
+  const AttentionCallInputs call = attention_call_inputs(q_in, k_in, v_in, option_items, keeper);
+  const AttentionOptions& options = call.options;
   AttentionResult result;
   {
     py::gil_scoped_release computing;
-    result = qkv::attention(q, k, v, options);
+    result = qkv::attention(call.q, call.k, call.v, options);
   }
   py::object lse =
       options.return_lse ? py::object(to_numpy(std::move(result.lse))) : py::none();

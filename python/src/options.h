@@ -89,6 +89,24 @@ inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& 
   return result;
 }
 
+// One attention call's inputs as qkv.attention passes them: the views of q, k, v and the options,
+// with the output dtype following the inputs unless the dict names one.
+struct AttentionCallInputs {
+  TensorView q, k, v;
+  AttentionOptions options;
+};
+
+inline AttentionCallInputs attention_call_inputs(const py::handle& q, const py::handle& k,
+                                                 const py::handle& v, const py::dict& options,
+                                                 ArrayKeeper& keeper) {
+  AttentionCallInputs call{view_of(q, "q", keeper), view_of(k, "k", keeper),
+                           view_of(v, "v", keeper), attention_options(options, keeper)};
+  if (!has_item(options, "out_dtype")) {
+    call.options.out_dtype = default_out_dtype({&call.q, &call.k, &call.v});
+  }
+  return call;
+}
+
 // `weights` is the tuple (wq, wk, wv, wo, bq, bk, bv, bo), None for those left out.
 inline LayerWeights layer_weights(const py::tuple& weights, ArrayKeeper& keeper) {
   if (weights.size() != 8) throw Error("weights", "expected (wq, wk, wv, wo, bq, bk, bv, bo)");

@@ -37,11 +37,8 @@ std::pair<std::vector<double>, std::string> time_attention(
     const py::handle& q_in, const py::handle& k_in, const py::handle& v_in,
     const py::dict& option_items, std::int64_t repeats, std::int64_t warmup) {
   ArrayKeeper keeper;
-  const TensorView q = view_of(q_in, "q", keeper);
-  const TensorView k = view_of(k_in, "k", keeper);
-  const TensorView v = view_of(v_in, "v", keeper);
-  AttentionOptions options = attention_options(option_items, keeper);
-  if (!has_item(option_items, "out_dtype")) options.out_dtype = default_out_dtype({&q, &k, &v});
+  const AttentionCallInputs call = attention_call_inputs(q_in, k_in, v_in, option_items, keeper);
+  const auto& [q, k, v, options] = call;
   const int timed = checked_count(repeats, 1, "repeats", "1 or more");
   const int untimed = checked_count(warmup, 0, "warmup", "0 or more");
 

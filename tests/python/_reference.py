@@ -109,3 +109,22 @@ def scale_of(expected):
     expected = np.asarray(expected, dtype=np.float64)
     finite = expected[np.isfinite(expected)]
     return max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
+
+
+# float32 arithmetic: within 2e-6 of the float64 reference's scale (max |reference|); float64
+# paths within 1e-12 of it.
+F32_TOL = 2e-6
+F64_TOL = 1e-12
+
+
+def close(actual, expected, tol):
+    """Asserts that actual is infinite exactly where expected is (an lse of -inf), and that
+    max |actual - expected| <= tol · max |expected| over the finite rest (the tensor's scale)."""
+    expected = np.asarray(expected, np.float64)
+    actual = np.asarray(actual, np.float64)
+    finite = np.isfinite(expected)
+    assert np.array_equal(np.isfinite(actual), finite), "infinite in different places"
+    assert np.array_equal(actual[~finite], expected[~finite]), "different infinities"
+    scale = max(np.max(np.abs(expected[finite]), initial=0.0), 1e-300)
+    error = np.max(np.abs(actual[finite] - expected[finite]), initial=0.0)
+    assert error <= tol * scale, f"max error {error} > {tol} x scale {scale}"

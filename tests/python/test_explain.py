@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import qkv
+from _reference import close as check_close
 
 # Everything here is float64: explain recomputes from float64 copies, so the walk-through and
 # qkv.attention's float64 path agree to rounding.
@@ -15,13 +16,7 @@ TOL = 1e-12
 
 
 def close(actual, reference, tol=TOL):
-    reference = np.asarray(reference, np.float64)
-    scale = max(np.max(np.abs(reference[np.isfinite(reference)]), initial=0.0), 1e-300)
-    actual = np.asarray(actual, np.float64)
-    assert np.array_equal(np.isfinite(actual), np.isfinite(reference))
-    finite = np.isfinite(reference)
-    error = np.max(np.abs(actual[finite] - reference[finite]), initial=0.0)
-    assert error <= tol * scale, f"max error {error} > {tol} x scale {scale}"
+    check_close(actual, reference, tol)
 
 
 def inputs(seed=0, heads=2, kv_heads=2, nq=5, nk=6, d=4, dv=3):

@@ -7,52 +7,7 @@ import numpy as np
 import pytest
 
 import qkv
-
-# float32 arithmetic: within 2e-6 of the float64 reference's scale (max |reference|).
-F32_TOL = 2e-6
-
-
-def close(actual, reference, tol):
-    reference = np.asarray(reference, np.float64)
-    scale = max(np.max(np.abs(reference), initial=0.0), 1e-300)
-    error = np.max(np.abs(np.asarray(actual, np.float64) - reference), initial=0.0)
-    assert error <= tol * scale, f"max error {error} > {tol} x scale {scale}"
-
-
-def reference(q, k, v, causal=False, window=None, scale=None):
-    """softmax(scale·q·kᵀ)·v in float64 for q [H, nq, d], k [Hkv, nk, d], v [Hkv, nk, dv]; query
-    i sits at position nk - nq + i. Returns (out, lse)."""
-    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    heads, nq, d = q.shape
-    group = heads // k.shape[0]
-    nk = k.shape[1]
-    scale = 1 / np.sqrt(d) if scale is None else scale
-    kh, vh = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
-    s = scale * q @ np.swapaxes(kh, -1, -2)
-    position = np.arange(nq)[:, None] + nk - nq
-    j = np.arange(nk)[None, :]
-    allowed = np.ones((nq, nk), bool)
-    if causal:
-        allowed &= j <= position
-    if window is not None:
-        allowed &= (j >= position - window[0]) & (j <= position + window[1])
-    s = np.where(allowed, s, -np.inf)
-    m = np.max(s, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(s - m)
-    total = e.sum(axis=-1, keepdims=True)
-    w = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
-    with np.errstate(divide="ignore"):
-        lse = np.log(total[..., 0]) + m[..., 0]
-    return w @ vh, lse
-
-
-def bf16_round(a):
-    """float32 values rounded to bfloat16 (nearest even), as float32."""
-    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-    return bits.astype(np.uint32).view(np.float32)
-
+from _reference import F32_TOL, bf16_round, close, reference
 
 def filled(rng, storage="f32", kv_heads=2, d=8, dv=6, lengths=(7, 12), page_rows=4):
     cache = qkv.KVCache(kv_heads, d, dv, storage=storage, page_rows=page_rows)
@@ -81,7 +36,7 @@ def test_attention_equals_attention_over_gathered_rows(causal):
         k, v = cache.gather(seq), cache.gather(seq, values=True)
         assert k.dtype == np.float64
         assert np.array_equal(k, rows[seq][0]) and np.array_equal(v, rows[seq][1])
-        out, lse = reference(q[s], k, v, causal=causal)
+        out, lse, _ = reference(q[s], k, v, causal=causal)
         close(result.out[s], out, F32_TOL)
         close(result.lse[s], lse, F32_TOL)
         single = qkv.attention_cached(q[s], cache, seq, is_causal=causal)
@@ -103,7 +58,8 @@ def test_bf16_and_f16_storage_round_once():
             k, v = rows[seq]
             assert np.array_equal(cache.gather(seq), rounded(k))
             assert np.array_equal(cache.gather(seq, values=True), rounded(v))
-            expected, _ = reference(q[s], cache.gather(seq), cache.gather(seq, True), causal=True)
+            expected, _, _ = reference(q[s], cache.gather(seq), cache.gather(seq, True),
+                                       causal=True)
             close(out[s], expected, F32_TOL)
 
 
@@ -121,7 +77,7 @@ def test_int8_storage_within_half_a_step():
         assert not np.array_equal(stored, original)
     q = rng.standard_normal((1, 4, d)).astype(np.float32)
     out = cache.attention(q, seq)
-    expected, _ = reference(q, cache.gather(seq), cache.gather(seq, True))
+    expected, _, _ = reference(q, cache.gather(seq), cache.gather(seq, True))
     close(out, expected, F32_TOL)
 
 
@@ -156,7 +112,8 @@ def test_forget_before_and_window():
     assert cache.gather(seq).shape == (1, 2, 4) and cache.pages_in_use == 1
     q = rng.standard_normal((1, 1, 4))
     out = cache.attention(q, seq, is_causal=True, window=(1, 0))
-    expected, _ = reference(q, k[None, 8:].astype(np.float32), v[None, 8:].astype(np.float32))
+    expected, _, _ = reference(q, k[None, 8:].astype(np.float32),
+                               v[None, 8:].astype(np.float32))
     close(out, expected, F32_TOL)
     with pytest.raises(qkv.Error) as raised:
         cache.attention(q, seq)

@@ -5,21 +5,9 @@ import numpy as np
 import pytest
 
 import qkv
+from _reference import F32_TOL, F64_TOL, close
 
 torch = pytest.importorskip("torch")
-
-# float32 computations: within 2e-6 of the float64 reference's scale (max |reference|); the
-# float64 paths within 1e-12 of it.
-F32_TOL = 2e-6
-F64_TOL = 1e-12
-
-
-def close(actual, reference, tol):
-    reference = np.asarray(reference, np.float64)
-    scale = max(np.max(np.abs(reference), initial=0.0), 1e-300)
-    error = np.max(np.abs(np.asarray(actual, np.float64) - reference), initial=0.0)
-    assert error <= tol * scale, f"max error {error} > {tol} x scale {scale}"
-
 
 def softmax_rows(s):
     m = np.max(s, axis=-1, keepdims=True)
