@@ -75,7 +75,10 @@ struct AttentionOptions {
   using ProgressFunction = std::function<void(std::int64_t done, std::int64_t total)>;
   ProgressFunction progress;
 
-  int threads = 0;       // 0: one per hardware thread
+  // 0: one per hardware thread, but a call of fewer than 2^22 multiply-adds per thread runs on
+  // fewer (core::kMultiplyAddsPerThread: a thread costs more than it saves there). The bits are
+  // the same for any count.
+  int threads = 0;
   std::string kernel;    // empty: the fastest kernel that supports the call
   // Bytes the call may allocate (outputs it returns and kernel workspace); 0: no limit. A call
   // that would need more throws qkv::Error (subject "max_memory") before allocating anything.
@@ -88,6 +91,7 @@ struct AttentionResult {
   Tensor lse;      // empty unless return_lse
   std::string kernel;  // the kernel that ran
   DType compute = DType::kF32;  // the storage type it computed in (options.dtype or its default)
+  int threads = 1;  // the threads the kernel was given (options.threads, or fewer when 0)
 };
 
 // The standard ALiBi slopes for `heads` query heads: 2^(-8(h+1)/H) when H is a power of two,

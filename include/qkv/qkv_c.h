@@ -89,7 +89,7 @@ typedef struct qkv_attention_options {
   int32_t return_weights;  /* result-handle calls only; qkv_attention_into takes `weights` */
   int32_t return_lse;      /* result-handle calls only; qkv_attention_into takes `lse` */
   qkv_dtype out_dtype;     /* F32, F64 or F16; result-handle calls only */
-  int32_t threads;         /* 0: one per hardware thread */
+  int32_t threads;         /* 0: one per hardware thread (fewer for a small call) */
   const char* kernel;      /* NULL or "": the fastest kernel that supports the call */
   uint64_t max_memory;     /* bytes the call may allocate; 0: no limit */
   /* Version 2: storage type and score modifiers. */

@@ -49,7 +49,8 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
         NumPy or torch dtype works too). Default: float64 when q, k, v all are float64, float16
         or bfloat16 when they all are stored so, else float32.
       return_lse, return_weights: ask for the log-sum-exp [.., Nq] and the weights [.., Nq, Nk].
-      threads: how many threads (None or 0: one per core); results are bitwise the same for any.
+      threads: how many threads (None or 0: one per core, fewer for a call too small to share);
+        results are bitwise the same for any.
       out_dtype: the output's dtype; default float64 or float16 when q, k, v all are, else
         float32.
       kernel: force one kernel by name (qkv.kernel_names()); max_memory: a byte budget.

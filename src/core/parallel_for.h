@@ -47,6 +47,17 @@ void parallel_for(std::int64_t count, int threads,
 // The thread count to use for a request of `requested` (0 = one per hardware thread).
 int resolve_thread_count(int requested) noexcept;
 
+// Multiply-adds a thread must have to be worth starting when the caller left the count to qkv:
+// starting and joining one, with its tiles, costs ~60-100 µs here, and measured on the fused
+// kernel (Zen 4, H = 8, d = 64) two threads first beat one at ~9M multiply-adds (n = 96).
+inline constexpr double kMultiplyAddsPerThread = 4194304.0;  // 2^22
+
+// resolve_thread_count, except that a request of 0 (one per hardware thread) gets no more
+// threads than `multiply_adds` / kMultiplyAddsPerThread (at least 1): a small call runs on the
+// calling thread alone. An explicit request is honoured as given. Either way the results are
+// the same bits (tasks own their outputs).
+int threads_for_work(int requested, double multiply_adds) noexcept;
+
 // How many threads this process asked run_team for and could not create, since it started.
 std::int64_t threads_not_started() noexcept;
 

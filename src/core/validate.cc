@@ -412,6 +412,12 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
   p.magnitudes = {magnitudes[0], magnitudes[1], magnitudes[2], 0.0};
 
   apply_call_options(options, shape.d, p);
+  // Every (query, key) pair's q·k and w·v, masks aside: what the kernels' threads share.
+  p.threads = threads_for_work(options.threads, static_cast<double>(shape.b) *
+                                                    static_cast<double>(shape.h) *
+                                                    static_cast<double>(shape.nq) *
+                                                    static_cast<double>(shape.nk) *
+                                                    static_cast<double>(shape.d + shape.dv));
 
   const Shape leading(q.shape.begin(), q.shape.end() - 2);
   call.out_shape = leading;

@@ -108,6 +108,7 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
   }
   result.kernel = bind_and_run(call, options, outputs);
   result.compute = call.params.compute;
+  result.threads = call.params.threads;
   if (computed != options.out_dtype) {
     result.out = result.out.to(options.out_dtype);
     if (!result.weights.empty()) result.weights = result.weights.to(options.out_dtype);

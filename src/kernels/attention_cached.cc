@@ -178,6 +178,11 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
     call.sequences.push_back(snap);
     call.nk.push_back(nk);
   }
+  double keys = 0.0;
+  for (const std::int64_t nk : call.nk) keys += static_cast<double>(nk);
+  call.threads = core::threads_for_work(
+      options.threads, keys * static_cast<double>(h) * static_cast<double>(nq) *
+                           static_cast<double>(d + co.dv));
 
   // The float32 range checks of the other kernels, with the cache's bounds on what it holds
   // (stored values are within 1 % of the largest appended): a call float32 cannot represent
@@ -203,10 +208,11 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
     estimate.outputs =
         core::saturating_add(estimate.outputs, core::tensor_bytes(lse_shape, options.out_dtype));
   }
-  estimate.workspace = kernels::decode::decode_workspace_bytes(call, threads);
+  estimate.workspace = kernels::decode::decode_workspace_bytes(call, call.threads);
   core::check_memory_budget(estimate, options.max_memory, "attention_cached");
 
   AttentionResult result;
+  result.threads = call.threads;
   result.out = Tensor(options.out_dtype, out_shape, "output");
   if (options.return_lse) result.lse = Tensor(options.out_dtype, lse_shape, "lse");
   if (use_reference) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace qkv::core {
@@ -22,6 +24,20 @@ TEST(ParallelFor, CoversEveryTaskExactlyOnceForAnyThreadCount) {
 TEST(ParallelFor, ResolvesZeroToTheHardware) {
   EXPECT_EQ(resolve_thread_count(3), 3);
   EXPECT_GE(resolve_thread_count(0), 1);
+}
+
+TEST(ParallelFor, LeavesSmallAutomaticCallsOnOneThread) {
+  const int hardware = resolve_thread_count(0);
+  const double per_thread = kMultiplyAddsPerThread;
+  // An explicit count is honoured whatever the work.
+  EXPECT_EQ(threads_for_work(3, 1.0), 3);
+  EXPECT_EQ(threads_for_work(8, 0.0), 8);
+  // Automatic: one thread per kMultiplyAddsPerThread, at least one, at most the hardware's.
+  EXPECT_EQ(threads_for_work(0, 0.0), 1);
+  EXPECT_EQ(threads_for_work(0, per_thread - 1.0), 1);
+  EXPECT_EQ(threads_for_work(0, 2.5 * per_thread), std::min(2, hardware));
+  EXPECT_EQ(threads_for_work(0, 1e15), hardware);
+  EXPECT_EQ(threads_for_work(0, std::numeric_limits<double>::infinity()), hardware);
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ void run_attention(const AttentionCommand& command) {
                   tensor_summary("out", result.out.shape(), result.out.dtype()),
         .kernel = result.kernel,
         .compute = result.compute,
-        .threads = options.threads,
+        .threads = result.threads,
         .seconds = seconds.count(),
         .flops = attention_flops(q.shape(), k.shape(), v.shape(), options)});
     std::fprintf(stderr, "%s\n", line.c_str());

@@ -68,7 +68,8 @@ struct RunSummary {
   std::string shapes;   // "Q [1, 4, 4096, 64] f32, K ..., V ... -> out [1, 4, 4096, 64] f32"
   std::string kernel;   // the kernel that ran
   std::optional<DType> compute;  // the storage type computed in, when known
-  int threads = 0;      // as asked for: 0 is one per hardware thread
+  int threads = 0;      // as run (AttentionResult::threads), or as asked for: 0 is one per
+                        // hardware thread
   double seconds = 0;   // the computation's time
   double flops = 0;     // its useful floating-point operations (0: not counted)
 };
