@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "arrays.h"
 #include "qkv/attention.h"
@@ -18,13 +19,42 @@
 
 namespace qkv::python {
 
+// The value under `key`, or None when the key is absent: one lookup, no Python string made.
+inline py::handle item_or_none(const py::dict& options, const char* key) {
+  PyObject* value = PyDict_GetItemString(options.ptr(), key);  // borrowed; NULL if absent
+  return value == nullptr ? py::handle(Py_None) : py::handle(value);
+}
+
 inline bool has_item(const py::dict& options, const char* key) {
-  return options.contains(key) && !options[key].is_none();
+  return !item_or_none(options, key).is_none();
+}
+
+// What a value of type T is called in a message.
+template <typename T>
+constexpr const char* kind_of() {
+  if constexpr (std::is_same_v<T, bool>) return "True or False";
+  if constexpr (std::is_same_v<T, double>) return "a number";
+  if constexpr (std::is_unsigned_v<T>) return "a whole number, 0 or more";
+  if constexpr (std::is_integral_v<T>) return "a whole number";
+  if constexpr (std::is_same_v<T, std::string>) return "a string";
+  return "a tuple";
+}
+
+// `value` as a T, or a qkv::Error naming `subject` (pybind11's own cast error names nothing).
+template <typename T>
+T cast_as(const py::handle& value, const std::string& subject) {
+  try {
+    return value.cast<T>();
+  } catch (const py::cast_error&) {
+    std::string shown = py::repr(value).cast<std::string>();
+    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+    throw Error(subject, std::string("expected ") + kind_of<T>() + ", got " + shown);
+  }
 }
 
 inline int thread_option(const py::handle& threads) {
   if (threads.is_none()) return 0;
-  const auto count = threads.cast<std::int64_t>();
+  const auto count = cast_as<std::int64_t>(threads, "threads");
   if (count < 0 || count > std::numeric_limits<int>::max()) {
     throw Error("threads",
                 "must be 0 (one per hardware thread) or more, got " + std::to_string(count));
@@ -34,12 +64,9 @@ inline int thread_option(const py::handle& threads) {
 
 template <typename T>
 std::optional<T> optional_item(const py::dict& options, const char* key) {
-  if (!options.contains(key) || options[key].is_none()) return std::nullopt;
-  return options[key].cast<T>();
-}
-
-inline py::handle item_or_none(const py::dict& options, const char* key) {
-  return options.contains(key) ? py::handle(options[key]) : py::handle(Py_None);
+  const py::handle value = item_or_none(options, key);
+  if (value.is_none()) return std::nullopt;
+  return cast_as<T>(value, key);
 }
 
 // Outputs follow the inputs, as torch's do: float64 or float16 when every given view is stored
@@ -64,7 +91,9 @@ inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& 
   result.causal = optional_item<bool>(options, "is_causal").value_or(false);
   result.scale = optional_item<double>(options, "scale");
   if (const auto window = optional_item<py::tuple>(options, "window")) {
-    result.window = Window{(*window)[0].cast<std::int64_t>(), (*window)[1].cast<std::int64_t>()};
+    if (window->size() != 2) throw Error("window", "expected (left, right)");
+    result.window = Window{cast_as<std::int64_t>((*window)[0], "window"),
+                           cast_as<std::int64_t>((*window)[1], "window")};
   }
   result.softcap = optional_item<double>(options, "softcap");
   result.alibi = optional_item<bool>(options, "alibi").value_or(false);

@@ -70,6 +70,14 @@ CASES = [
     ("kernel_unknown", (Q, K, V), {"kernel": "no_such_kernel"}, "kernel no_such_kernel",
      "no such kernel"),
     ("max_memory", (Q, K, V), {"max_memory": 16}, "max_memory", "needs"),
+    # Options of the wrong type are named like bad values, not pybind11's anonymous cast error.
+    ("scale_string", (Q, K, V), {"scale": "abc"}, "scale", "expected a number"),
+    ("softcap_string", (Q, K, V), {"softcap": "x"}, "softcap", "expected a number"),
+    ("window_float", (Q, K, V), {"window": (1.5, 0)}, "window", "whole number"),
+    ("threads_float", (Q, K, V), {"threads": 1.5}, "threads", "whole number"),
+    ("threads_huge", (Q, K, V), {"threads": 2**70}, "threads", "whole number"),
+    ("max_memory_negative", (Q, K, V), {"max_memory": -1}, "max_memory", "0 or more"),
+    ("kernel_number", (Q, K, V), {"kernel": 3}, "kernel", "expected a string"),
 ]
 
 
