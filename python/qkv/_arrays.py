@@ -29,7 +29,7 @@ def _from_torch(tensor):
     torch = sys.modules["torch"]  # loaded: `tensor` is one of its objects
     if not isinstance(tensor, torch.Tensor):
         return np.asarray(tensor)
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise TypeError(f"qkv computes on the CPU; move the tensor there first "
                         f"(it is on {tensor.device})")
     if tensor.requires_grad:
