@@ -24,10 +24,10 @@ class KVCache:
     fork(seq) shares the parent's pages copy-on-write; a shared page is copied only when one of
     the sequences appends into it.
 
-    Threads: append and attention release the GIL. Calls on distinct sequences may run
-    concurrently from several Python threads (including attention reading some sequences while
-    others are appended to); calls on one sequence may not — serialise those yourself (two
-    threads appending to, or removing, the same sequence at once is undefined behaviour).
+    Threads: append, attention and gather release the GIL, so calls on distinct sequences run
+    concurrently from several Python threads (attention reading some sequences while others
+    are appended to, say). Calls on one sequence from several threads take turns: each holds
+    the sequence's lock, so an append lands whole before another call reads or writes it.
     """
 
     def __init__(self, kv_heads, d, dv=None, storage="f32", page_rows=256, max_pages=0,

@@ -174,6 +174,68 @@ def test_appends_from_threads_on_distinct_sequences():
         np.testing.assert_array_equal(cache.gather(s)[0], data[s][0].astype(np.float32))
 
 
+def test_threads_sharing_one_sequence_are_serialised():
+    """The C++ cache leaves calls on one sequence from two threads undefined; from Python they
+    take turns: every append lands whole (rows of one append stay together, in order), and a
+    reader sees a consistent prefix, never a crash."""
+    rng = np.random.default_rng(7)
+    cache = qkv.KVCache(1, 8, page_rows=8)
+    seq = cache.add_sequence()
+    chunks = {w: [np.full((5, 8), 100 * w + i, np.float32) for i in range(40)] for w in (1, 2)}
+    errors = []
+
+    def writer(w):
+        for chunk in chunks[w]:
+            cache.append(seq, chunk, -chunk)
+
+    def reader():
+        q = rng.standard_normal((1, 1, 1, 8)).astype(np.float32)
+        for _ in range(40):
+            try:
+                out = cache.attention(q, [seq])
+                assert np.isfinite(out).all()
+                cache.gather(seq)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in (1, 2)]
+    threads.append(threading.Thread(target=reader))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    k = cache.gather(seq)[0]
+    assert k.shape == (400, 8)
+    values = k[::5, 0]  # each append's first row; its five rows must all hold the same value
+    np.testing.assert_array_equal(k.reshape(80, 5, 8), np.repeat(values, 40).reshape(80, 5, 8))
+    for w in (1, 2):
+        mine = values[(values >= 100 * w) & (values < 100 * (w + 1))]
+        np.testing.assert_array_equal(mine, 100 * w + np.arange(40))
+
+
+def test_remove_while_another_thread_appends_is_refused_not_undefined():
+    cache = qkv.KVCache(1, 4, page_rows=4)
+    seq = cache.add_sequence()
+    rows = np.ones((3, 4), np.float32)
+    failures = []
+
+    def writer():
+        for _ in range(200):
+            try:
+                cache.append(seq, rows, rows)
+            except qkv.Error as e:
+                failures.append(str(e))
+                return
+
+    t = threading.Thread(target=writer)
+    t.start()
+    cache.remove(seq)
+    t.join()
+    assert seq not in cache
+    assert all("not in this cache" in f for f in failures), failures
+
+
 def test_errors_name_their_subject():
     cache = qkv.KVCache(2, 4, page_rows=4)
     seq = cache.add_sequence()
