@@ -34,8 +34,10 @@ Operand check_operand(const TensorView& view, const char* role, const char* widt
   op.view = &view;
   op.name = view.name.empty() ? role : view.name;
   op.width = width;
-  if (view.dtype == DType::kBool) {
-    throw Error(op.name, "dtype bool cannot be cached (float32, float64, bfloat16 or float16)");
+  if (view.dtype != DType::kF32 && view.dtype != DType::kF64 && view.dtype != DType::kBF16 &&
+      view.dtype != DType::kF16) {
+    throw Error(op.name, std::string("dtype ") + dtype_name(view.dtype) +
+                             " cannot be cached (float32, float64, bfloat16 or float16)");
   }
   if (view.strides.size() != view.shape.size()) {
     throw Error(op.name, "has " + str(view.rank()) + " dims but " +

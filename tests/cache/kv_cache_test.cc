@@ -727,6 +727,15 @@ TEST(KVCache, BadInputsAreRefusedWithOneLineNamingTheViewAndChangeNothing) {
   Tensor kb(DType::kBool, {2, 3, 4});
   const std::string bool_what = error_of([&] { cache.append(seq, unnamed(kb), unnamed(v)); }, "k");
   EXPECT_NE(bool_what.find("bool"), std::string::npos) << bool_what;
+  // Integers are not values either: their bits must never be read as floats.
+  for (const DType integer : {DType::kI32, DType::kI64}) {
+    Tensor ki(integer, {2, 3, 4});
+    const std::string int_what =
+        error_of([&] { cache.append(seq, unnamed(ki), unnamed(v)); }, "k");
+    EXPECT_NE(int_what.find(dtype_name(integer)), std::string::npos) << int_what;
+    Tensor vi(integer, {2, 3, 6});
+    error_of([&] { cache.append(seq, unnamed(k), unnamed(vi)); }, "v");
+  }
   TensorView bad_strides = unnamed(k);
   bad_strides.strides.pop_back();
   error_of([&] { cache.append(seq, bad_strides, unnamed(v)); }, "k");
