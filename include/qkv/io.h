@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/tensor.h"
@@ -92,6 +93,11 @@ std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path
 // Reads tensor `name` of a .safetensors file as stored: F32, F64, F16, BF16 and BOOL (kF32,
 // kF64, kF16, kBF16, kBool); other dtypes are refused. The tensor's name is "PATH:NAME".
 Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
+
+// Every tensor of a .safetensors file, in the order of their data, each as
+// read_safetensors_tensor reads it, the header parsed once (a file of many small tensors is
+// read in time linear in its size). One tensor of an unsupported dtype refuses the whole file.
+std::vector<std::pair<std::string, Tensor>> read_safetensors(const std::filesystem::path& path);
 
 // Tensor `name` of a .safetensors file as read_safetensors_tensor would read it, from the
 // header alone (same errors).

@@ -1,6 +1,6 @@
 // qkv.read_npy, qkv.read_tensor, qkv.load_safetensors and qkv.write_npy: the library's readers
-// and atomic writer (python/qkv/_io.py turns os.PathLike paths into strings). Every problem is a
-// qkv.FileError with the library's one-line message.
+// and atomic writer; paths are str, bytes or os.PathLike (path_argument). Every problem with a
+// file is a qkv.FileError with the library's one-line message.
 #include <pybind11/stl.h>
 
 #include <optional>
@@ -22,7 +22,8 @@ py::array numpy_of(Tensor&& tensor) {
   return to_numpy(std::move(tensor));
 }
 
-py::array read_npy_call(const std::string& path) {
+py::array read_npy_call(const py::handle& path_in) {
+  const std::string path = path_argument(path_in, "path");
   Tensor tensor;
   {
     py::gil_scoped_release reading;
@@ -31,7 +32,8 @@ py::array read_npy_call(const std::string& path) {
   return numpy_of(std::move(tensor));
 }
 
-py::array read_tensor_call(const std::string& spec) {
+py::array read_tensor_call(const py::handle& spec_in) {
+  const std::string spec = path_argument(spec_in, "spec");
   Tensor tensor;
   {
     py::gil_scoped_release reading;
@@ -40,15 +42,12 @@ py::array read_tensor_call(const std::string& spec) {
   return numpy_of(std::move(tensor));
 }
 
-py::dict load_safetensors_call(const std::string& path) {
+py::dict load_safetensors_call(const py::handle& path_in) {
+  const std::string path = path_argument(path_in, "path");
   std::vector<std::pair<std::string, Tensor>> tensors;
   {
     py::gil_scoped_release reading;
-    as_file_work([&] {
-      for (const SafetensorsEntry& entry : list_safetensors(path)) {
-        tensors.emplace_back(entry.name, read_safetensors_tensor(path, entry.name));
-      }
-    });
+    tensors = as_file_work([&] { return read_safetensors(path); });
   }
   py::dict result;
   for (auto& [name, tensor] : tensors) result[py::str(name)] = numpy_of(std::move(tensor));
@@ -61,8 +60,9 @@ DType file_dtype(const TensorView& view) {
   return view.dtype == DType::kBF16 ? DType::kF32 : view.dtype;
 }
 
-void write_npy_call(const std::string& path, const py::handle& array,
+void write_npy_call(const py::handle& path_in, const py::handle& array,
                     const std::optional<std::string>& dtype) {
+  const std::string path = path_argument(path_in, "path");
   ArrayKeeper keeper;
   TensorView view = view_of(array, "array", keeper);
   view.name = path;

@@ -447,18 +447,11 @@ struct Located {
   std::uint64_t file_bytes = 0;  // of its data in the file
 };
 
-Located locate_tensor(const InputFile& file, const std::string& subject, const std::string& name) {
-  const Index index = read_index(file, subject);
-  const auto found = std::find_if(index.entries.begin(), index.entries.end(),
-                                  [&](const SafetensorsEntry& e) { return e.name == name; });
-  if (found == index.entries.end()) {
-    throw Error(subject,
-                "has no tensor named " + quote(name) + "; " + available_names(index.entries, name));
-  }
-  const SafetensorsEntry& entry = *found;
+Located locate_entry(const Index& index, const SafetensorsEntry& entry,
+                     const std::string& subject) {
   // The subject of every later error about this tensor: kept to one printable line.
   Located located;
-  located.info.name = subject + ":" + io::printable_name(name);
+  located.info.name = subject + ":" + io::printable_name(entry.name);
   // Kept as stored: F16 and BF16 stay 16-bit in memory; the kernels widen them as they read.
   if (entry.dtype == "F32") {
     located.info.dtype = DType::kF32;
@@ -483,25 +476,18 @@ Located locate_tensor(const InputFile& file, const std::string& subject, const s
   return located;
 }
 
-}  // namespace
-
-std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path) {
-  const std::string subject = path.string();
-  const InputFile file(path, subject);
-  return read_index(file, subject).entries;
+Located locate_tensor(const InputFile& file, const std::string& subject, const std::string& name) {
+  const Index index = read_index(file, subject);
+  const auto found = std::find_if(index.entries.begin(), index.entries.end(),
+                                  [&](const SafetensorsEntry& e) { return e.name == name; });
+  if (found == index.entries.end()) {
+    throw Error(subject,
+                "has no tensor named " + quote(name) + "; " + available_names(index.entries, name));
+  }
+  return locate_entry(index, *found, subject);
 }
 
-TensorInfo inspect_safetensors_tensor(const std::filesystem::path& path, const std::string& name) {
-  const std::string subject = path.string();
-  const InputFile file(path, subject);
-  Located located = locate_tensor(file, subject, name);
-  return std::move(located.info);
-}
-
-Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name) {
-  const std::string subject = path.string();
-  const InputFile file(path, subject);
-  const Located located = locate_tensor(file, subject, name);
+Tensor read_located(const InputFile& file, const Located& located) {
   const TensorInfo& info = located.info;
   Tensor tensor;
   try {
@@ -521,6 +507,39 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
     }
   }
   return tensor;
+}
+
+}  // namespace
+
+std::vector<SafetensorsEntry> list_safetensors(const std::filesystem::path& path) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  return read_index(file, subject).entries;
+}
+
+TensorInfo inspect_safetensors_tensor(const std::filesystem::path& path, const std::string& name) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  Located located = locate_tensor(file, subject, name);
+  return std::move(located.info);
+}
+
+Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::string& name) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  return read_located(file, locate_tensor(file, subject, name));
+}
+
+std::vector<std::pair<std::string, Tensor>> read_safetensors(const std::filesystem::path& path) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  const Index index = read_index(file, subject);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  tensors.reserve(index.entries.size());
+  for (const SafetensorsEntry& entry : index.entries) {
+    tensors.emplace_back(entry.name, read_located(file, locate_entry(index, entry, subject)));
+  }
+  return tensors;
 }
 
 }  // namespace qkv

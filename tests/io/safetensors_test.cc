@@ -82,6 +82,36 @@ TEST(Safetensors, RoundTripsEveryDtype) {
   EXPECT_EQ(entries[1].shape, (Shape{2, 2, 3}));
   EXPECT_EQ(entries[1].begin, 60u);
   EXPECT_EQ(entries[1].end, 60u + 96u);
+
+  // Every tensor at once, in the entries' order, each as read_safetensors_tensor reads it.
+  const std::vector<std::pair<std::string, Tensor>> all = read_safetensors(path);
+  ASSERT_EQ(all.size(), entries.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    SCOPED_TRACE(entries[i].name);
+    EXPECT_EQ(all[i].first, entries[i].name);
+    const Tensor one = read_safetensors_tensor(path, entries[i].name);
+    EXPECT_EQ(all[i].second.name(), one.name());
+    EXPECT_EQ(all[i].second.dtype(), one.dtype());
+    EXPECT_EQ(all[i].second.shape(), one.shape());
+    EXPECT_EQ(std::memcmp(all[i].second.data(), one.data(), one.nbytes()), 0);
+  }
+}
+
+TEST(Safetensors, ReadingEveryTensorRefusesTheFileForOneItCannotRead) {
+  ScratchDir dir;
+  testing::write_bytes(dir / "i.safetensors",
+                       raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                R"("n":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})",
+                                std::string(12, '\0')));
+  const std::string path = (dir / "i.safetensors").string();
+  try {
+    (void)read_safetensors(path);
+    ADD_FAILURE() << "an I64 tensor was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), path + ":n");
+    EXPECT_NE(e.problem().find("I64"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)read_safetensors((dir / "missing.safetensors").string()), Error);
 }
 
 TEST(Safetensors, HalfValuesAreExactForEveryBitPattern) {

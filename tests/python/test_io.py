@@ -158,3 +158,32 @@ def test_read_tensor_npy_and_npz(tmp_path):
         archive.writestr("a.npy", b"again")  # a name given twice
     with pytest.raises(qkv.FileError):
         qkv.read_tensor(f"{tmp_path / 'z.npz'}:a")
+
+
+def test_paths_with_a_nul_byte_are_refused_not_cut_short(tmp_path):
+    good = tmp_path / "good.npy"
+    np.save(good, np.ones(3, np.float32))
+    for call in (lambda p: qkv.read_npy(p), lambda p: qkv.load_safetensors(p),
+                 lambda p: qkv.read_tensor(p), lambda p: qkv.write_npy(p, np.ones(2))):
+        with pytest.raises(qkv.Error, match="contains a NUL byte") as raised:
+            call(f"{good}\x00tail")
+        assert not isinstance(raised.value, qkv.FileError)
+    assert sorted(os.listdir(tmp_path)) == ["good.npy"]
+
+
+def test_paths_that_are_not_utf8_keep_their_bytes(tmp_path):
+    name = os.fsencode(tmp_path) + b"/caf\xe9.npy"  # Latin-1, not UTF-8
+    qkv.write_npy(name, np.arange(3, dtype=np.float32))
+    assert np.array_equal(qkv.read_npy(name), np.arange(3, dtype=np.float32))
+    with pytest.raises(qkv.FileError) as raised:
+        qkv.read_npy(os.fsencode(tmp_path) + b"/missing-\xff.npy")
+    assert os.fsencode(str(raised.value)).startswith(os.fsencode(tmp_path) + b"/missing-\xff.npy")
+
+
+def test_load_safetensors_reads_many_tensors_in_one_pass(tmp_path):
+    # 3000 tensors: the header is parsed once, not once per tensor (which took seconds).
+    tensors = {f"t{i}": ("F32", (2,), np.array([i, -i], "<f4").tobytes()) for i in range(3000)}
+    write_safetensors(tmp_path / "many.safetensors", tensors)
+    loaded = qkv.load_safetensors(tmp_path / "many.safetensors")
+    assert len(loaded) == 3000
+    assert all(np.array_equal(loaded[f"t{i}"], [i, -i]) for i in range(3000))
