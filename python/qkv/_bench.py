@@ -1,5 +1,6 @@
 """qkv.bench: timing attention in C++, without Python in the loop."""
 
+import numbers
 import statistics
 from time import perf_counter
 from dataclasses import dataclass, field
@@ -104,8 +105,19 @@ def bench(n=1024, d=64, heads=8, kv_heads=None, nk=None, dv=None, is_causal=Fals
     nk = n if nk is None else nk
     dv = d if dv is None else dv
     name = dtype_name(dtype) or "float32"
-    if repeats is None or int(repeats) < 1:
-        raise _qkv.Error(f"repeats: must be 1 or more, got {repeats!r}")
+    for name_, value, least in (("n", n, 1), ("d", d, 1), ("heads", heads, 1),
+                                ("kv_heads", kv_heads, 1), ("nk", nk, 1), ("dv", dv, 1),
+                                ("repeats", repeats, 1), ("seed", seed, 0)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+            raise _qkv.Error(f"{name_}: must be a whole number, {least} or more, got {value!r}")
+    if heads % kv_heads != 0:
+        raise _qkv.Error(f"kv_heads: {kv_heads} does not divide heads ({heads})")
+    # The inputs are made here, before qkv sees them: bounded so that a typo cannot ask NumPy
+    # for terabytes (2^28 elements, 1 GiB of float32, per array).
+    for name_, elements in (("n", heads * n * d), ("nk", kv_heads * nk * max(d, dv))):
+        if elements > 1 << 28:
+            raise _qkv.Error(f"{name_}: the inputs would hold {elements} elements each, more "
+                             f"than the 2^28 qkv.bench makes")
     repeats = int(repeats)
     storage = {"float64": np.float64, "float16": np.float16}.get(name, np.float32)
     rng = np.random.default_rng(seed)

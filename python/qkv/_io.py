@@ -2,10 +2,8 @@
 
 Every problem with a file (missing, unreadable, truncated, malformed, not writable) raises
 qkv.FileError — both a qkv.Error and an OSError — with the library's one-line message naming
-the file. Paths may be str or os.PathLike.
+the file. Paths may be str, bytes or os.PathLike; one holding a NUL byte raises qkv.Error.
 """
-
-import os
 
 from . import _qkv
 from ._arrays import as_input, dtype_name
@@ -13,19 +11,11 @@ from ._arrays import as_input, dtype_name
 __all__ = ["read_npy", "read_tensor", "load_safetensors", "write_npy"]
 
 
-def _path(path, name="path"):
-    try:
-        return os.fsdecode(os.fspath(path))
-    except TypeError:
-        raise _qkv.Error(f"{name}: expected a str or os.PathLike path, got "
-                         f"{type(path).__name__}") from None
-
-
 def read_npy(path):
     """The array of a .npy file (versions 1-3; little-endian float32, float64, float16 — kept as
     float16 — or bool; C order), read with every check qkv's command line makes. Integers,
     Fortran order, big-endian data and .npz archives are refused (see read_tensor for .npz)."""
-    return _qkv.read_npy(_path(path))
+    return _qkv.read_npy(path)
 
 
 def read_tensor(spec):
@@ -33,7 +23,7 @@ def read_tensor(spec):
     as .npy), "FILE.safetensors:NAME" (tensor NAME of a safetensors file) or "FILE.npz:NAME"
     (array NAME of an np.savez archive). A bfloat16 tensor, which NumPy cannot hold, comes back
     as float32 (exactly: every bfloat16 is a float32)."""
-    return _qkv.read_tensor(_path(spec, "spec"))
+    return _qkv.read_tensor(spec)
 
 
 def load_safetensors(path):
@@ -41,7 +31,7 @@ def load_safetensors(path):
     stored; BOOL as bool; BF16, which NumPy lacks, as float32, converted exactly). The whole
     header is validated first; a tensor of another dtype (integers) raises qkv.FileError
     naming it."""
-    return _qkv.load_safetensors(_path(path))
+    return _qkv.load_safetensors(path)
 
 
 def write_npy(path, array, dtype=None):
@@ -49,4 +39,4 @@ def write_npy(path, array, dtype=None):
     a partial file). dtype: "float32", "float64" or "float16" (default: the array's own; a
     bfloat16 torch tensor is written as float32). Problems with the destination raise
     qkv.FileError; an array qkv cannot take raises qkv.Error."""
-    _qkv.write_npy(_path(path), as_input(array), dtype_name(dtype))
+    _qkv.write_npy(path, as_input(array), dtype_name(dtype))

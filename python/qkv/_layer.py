@@ -47,6 +47,9 @@ class MultiHeadAttention:
         self._weights = tuple(as_input(w) for w in (wq, wk, wv, wo, bq, bk, bv, bo))
         self.heads = int(heads)
         self.kv_heads = self.heads if kv_heads is None else int(kv_heads)
+        if self.kv_heads < 1:  # the library's 0 ("as many as heads") is None here
+            raise _qkv.Error(f"kv_heads: must be at least 1 (None: as many as heads), got "
+                             f"{self.kv_heads}")
         self._check()
 
     def _check(self):

@@ -30,6 +30,23 @@ auto as_file_work(Work&& work) -> decltype(work()) {
   }
 }
 
+// A path argument (str, bytes or os.PathLike) as the file system's bytes (os.fsencode: a name
+// that is not UTF-8 keeps its bytes). A path with a NUL byte, which the C library would cut
+// short there, raises qkv::Error naming `name`, as does anything that is not a path.
+inline std::string path_argument(const py::handle& path, const char* name) {
+  py::object encoded;
+  try {
+    encoded = py::module_::import("os").attr("fsencode")(path);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    throw Error(name, "expected a str or os.PathLike path, got " +
+                          py::type::of(path).attr("__name__").cast<std::string>());
+  }
+  std::string bytes = encoded.cast<std::string>();
+  if (bytes.find('\0') != std::string::npos) throw Error(name, "contains a NUL byte");
+  return bytes;
+}
+
 void register_errors(py::module_& m);
 void register_attention(py::module_& m);
 void register_layer(py::module_& m);

@@ -245,6 +245,9 @@ void register_explain(py::module_& m) {
           "text",
           [](const PyExplanation& e, std::optional<std::vector<std::int64_t>> rows,
              std::optional<std::int64_t> head, std::int64_t top) {
+            if (head && *head < 0) {
+              throw Error("head", "must be 0 or more (None: every head), got " + str(*head));
+            }
             py::gil_scoped_release computing;
             return e.text(rows.value_or(std::vector<std::int64_t>{}), head.value_or(-1), top);
           },
@@ -261,7 +264,8 @@ void register_explain(py::module_& m) {
           "The self-contained attention page (what `qkv explain --html` writes).")
       .def(
           "save_html",
-          [](const PyExplanation& e, const std::filesystem::path& path) {
+          [](const PyExplanation& e, const py::handle& path_in) {
+            const std::filesystem::path path = path_argument(path_in, "path");
             py::gil_scoped_release computing;
             const std::string page = e.page();
             as_file_work([&] {

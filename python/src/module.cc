@@ -13,20 +13,29 @@ namespace {
 PyObject* error_type = nullptr;
 PyObject* file_error_type = nullptr;
 
-// The library names an option it refuses by its C++ field; Python callers know two of them by
-// torch's argument names (as the CLI maps subjects to its flags).
+// The library names an option it refuses by its C++ field (or, for the layer's kv heads, by the
+// CLI's spelling); Python callers know these by their argument names (as the CLI maps subjects
+// to its flags).
 std::string python_subject(const std::string& subject) {
   if (subject == "mask") return "attn_mask";
   if (subject == "causal") return "is_causal";
+  if (subject == "kv-heads") return "kv_heads";
   return subject;
+}
+
+// Text from the library as Python text: a file name that is not UTF-8 keeps its bytes as
+// os.fsdecode would (surrogateescape), never a decoding error in place of the message.
+py::str text_of(const std::string& text) {
+  return py::reinterpret_steal<py::str>(PyUnicode_DecodeUTF8(
+      text.data(), static_cast<Py_ssize_t>(text.size()), "surrogateescape"));
 }
 
 // Raises `type` with the library's one-line message, and its two parts as attributes.
 void raise(PyObject* type, const std::string& library_subject, const std::string& problem) {
   const std::string subject = python_subject(library_subject);
-  py::object error = py::reinterpret_borrow<py::object>(type)(subject + ": " + problem);
-  error.attr("subject") = subject;
-  error.attr("problem") = problem;
+  py::object error = py::reinterpret_borrow<py::object>(type)(text_of(subject + ": " + problem));
+  error.attr("subject") = text_of(subject);
+  error.attr("problem") = text_of(problem);
   PyErr_SetObject(type, error.ptr());
 }
 

@@ -215,3 +215,10 @@ def test_builtin_text_is_what_the_cli_prints():
         pytest.skip(f"the qkv command is not built at {cli}")
     printed = subprocess.run([str(cli), "explain"], check=True, capture_output=True).stdout
     assert qkv.explain().text() == printed.decode("utf-8")
+
+
+def test_text_refuses_a_negative_head():
+    q, k, v = inputs()
+    e = qkv.explain(q, k, v)
+    with pytest.raises(qkv.Error, match="^head: must be 0 or more"):
+        e.text(head=-2)

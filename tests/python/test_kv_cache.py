@@ -236,6 +236,19 @@ def test_remove_while_another_thread_appends_is_refused_not_undefined():
     assert all("not in this cache" in f for f in failures), failures
 
 
+@pytest.mark.parametrize("integer", [np.int32, np.int64])
+def test_integer_rows_are_refused_never_read_as_floats(integer):
+    cache = qkv.KVCache(1, 4)
+    seq = cache.add_sequence()
+    ints = np.array([[1, 2, 3, 2**20]], integer)
+    floats = np.ones((1, 4), np.float32)
+    with pytest.raises(qkv.Error, match=f"^k: dtype {np.dtype(integer).name} cannot be cached"):
+        cache.append(seq, ints, floats)
+    with pytest.raises(qkv.Error, match=f"^v: dtype {np.dtype(integer).name} cannot be cached"):
+        cache.append(seq, floats, ints)
+    assert cache.length(seq) == 0
+
+
 def test_errors_name_their_subject():
     cache = qkv.KVCache(2, 4, page_rows=4)
     seq = cache.add_sequence()

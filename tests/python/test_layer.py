@@ -221,8 +221,10 @@ def test_construction_checks_the_weights():
     bad = dict(w, wk=w["wk"][:, :5])
     with pytest.raises(qkv.Error, match="^wk"):
         qkv.MultiHeadAttention(**bad, heads=2)
-    with pytest.raises(qkv.Error, match="kv-heads"):
+    with pytest.raises(qkv.Error, match="^kv_heads: 3 kv heads do not divide"):
         qkv.MultiHeadAttention(**w, heads=2, kv_heads=3)
+    with pytest.raises(qkv.Error, match="^kv_heads: must be at least 1"):
+        qkv.MultiHeadAttention(**w, heads=2, kv_heads=0)
     bad = dict(w, bq=np.ones(5))
     with pytest.raises(qkv.Error, match="^bq"):
         qkv.MultiHeadAttention(**bad, heads=2)
