@@ -24,4 +24,6 @@ rm -rf "$site/qkv.old"
 mv "$staging" "$site/qkv"
 rm -rf "$site/qkv.old"
 trap - EXIT
-echo "qkv $("$python" -c 'import sys; sys.path.insert(0, sys.argv[1]); import qkv; print(qkv.__version__, qkv.__file__)' "$site") installed"
+installed=$("$python" -c 'import sys; sys.path.insert(0, sys.argv[1]); import qkv
+print(qkv.__version__, qkv.__file__)' "$site")
+echo "qkv $installed installed"

@@ -5,7 +5,7 @@ import numbers
 from . import _qkv
 from ._arrays import as_input
 from ._attention import AttentionResult
-from ._options import attention_options, default_out_dtype
+from ._options import attention_options
 
 __all__ = ["KVCache", "attention_cached"]
 
@@ -145,8 +145,6 @@ def attention_cached(q, cache, sequences, is_causal=False, scale=None, window=No
     if isinstance(sequences, numbers.Integral):
         sequences = [sequences]
     q = as_input(q)
-    if out_dtype is None:
-        out_dtype = "float64" if default_out_dtype(q) == "float64" else "float32"
     options = attention_options(is_causal=is_causal, scale=scale, window=window,
                                 out_dtype=out_dtype, return_lse=return_lse, threads=threads)
     out, lse, _ = _qkv.attention_cached(q, cache._cache, [int(s) for s in sequences], options)

@@ -5,7 +5,7 @@ import numpy as np
 from . import _qkv
 from ._arrays import as_input
 from ._attention import AttentionResult
-from ._options import attention_options, default_out_dtype
+from ._options import attention_options
 
 __all__ = ["MultiHeadAttention", "linear"]
 
@@ -97,10 +97,6 @@ class MultiHeadAttention:
         lse [B, heads, N], weights [B, heads, N, Nk] per head (not averaged over heads, unlike
         torch's default). The GIL is released while qkv computes.
         """
-        x = as_input(x)
-        memory = as_input(memory)
-        if out_dtype is None:
-            out_dtype = default_out_dtype(x, memory, *self._weights)
         options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                     sinks, dtype, out_dtype, return_lse, return_weights, threads)
         out, lse, weights, _ = self._call(x, memory, options)

@@ -1,8 +1,6 @@
 """The attention options every surface shares (qkv.attention, the layer, explain, the KV cache,
 qkv.bench), in the one dict form their C++ bindings read (python/src/options.h)."""
 
-import numpy as np
-
 from . import _qkv
 from ._arrays import as_input, dtype_name
 
@@ -16,17 +14,6 @@ def window_bounds(window):
     except (TypeError, ValueError):
         raise _qkv.Error(f"window: expected (left, right), got {window!r}") from None
     return (-1 if left is None else left), (-1 if right is None else right)
-
-
-def default_out_dtype(*arrays):
-    """float64 or float16 when every given array is stored so (as torch's outputs follow their
-    inputs), else float32 (mixed dtypes, bfloat16, which NumPy cannot hold)."""
-    dtypes = {a.dtype for a in arrays if a is not None and isinstance(a, np.ndarray)}
-    if len(dtypes) == 1 and all(a is None or isinstance(a, np.ndarray) for a in arrays):
-        name = dtypes.pop().name
-        if name in ("float64", "float16"):
-            return name
-    return "float32"
 
 
 def attention_options(attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,

@@ -84,8 +84,8 @@ TensorView view_of(const py::handle& object, const std::string& name, ArrayKeepe
   if (!dtype) {
     if (array.dtype().kind() != 'f') {
       throw Error(name, "dtype " + py::str(array.dtype()).cast<std::string>() +
-                            " is not an array dtype qkv reads (float32, float64, float16, bool; int32 "
-                            "or int64 sequence offsets)");
+                            " is not an array dtype qkv reads (float32, float64, float16, "
+                            "bool; int32 or int64 sequence offsets)");
     }
     array = readable_copy(array, py::dtype("float64"));
     dtype = DType::kF64;

@@ -2,7 +2,6 @@
 // names their arguments). It holds the library's Explanations and their head scans, and gives
 // what `qkv explain` gives: the terminal walk-through, the page, one row's steps.
 #include <pybind11/stl.h>
-#include <pybind11/stl/filesystem.h>
 
 #include <filesystem>
 #include <optional>
@@ -192,13 +191,10 @@ PyExplanation explain_attention_call(const py::handle& q_in, const py::handle& k
                                      std::optional<std::vector<std::string>> key_labels,
                                      std::optional<std::string> title, std::int64_t batch) {
   ArrayKeeper keeper;
-  const TensorView q = view_of(q_in, "q", keeper);
-  const TensorView k = view_of(k_in, "k", keeper);
-  const TensorView v = view_of(v_in, "v", keeper);
-  const AttentionOptions options = attention_options(option_items, keeper);
+  const AttentionCallInputs call = attention_call_inputs(q_in, k_in, v_in, option_items, keeper);
   const ExplainSetup setup = setup_of(query_labels, key_labels, title, batch);
   py::gil_scoped_release computing;
-  return PyExplanation({explain_attention(q, k, v, options, setup)}, false);
+  return PyExplanation({explain_attention(call.q, call.k, call.v, call.options, setup)}, false);
 }
 
 PyExplanation explain_layer_call(const py::handle& x_in, const py::handle& memory_in,

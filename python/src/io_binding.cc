@@ -22,22 +22,14 @@ py::array numpy_of(Tensor&& tensor) {
   return to_numpy(std::move(tensor));
 }
 
-py::array read_npy_call(const py::handle& path_in) {
-  const std::string path = path_argument(path_in, "path");
+// One tensor through `reader` (read_npy or read_tensor) from the path argument `name`.
+py::array read_call(const py::handle& path_in, const char* name,
+                    Tensor (*reader)(const std::string&)) {
+  const std::string path = path_argument(path_in, name);
   Tensor tensor;
   {
     py::gil_scoped_release reading;
-    tensor = as_file_work([&] { return read_npy(path); });
-  }
-  return numpy_of(std::move(tensor));
-}
-
-py::array read_tensor_call(const py::handle& spec_in) {
-  const std::string spec = path_argument(spec_in, "spec");
-  Tensor tensor;
-  {
-    py::gil_scoped_release reading;
-    tensor = as_file_work([&] { return read_tensor(spec); });
+    tensor = as_file_work([&] { return reader(path); });
   }
   return numpy_of(std::move(tensor));
 }
@@ -77,8 +69,16 @@ void write_npy_call(const py::handle& path_in, const py::handle& array,
 }  // namespace
 
 void register_io(py::module_& m) {
-  m.def("read_npy", &read_npy_call, "See qkv.read_npy.");
-  m.def("read_tensor", &read_tensor_call, "See qkv.read_tensor.");
+  m.def(
+      "read_npy",
+      [](const py::handle& path) {
+        return read_call(path, "path", [](const std::string& p) { return read_npy(p); });
+      },
+      "See qkv.read_npy.");
+  m.def(
+      "read_tensor",
+      [](const py::handle& spec) { return read_call(spec, "spec", &read_tensor); },
+      "See qkv.read_tensor.");
   m.def("load_safetensors", &load_safetensors_call, "See qkv.load_safetensors.");
   m.def("write_npy", &write_npy_call, "See qkv.write_npy.");
 }

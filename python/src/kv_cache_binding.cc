@@ -70,9 +70,10 @@ struct LockedCache {
   SequenceLocks locks;
 };
 
-std::unique_ptr<LockedCache> make_cache(std::int64_t kv_heads, std::int64_t d, std::optional<std::int64_t> dv,
-                   const std::string& storage, std::int64_t page_rows, std::int64_t max_pages,
-                   std::int64_t max_bytes) {
+std::unique_ptr<LockedCache> make_cache(std::int64_t kv_heads, std::int64_t d,
+                                        std::optional<std::int64_t> dv, const std::string& storage,
+                                        std::int64_t page_rows, std::int64_t max_pages,
+                                        std::int64_t max_bytes) {
   if (max_pages < 0) throw Error("max_pages", "must be 0 (no bound) or more");
   if (max_bytes < 0) throw Error("max_bytes", "must be 0 (no bound) or more");
   KVCacheOptions options;
@@ -108,7 +109,11 @@ py::tuple attention_cached_call(const py::handle& q_in, LockedCache& c,
                                 const py::dict& option_items) {
   ArrayKeeper keeper;
   const TensorView q = view_of(q_in, "q", keeper);
-  const AttentionOptions options = attention_options(option_items, keeper);
+  AttentionOptions options = attention_options(option_items, keeper);
+  if (!has_item(option_items, "out_dtype")) {
+    // The inputs' rule, but a cached call gives no float16 output: float32 then.
+    options.out_dtype = default_out_dtype({&q}) == DType::kF64 ? DType::kF64 : DType::kF32;
+  }
   AttentionResult result;
   {
     py::gil_scoped_release computing;

@@ -37,7 +37,13 @@ py::tuple multi_head_attention(const py::handle& x_in, const py::handle& memory_
   const TensorView x = view_of(x_in, "x", keeper);
   const std::optional<TensorView> memory = optional_view_of(memory_in, "memory", keeper);
   const LayerWeights weights = layer_weights(weight_arrays, keeper);
-  const LayerOptions options = layer_options(heads, kv_heads, option_items, keeper);
+  LayerOptions options = layer_options(heads, kv_heads, option_items, keeper);
+  if (!has_item(option_items, "out_dtype")) {
+    const auto view = [](const std::optional<TensorView>& v) { return v ? &*v : nullptr; };
+    options.attention.out_dtype = default_out_dtype(
+        {&x, view(memory), &weights.wq, &weights.wk, &weights.wv, view(weights.wo),
+         view(weights.bq), view(weights.bk), view(weights.bv), view(weights.bo)});
+  }
   LayerResult result;
   {
     py::gil_scoped_release computing;

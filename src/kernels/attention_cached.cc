@@ -158,7 +158,7 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
   call.scale = checked.scale;
   call.modifiers = checked.modifiers;
   call.masking = checked.masking;
-  call.threads = threads;
+  double keys = 0.0;  // over every sequence: what the decode threads share
   for (SequenceId id : sequences) {
     const cache::SequenceSnapshot snap = impl.snapshot(id);
     const std::int64_t nk = snap.length - snap.first_row;
@@ -177,9 +177,8 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
     }
     call.sequences.push_back(snap);
     call.nk.push_back(nk);
+    keys += static_cast<double>(nk);
   }
-  double keys = 0.0;
-  for (const std::int64_t nk : call.nk) keys += static_cast<double>(nk);
   call.threads = core::threads_for_work(
       options.threads, keys * static_cast<double>(h) * static_cast<double>(nq) *
                            static_cast<double>(d + co.dv));

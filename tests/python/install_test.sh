@@ -8,8 +8,9 @@ python=${2:-/usr/bin/python3}
 source_dir=$(cd "$(dirname "$0")/../.." && pwd)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-PYTHON="$python" bash "$source_dir/scripts/install-python.sh" "$build_dir" "$scratch/site" >/dev/null
-PYTHON="$python" bash "$source_dir/scripts/install-python.sh" "$build_dir" "$scratch/site" >/dev/null
+install() { PYTHON="$python" bash "$source_dir/scripts/install-python.sh" "$build_dir" "$1"; }
+install "$scratch/site" >/dev/null
+install "$scratch/site" >/dev/null  # over the first
 cd "$scratch"
 env -u PYTHONPATH -u LD_LIBRARY_PATH PYTHONNOUSERSITE=1 "$python" - "$scratch/site" <<'PY'
 import sys

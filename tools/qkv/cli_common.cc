@@ -217,7 +217,8 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups gr
     cu_q->needs(cu_k)->excludes(mask)->excludes(weights);
     cu_k->needs(cu_q)->excludes(mask)->excludes(weights);
   }
-  add_threads_option(command, flags.threads, "threads to use (default: all cores; a small call runs on fewer)");
+  add_threads_option(command, flags.threads,
+                     "threads to use (default: all cores; a small call runs on fewer)");
   command.add_option("--kernel", flags.kernel,
                      "force a kernel: decode_hwy, fused_hwy, decode_scalar, unfused_blas, "
                      "fused_scalar or reference (default: the fastest that supports the call; "
