@@ -2,6 +2,7 @@
 #pragma once
 
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/error.h"
 #include "qkv/explain.h"
 #include "qkv/io.h"

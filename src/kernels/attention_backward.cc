@@ -1,0 +1,159 @@
+// The public backward entry: validate once, check the memory budget, choose a backward kernel
+// once, run it (a packed batch sequence by sequence), as attention() does for the forward.
+#include "qkv/attention_backward.h"
+
+#include <string>
+#include <vector>
+
+#include "core/format_bytes.h"
+#include "core/memory_budget.h"
+#include "core/validate_backward.h"
+#include "kernels/backward_kernel.h"
+#include "kernels/blas_threads.h"
+#include "kernels/bwd_fused_driver.h"
+#include "qkv/error.h"
+
+namespace qkv {
+namespace {
+
+const kernels::BackwardKernel& choose_backward_kernel(const core::BackwardParams& params,
+                                                      const std::string& requested) {
+  const auto list = kernels::backward_kernels();
+  if (!requested.empty()) {
+    for (const auto& kernel : list) {
+      if (kernel.name != requested) continue;
+      const std::string reason = kernel.declines(params);
+      if (!reason.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
+      return kernel;
+    }
+    std::string names;
+    for (const auto& kernel : list) names += (names.empty() ? "" : ", ") + std::string(kernel.name);
+    throw Error("kernel " + requested, "no such backward kernel (available: " + names + ")");
+  }
+  for (const auto& kernel : list) {
+    if (kernel.declines(params).empty()) return kernel;
+  }
+  return list.back();
+}
+
+// The output and workspace bytes a backward call allocates: the gradients, the per-row lse and
+// D, the dQ partials and each thread's tiles (the unfused kernel's 256 x nk blocks bound them).
+core::MemoryEstimate backward_memory(const core::BackwardCall& call, const TensorView& q,
+                                     const TensorView& k, const TensorView& v, DType grad) {
+  const core::AttentionShape& s = call.params.forward.shape;
+  core::MemoryEstimate estimate;
+  estimate.outputs = core::saturating_add(
+      core::saturating_add(core::tensor_bytes(q.shape, grad), core::tensor_bytes(k.shape, grad)),
+      core::tensor_bytes(v.shape, grad));
+  const auto element = static_cast<std::uint64_t>(dtype_size(grad));
+  const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0)); };
+  const std::uint64_t rows = core::saturating_mul(core::saturating_mul(u(s.b), u(s.h)), u(s.nq));
+  std::uint64_t workspace = core::saturating_mul(2 * element + 8, rows);
+  const std::int64_t chunks = kernels::bwd::chunks_for(s, 64, dtype_size(grad));
+  workspace = core::saturating_add(
+      workspace, core::saturating_mul(core::saturating_mul(rows, u(s.d)),
+                                      core::saturating_mul(element, u(chunks - 1))));
+  const std::uint64_t tile = 256;
+  const std::uint64_t per_thread = core::saturating_mul(
+      element, core::saturating_add(core::saturating_mul(3 * tile, std::max(u(s.nk), tile)),
+                                    core::saturating_mul(2 * tile + 2 * std::max(u(s.nk), tile),
+                                                         u(s.d) + u(s.dv))));
+  workspace = core::saturating_add(
+      workspace, core::saturating_mul(per_thread, u(call.params.forward.threads)));
+  estimate.workspace = workspace;
+  return estimate;
+}
+
+// A gradient tensor's slot in the params: contiguous, of the compute type.
+core::OutputOperand slot_of(Tensor& tensor) {
+  const MutableTensorView view = tensor.mutable_view();
+  return {view.data, view.dtype, core::canonical_strides(view.strides)};
+}
+
+}  // namespace
+
+AttentionGradients attention_backward(const TensorView& q, const TensorView& k,
+                                      const TensorView& v, const TensorView& out,
+                                      const TensorView& lse, const TensorView& grad_out,
+                                      const AttentionOptions& options) {
+  core::BackwardCall call = core::validate_attention_backward(q, k, v, out, lse, grad_out, options);
+  core::BackwardParams& bp = call.params;
+  if (const std::string reason = kernels::backward_float64_declines(bp); !reason.empty()) {
+    throw Error("attention_backward", "cannot compute these gradients: " + reason);
+  }
+  const DType grad = bp.forward.compute == DType::kF64 ? DType::kF64 : DType::kF32;
+  core::check_memory_budget(backward_memory(call, q, k, v, grad), options.max_memory,
+                            "attention_backward");
+  AttentionGradients result;
+  result.dq = Tensor(grad, q.shape, "dq");
+  result.dk = Tensor(grad, k.shape, "dk");
+  result.dv = Tensor(grad, v.shape, "dv");
+  bp.dq = slot_of(result.dq);
+  bp.dk = slot_of(result.dk);
+  bp.dv = slot_of(result.dv);
+  const core::AttentionShape& s = bp.forward.shape;
+  std::vector<double> dsinks;
+  if (!bp.forward.modifiers.sinks.empty()) {
+    dsinks.assign(static_cast<std::size_t>(s.h), 0.0);
+    bp.dsinks = dsinks.data();
+  }
+  const kernels::BackwardKernel& kernel = choose_backward_kernel(bp, options.kernel);
+  kernels::single_threaded_blas();
+  core::KernelStatus status = core::KernelStatus::kOk;
+  if (call.forward.cu_q.empty()) {
+    status = kernel.run(bp);
+  } else {
+    for (std::size_t seq = 0; seq + 1 < call.forward.cu_q.size() && status == core::KernelStatus::kOk;
+         ++seq) {
+      status = kernel.run(core::sequence_backward_params(call, seq));
+    }
+  }
+  if (status == core::KernelStatus::kOutOfMemory) {
+    throw Error("attention_backward", "out of memory: kernel " + std::string(kernel.name) +
+                                          " could not allocate its workspace");
+  }
+  if (!dsinks.empty()) {
+    result.dsinks = Tensor(grad, {s.h}, "dsinks");
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      core::store_real(result.dsinks.data(), grad, h, dsinks[static_cast<std::size_t>(h)]);
+    }
+  }
+  result.kernel = std::string(kernel.name);
+  result.compute = grad;
+  result.threads = bp.forward.threads;
+  return result;
+}
+
+std::vector<std::string> attention_backward_kernel_names() {
+  std::vector<std::string> names;
+  for (const auto& kernel : kernels::backward_kernels()) names.emplace_back(kernel.name);
+  return names;
+}
+
+std::string explain_backward_kernel_choice(const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const TensorView& out,
+                                           const TensorView& lse, const TensorView& grad_out,
+                                           const AttentionOptions& options) {
+  const core::BackwardCall call =
+      core::validate_attention_backward(q, k, v, out, lse, grad_out, options);
+  const kernels::BackwardKernel& chosen = choose_backward_kernel(call.params, options.kernel);
+  std::string text;
+  bool after = false;
+  for (const auto& kernel : kernels::backward_kernels()) {
+    text += std::string(kernel.name) + ": ";
+    if (&kernel == &chosen) {
+      text += options.kernel.empty() ? "chosen" : "chosen (--kernel)";
+      after = true;
+    } else if (after) {
+      text += "not tried";
+    } else if (!options.kernel.empty()) {
+      text += "skipped (--kernel " + options.kernel + ")";
+    } else {
+      text += "declines: " + kernel.declines(call.params);
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+}  // namespace qkv

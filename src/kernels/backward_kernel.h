@@ -1,0 +1,57 @@
+// The backward kernel boundary, mirroring the forward's (kernel.h): every backward kernel
+// takes the same BackwardParams, can say why it declines a call, and never throws. The list
+// runs fastest first, the reference last; the reference supports every call.
+//
+// Every backward kernel writes dQ, dK and dV whole (every element, zeros where no key or query
+// contributes) and adds to dsinks; results are bitwise identical for any thread count: tasks
+// own disjoint outputs and every sum runs in an order fixed by the shape alone.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/backward_params.h"
+
+namespace qkv::kernels {
+
+struct BackwardKernel {
+  std::string_view name;
+  std::string_view description;
+  std::string (*declines)(const core::BackwardParams& params);
+  core::KernelStatus (*run)(const core::BackwardParams& params) noexcept;
+};
+
+std::span<const BackwardKernel> backward_kernels();
+
+// The float64 statement of the formulas (attention_backward.h), one query row at a time: it
+// recomputes the softmax and the output itself (out and lse are not read).
+std::string attention_bwd_reference_declines(const core::BackwardParams& params);
+core::KernelStatus attention_bwd_reference(const core::BackwardParams& params) noexcept;
+
+// The fused FlashAttention-2-style backward (P recomputed tile by tile from the saved lse,
+// O(n·d) memory): the SIMD version and its portable scalar twin, sharing one loop nest.
+std::string attention_bwd_fused_hwy_declines(const core::BackwardParams& params);
+core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& params) noexcept;
+std::string attention_bwd_fused_scalar_declines(const core::BackwardParams& params);
+core::KernelStatus attention_bwd_fused_scalar(const core::BackwardParams& params) noexcept;
+
+// The unfused composition through CBLAS: P materialised per head (n x n workspace), then
+// dV = Pᵀ·dO, dP = dO·Vᵀ, dS, dQ = scale·dS·K, dK = scale·dSᵀ·Q as sgemm/dgemm calls.
+std::string attention_bwd_unfused_blas_declines(const core::BackwardParams& params);
+core::KernelStatus attention_bwd_unfused_blas(const core::BackwardParams& params) noexcept;
+
+// Why a float32 backward kernel cannot represent this call (the forward's float32_declines
+// plus bounds on dP, dS and the gradient sums), or empty; float64 kernels use
+// backward_float64_declines.
+std::string backward_float32_declines(const core::BackwardParams& params);
+std::string backward_float64_declines(const core::BackwardParams& params);
+std::string backward_precision_declines(const core::BackwardParams& params);
+// The tiled kernels' (bwd_fused_driver.h): precision, and gradients they can write in place.
+std::string tiled_backward_declines(const core::BackwardParams& params);
+
+// An upper bound on the scratch memory the backward kernels allocate for this call.
+std::uint64_t backward_workspace_bytes(const core::AttentionShape& shape, int threads,
+                                       const std::string& kernel, DType compute) noexcept;
+
+}  // namespace qkv::kernels

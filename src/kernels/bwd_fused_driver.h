@@ -1,0 +1,336 @@
+// The loop nest every tiled backward kernel shares (attention_bwd_fused_scalar, _fused_hwy and
+// _unfused_blas), FlashAttention-2's backward (Dao, 2023, algorithm 2) arranged so that every
+// sum runs in an order fixed by the shape:
+//
+//   pass 0, parallel over (b, h):        lse_i (-inf made +inf, so P = 0 for an empty row),
+//                                        D_i = Σ_c dO_ic·O_ic (float64 sum), and
+//                                        dsink_h -= Σ_i exp(sink_h - lse_i)·D_i per (b, h)
+//   pass 1, parallel over tasks (b, kv head hk, key chunk c): for each key tile K_j, V_j
+//     (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk, each query tile
+//     Q_i, dO_i (Br rows) not wholly masked by causal/window:
+//       S    = Q_i·K_jᵀ                                  Ops::gemm_nt  (Br x Bc)
+//       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed
+//       P    = exp(min(x - lse_i, 0))                    Ops::exp_below (min: P ≤ 1 even if
+//                                                        the lse was rounded below a score)
+//       dV_j += Pᵀ·dO_i                                  Ops::gemm_tn_acc
+//       dP   = dO_i·V_jᵀ                                 Ops::gemm_nt
+//       dS   = scale · P∘(dP - D_i) ∘ (1 - tanh²)        element-wise
+//       dK_j += dSᵀ·Q_i                                  Ops::gemm_tn_acc
+//       dQ_i += dS·K_j  into chunk c's dQ (chunk 0: the output itself)   Ops::gemm_nn_acc
+//     then dK_j and dV_j are written.
+//   pass 2 (only with chunks > 1), parallel over query rows: dQ += partial_1 + ... in order.
+//
+// Tasks own disjoint outputs (dK and dV rows of their key chunk, dQ of their chunk's buffer),
+// so no atomics are needed. The number of key chunks per (b, hk) depends on the shape alone
+// (enough tasks for 8 threads when b·hkv is small, bounded by the memory their dQ partials
+// take), never on the thread count: the bits are the same for any thread count.
+//
+// Memory: O(rows) for lse and D, the tiles of each thread (K, V, Q, dO, S/P, dP/dS, dK, dV:
+// about (4·Bc + 2·Br)·d + 3·Br·Bc elements), and chunks - 1 dQ partials.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "core/backward_params.h"
+#include "core/mask_rule.h"
+#include "core/parallel_for.h"
+#include "core/score_modifiers.h"
+
+namespace qkv::kernels::bwd {
+
+struct TilePlan {
+  std::int64_t query_tile = 64;  // Br
+  std::int64_t key_tile = 64;    // Bc
+  std::int64_t chunks = 1;       // key chunks per (b, hk)
+};
+
+// Tasks the plan aims for, whatever the thread count (it must not depend on it), and the
+// memory the extra dQ partials may take.
+inline constexpr std::int64_t kTargetTasks = 8;
+inline constexpr double kPartialBytesCap = 64.0 * 1024 * 1024;
+
+inline std::int64_t chunks_for(const core::AttentionShape& s, std::int64_t key_tile,
+                               std::size_t element_bytes) noexcept {
+  const std::int64_t groups = s.b * s.hkv;
+  if (groups == 0 || s.nk == 0) return 1;
+  const std::int64_t key_tiles = (s.nk + key_tile - 1) / key_tile;
+  std::int64_t chunks = std::min((kTargetTasks + groups - 1) / groups, key_tiles);
+  const double partial = static_cast<double>(s.b * s.h) * static_cast<double>(s.nq) *
+                         static_cast<double>(s.d) * static_cast<double>(element_bytes);
+  while (chunks > 1 && static_cast<double>(chunks - 1) * partial > kPartialBytesCap) --chunks;
+  return std::max<std::int64_t>(chunks, 1);
+}
+
+template <class T>
+struct Tiles {
+  std::vector<T> k, v, q, dout, p, ds, factor, dk, dv;
+  void allocate(const core::AttentionShape& s, const TilePlan& plan) {
+    const auto bc = static_cast<std::size_t>(plan.key_tile);
+    const auto br = static_cast<std::size_t>(plan.query_tile);
+    const auto d = static_cast<std::size_t>(s.d);
+    const auto dv_ = static_cast<std::size_t>(s.dv);
+    k.resize(bc * d);
+    v.resize(bc * dv_);
+    q.resize(br * d);
+    dout.resize(br * dv_);
+    p.resize(br * bc);
+    ds.resize(br * bc);
+    factor.resize(br * bc);
+    dk.resize(bc * d);
+    dv.resize(bc * dv_);
+  }
+};
+
+// Rows [row0, row0 + rows) of operand `op` at (b, h), columns [0, cols), into `dst` (row-major,
+// leading dimension cols), converted to T.
+template <class T>
+void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std::int64_t row0,
+               std::int64_t rows, std::int64_t cols, T* dst) noexcept {
+  const core::Strides4& st = op.strides;
+  const bool direct = st.col == 1 && ((std::is_same_v<T, float> && op.dtype == DType::kF32) ||
+                                      (std::is_same_v<T, double> && op.dtype == DType::kF64));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t at = st.at(b, h, row0 + r, 0);
+    T* out = dst + r * cols;
+    if (direct) {
+      std::memcpy(out, static_cast<const T*>(op.data) + at, static_cast<std::size_t>(cols) * sizeof(T));
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) {
+        out[c] = static_cast<T>(core::load_real(op.data, op.dtype, at + c * st.col));
+      }
+    }
+  }
+}
+
+// Where gradient rows go: `data` of the compute type with unit column stride (the kernels
+// decline anything else), rows `row` apart.
+template <class T>
+T* grad_row(const core::OutputOperand& op, std::int64_t b, std::int64_t h, std::int64_t row) noexcept {
+  return static_cast<T*>(op.data) + op.strides.at(b, h, row, 0);
+}
+
+// Why a tiled kernel computing in T cannot write these gradients (the entry point always
+// passes contiguous gradients of the compute type), or empty.
+template <class T>
+bool gradients_writable(const core::BackwardParams& bp) noexcept {
+  const DType want = std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
+  for (const core::OutputOperand* op : {&bp.dq, &bp.dk, &bp.dv}) {
+    if (op->data != nullptr && (op->dtype != want || op->strides.col != 1)) return false;
+  }
+  return bp.dq.data != nullptr && bp.dk.data != nullptr && bp.dv.data != nullptr;
+}
+
+// The scores of one tile, x = softcap(scale·S) + alibi + mask (-inf where not allowed), in
+// place in `s` (rows x cols, ld cols); `factor` gets 1 - tanh² with a softcap.
+template <class T>
+void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h, std::int64_t i0,
+                 std::int64_t rows, std::int64_t j0, std::int64_t cols, T* s, T* factor) noexcept {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const core::ScoreModifiers& mod = p.modifiers;
+  const auto scale = static_cast<T>(p.scale);
+  const double cap = mod.softcap;
+  const double slope =
+      mod.alibi_slopes.empty() ? 0.0 : mod.alibi_slopes[static_cast<std::size_t>(h)];
+  const std::int64_t offset = p.shape.diagonal_offset();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* x = s + r * cols;
+    const std::int64_t i = i0 + r;
+    const std::int64_t diag = i + offset;
+    const core::KeyRange range = core::allowed_key_range(p.masking, p.shape.nk, diag);
+    const std::int64_t lo = std::clamp<std::int64_t>(range.first - j0, 0, cols);
+    const std::int64_t hi = std::clamp<std::int64_t>(range.last - j0, lo, cols);
+    for (std::int64_t c = 0; c < lo; ++c) x[c] = kNegInf;
+    for (std::int64_t c = hi; c < cols; ++c) x[c] = kNegInf;
+    if (cap > 0.0) {
+      T* f = factor + r * cols;
+      const auto capt = static_cast<T>(cap);
+      for (std::int64_t c = lo; c < hi; ++c) {
+        const T t = std::tanh(scale * x[c] / capt);
+        x[c] = capt * t;
+        f[c] = T(1) - t * t;
+      }
+    } else {
+      for (std::int64_t c = lo; c < hi; ++c) x[c] *= scale;
+    }
+    if (slope != 0.0) {
+      for (std::int64_t c = lo; c < hi; ++c) {
+        x[c] += static_cast<T>(core::alibi_bias(slope, diag, j0 + c));
+      }
+    }
+    if (p.masking.mask != nullptr) {
+      for (std::int64_t c = lo; c < hi; ++c) {
+        x[c] += static_cast<T>(core::mask_bias(p.masking, b, h, i, j0 + c));
+      }
+    }
+  }
+}
+
+// Whether causal/window forbid every pair of query rows [i0, i1) and keys [j0, j1): the
+// allowed keys of a row form a range whose ends never decrease with the row.
+inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::int64_t i1,
+                        std::int64_t j0, std::int64_t j1) noexcept {
+  if (!p.masking.has_structure()) return false;
+  const std::int64_t offset = p.shape.diagonal_offset();
+  const core::KeyRange first = core::allowed_key_range(p.masking, p.shape.nk, i0 + offset);
+  const core::KeyRange last = core::allowed_key_range(p.masking, p.shape.nk, i1 - 1 + offset);
+  return last.last <= j0 || first.first >= j1;
+}
+
+// Ops supplies the products (C row-major, leading dimensions given) and the exponential:
+//   gemm_nt(m, n, k, A, lda, B, ldb, C, ldc)      C  = A·Bᵀ   (A m x k, B n x k)
+//   gemm_nn_acc(m, n, k, A, lda, B, ldb, C, ldc)  C += A·B    (A m x k, B k x n)
+//   gemm_tn_acc(m, n, k, A, lda, B, ldb, C, ldc)  C += Aᵀ·B   (A k x m, B k x n)
+//   exp_below(x, rows, cols, shift)               x_rc = exp(min(x_rc - shift_r, 0))
+template <class Ops, class T>
+core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& plan) noexcept {
+  const core::AttentionParams& p = bp.forward;
+  const core::AttentionShape& s = p.shape;
+  const std::int64_t rows = s.b * s.h * s.nq;
+  const std::int64_t group = s.group();
+  const std::int64_t key_tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
+  const std::int64_t tiles_per_chunk = (key_tiles + plan.chunks - 1) / std::max<std::int64_t>(plan.chunks, 1);
+  std::atomic<bool> out_of_memory{false};
+  try {
+    std::vector<T> lse(static_cast<std::size_t>(rows));
+    std::vector<T> delta(static_cast<std::size_t>(rows));
+    std::vector<double> dsink_bh(static_cast<std::size_t>(s.b * s.h), 0.0);
+    // Partials of dQ for chunks 1.. (chunk 0 accumulates in the output), [c-1][b][h][i][d].
+    std::vector<T> partial(static_cast<std::size_t>(std::max<std::int64_t>(plan.chunks - 1, 0) *
+                                                    rows * s.d));
+
+    // Pass 0: the rows' lse and D, the sinks' gradients per (b, h).
+    core::parallel_for(s.b * s.h, p.threads, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t bh = begin; bh < end; ++bh) {
+        const std::int64_t b = bh / s.h;
+        const std::int64_t h = bh % s.h;
+        const double sink = p.modifiers.sinks.empty()
+                                ? -std::numeric_limits<double>::infinity()
+                                : p.modifiers.sinks[static_cast<std::size_t>(h)];
+        double dsink = 0.0;
+        for (std::int64_t i = 0; i < s.nq; ++i) {
+          const std::size_t row = static_cast<std::size_t>(bh * s.nq + i);
+          const double l = core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
+          double dot = 0.0;
+          for (std::int64_t c = 0; c < s.dv; ++c) {
+            dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
+                                   bp.grad_out.strides.at(b, h, i, c)) *
+                   core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
+          }
+          lse[row] = l == -std::numeric_limits<double>::infinity()
+                         ? std::numeric_limits<T>::infinity()
+                         : static_cast<T>(l);
+          delta[row] = static_cast<T>(dot);
+          if (sink != -std::numeric_limits<double>::infinity() &&
+              l != -std::numeric_limits<double>::infinity()) {
+            dsink -= std::exp(std::min(sink - l, 0.0)) * dot;
+          }
+        }
+        dsink_bh[static_cast<std::size_t>(bh)] = dsink;
+      }
+    });
+
+    // Pass 1: tasks (b, hk, chunk).
+    const std::int64_t tasks = s.b * s.hkv * plan.chunks;
+    core::parallel_for(tasks, p.threads, [&](std::int64_t begin, std::int64_t end) {
+      try {
+        Tiles<T> t;
+        t.allocate(s, plan);
+        for (std::int64_t task = begin; task < end; ++task) {
+          const std::int64_t c = task % plan.chunks;
+          const std::int64_t hk = (task / plan.chunks) % s.hkv;
+          const std::int64_t b = task / (plan.chunks * s.hkv);
+          // This chunk's dQ rows of query head h, row i.
+          const auto dq_row = [&](std::int64_t h, std::int64_t i) -> T* {
+            if (c == 0) return grad_row<T>(bp.dq, b, h, i);
+            return partial.data() +
+                   static_cast<std::ptrdiff_t>((((c - 1) * s.b + b) * s.h + h) * s.nq + i) * s.d;
+          };
+          const std::int64_t ldq = c == 0 ? bp.dq.strides.row : s.d;
+          for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+            for (std::int64_t i = 0; i < s.nq; ++i) std::fill_n(dq_row(h, i), s.d, T(0));
+          }
+          const std::int64_t kt0 = c * tiles_per_chunk;
+          const std::int64_t kt1 = std::min(key_tiles, kt0 + tiles_per_chunk);
+          for (std::int64_t kt = kt0; kt < kt1; ++kt) {
+            const std::int64_t j0 = kt * plan.key_tile;
+            const std::int64_t bc = std::min(plan.key_tile, s.nk - j0);
+            pack_rows(p.k, b, hk, j0, bc, s.d, t.k.data());
+            pack_rows(p.v, b, hk, j0, bc, s.dv, t.v.data());
+            std::fill(t.dk.begin(), t.dk.end(), T(0));
+            std::fill(t.dv.begin(), t.dv.end(), T(0));
+            for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+              for (std::int64_t i0 = 0; i0 < s.nq; i0 += plan.query_tile) {
+                const std::int64_t br = std::min(plan.query_tile, s.nq - i0);
+                if (tile_masked(p, i0, i0 + br, j0, j0 + bc)) continue;
+                pack_rows(p.q, b, h, i0, br, s.d, t.q.data());
+                pack_rows(bp.grad_out, b, h, i0, br, s.dv, t.dout.data());
+                Ops::gemm_nt(br, bc, s.d, t.q.data(), s.d, t.k.data(), s.d, t.p.data(), bc);
+                tile_scores(p, b, h, i0, br, j0, bc, t.p.data(), t.factor.data());
+                const std::size_t row0 = static_cast<std::size_t>((b * s.h + h) * s.nq + i0);
+                Ops::exp_below(t.p.data(), br, bc, lse.data() + row0);
+                Ops::gemm_tn_acc(bc, s.dv, br, t.p.data(), bc, t.dout.data(), s.dv, t.dv.data(), s.dv);
+                Ops::gemm_nt(br, bc, s.dv, t.dout.data(), s.dv, t.v.data(), s.dv, t.ds.data(), bc);
+                const auto scale = static_cast<T>(p.scale);
+                const bool capped = p.modifiers.softcap > 0.0;
+                for (std::int64_t r = 0; r < br; ++r) {
+                  const T d_i = delta[row0 + static_cast<std::size_t>(r)];
+                  T* ds = t.ds.data() + r * bc;
+                  const T* pr = t.p.data() + r * bc;
+                  if (capped) {
+                    const T* f = t.factor.data() + r * bc;
+                    for (std::int64_t j = 0; j < bc; ++j) {
+                      ds[j] = pr[j] == T(0) ? T(0) : scale * pr[j] * (ds[j] - d_i) * f[j];
+                    }
+                  } else {
+                    for (std::int64_t j = 0; j < bc; ++j) ds[j] = scale * pr[j] * (ds[j] - d_i);
+                  }
+                }
+                Ops::gemm_tn_acc(bc, s.d, br, t.ds.data(), bc, t.q.data(), s.d, t.dk.data(), s.d);
+                Ops::gemm_nn_acc(br, s.d, bc, t.ds.data(), bc, t.k.data(), s.d, dq_row(h, i0), ldq);
+              }
+            }
+            for (std::int64_t j = 0; j < bc; ++j) {
+              std::copy_n(t.dk.data() + j * s.d, s.d, grad_row<T>(bp.dk, b, hk, j0 + j));
+              std::copy_n(t.dv.data() + j * s.dv, s.dv, grad_row<T>(bp.dv, b, hk, j0 + j));
+            }
+          }
+        }
+      } catch (const std::bad_alloc&) {
+        out_of_memory.store(true, std::memory_order_relaxed);
+      }
+    });
+    if (out_of_memory) return core::KernelStatus::kOutOfMemory;
+
+    // Pass 2: the chunks' partials into dQ, chunk by chunk, the same order for any threads.
+    if (plan.chunks > 1) {
+      core::parallel_for(rows, p.threads, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t row = begin; row < end; ++row) {
+          const std::int64_t i = row % s.nq;
+          const std::int64_t h = (row / s.nq) % s.h;
+          const std::int64_t b = row / (s.nq * s.h);
+          T* dst = grad_row<T>(bp.dq, b, h, i);
+          for (std::int64_t c = 1; c < plan.chunks; ++c) {
+            const T* src = partial.data() + static_cast<std::ptrdiff_t>(((c - 1) * rows + row) * s.d);
+            for (std::int64_t col = 0; col < s.d; ++col) dst[col] += src[col];
+          }
+        }
+      });
+    }
+    if (bp.dsinks != nullptr) {
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        for (std::int64_t b = 0; b < s.b; ++b) bp.dsinks[h] += dsink_bh[static_cast<std::size_t>(b * s.h + h)];
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return core::KernelStatus::kOutOfMemory;
+  }
+  return core::KernelStatus::kOk;
+}
+
+}  // namespace qkv::kernels::bwd

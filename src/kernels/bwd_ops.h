@@ -1,0 +1,107 @@
+// The products and the exponential of the tiled backward (bwd_fused_driver.h), two ways:
+// ScalarOps, plain loops (the portable twin: what every line computes is visible), and
+// BlasOps, the products through CBLAS (sgemm/dgemm on the calling thread: OpenBLAS is kept
+// to one thread, blas_threads.h) with the exponential from `Exp`.
+#pragma once
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace qkv::kernels::bwd {
+
+// x_rc = exp(min(x_rc - shift_r, 0)) over a rows x cols tile, in the portable way.
+template <class T>
+void exp_below_scalar(T* x, std::int64_t rows, std::int64_t cols, const T* shift) noexcept {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* row = x + r * cols;
+    for (std::int64_t c = 0; c < cols; ++c) row[c] = std::exp(std::min(row[c] - shift[r], T(0)));
+  }
+}
+
+template <class T>
+struct ScalarOps {
+  static void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda,
+                      const T* b, std::int64_t ldb, T* c, std::int64_t ldc) noexcept {
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        T sum = 0;
+        for (std::int64_t x = 0; x < k; ++x) sum += a[i * lda + x] * b[j * ldb + x];
+        c[i * ldc + j] = sum;
+      }
+    }
+  }
+  static void gemm_nn_acc(std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+                          std::int64_t lda, const T* b, std::int64_t ldb, T* c,
+                          std::int64_t ldc) noexcept {
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t x = 0; x < k; ++x) {
+        const T w = a[i * lda + x];
+        if (w == T(0)) continue;
+        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] += w * b[x * ldb + j];
+      }
+    }
+  }
+  static void gemm_tn_acc(std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+                          std::int64_t lda, const T* b, std::int64_t ldb, T* c,
+                          std::int64_t ldc) noexcept {
+    for (std::int64_t x = 0; x < k; ++x) {
+      for (std::int64_t i = 0; i < m; ++i) {
+        const T w = a[x * lda + i];
+        if (w == T(0)) continue;
+        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] += w * b[x * ldb + j];
+      }
+    }
+  }
+  static void exp_below(T* x, std::int64_t rows, std::int64_t cols, const T* shift) noexcept {
+    exp_below_scalar(x, rows, cols, shift);
+  }
+};
+
+template <class T, void (*Exp)(T*, std::int64_t, std::int64_t, const T*) noexcept>
+struct BlasOps {
+  static void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, std::int64_t m, std::int64_t n,
+                   std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb,
+                   T beta, T* c, std::int64_t ldc) noexcept {
+    if (m == 0 || n == 0) return;
+    const auto i = [](std::int64_t x) { return static_cast<int>(x); };
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), beta, c,
+                  i(ldc));
+    } else {
+      cblas_dgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), beta, c,
+                  i(ldc));
+    }
+  }
+  static void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda,
+                      const T* b, std::int64_t ldb, T* c, std::int64_t ldc) noexcept {
+    gemm(CblasNoTrans, CblasTrans, m, n, k, a, lda, b, ldb, T(0), c, ldc);
+  }
+  static void gemm_nn_acc(std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+                          std::int64_t lda, const T* b, std::int64_t ldb, T* c,
+                          std::int64_t ldc) noexcept {
+    gemm(CblasNoTrans, CblasNoTrans, m, n, k, a, lda, b, ldb, T(1), c, ldc);
+  }
+  static void gemm_tn_acc(std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+                          std::int64_t lda, const T* b, std::int64_t ldb, T* c,
+                          std::int64_t ldc) noexcept {
+    gemm(CblasTrans, CblasNoTrans, m, n, k, a, lda, b, ldb, T(1), c, ldc);
+  }
+  static void exp_below(T* x, std::int64_t rows, std::int64_t cols, const T* shift) noexcept {
+    Exp(x, rows, cols, shift);
+  }
+};
+
+// The SIMD exponential (attention_bwd_fused_hwy.cc; the scalar loop in a portable build).
+void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, const float* shift) noexcept;
+void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols,
+                        const double* shift) noexcept;
+
+template <class T>
+using FastBlasOps = std::conditional_t<std::is_same_v<T, float>, BlasOps<float, exp_below_rows_f32>,
+                                       BlasOps<double, exp_below_rows_f64>>;
+
+}  // namespace qkv::kernels::bwd
