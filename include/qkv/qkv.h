@@ -8,4 +8,5 @@
 #include "qkv/io.h"
 #include "qkv/kv_cache.h"
 #include "qkv/layer.h"
+#include "qkv/layer_backward.h"
 #include "qkv/tensor.h"
