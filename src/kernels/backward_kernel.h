@@ -50,8 +50,4 @@ std::string backward_precision_declines(const core::BackwardParams& params);
 // The tiled kernels' (bwd_fused_driver.h): precision, and gradients they can write in place.
 std::string tiled_backward_declines(const core::BackwardParams& params);
 
-// An upper bound on the scratch memory the backward kernels allocate for this call.
-std::uint64_t backward_workspace_bytes(const core::AttentionShape& shape, int threads,
-                                       const std::string& kernel, DType compute) noexcept;
-
 }  // namespace qkv::kernels

@@ -8,15 +8,18 @@
 //   pass 1, parallel over tasks (b, kv head hk, key chunk c): for each key tile K_j, V_j
 //     (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk, each query tile
 //     Q_i, dO_i (Br rows) not wholly masked by causal/window:
-//       S    = Q_i·K_jᵀ                                  Ops::gemm_nt  (Br x Bc)
+//       S    = Q_i·K_jᵀ                                  (Br x Bc)
 //       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed
 //       P    = exp(min(x - lse_i, 0))                    Ops::exp_below (min: P ≤ 1 even if
 //                                                        the lse was rounded below a score)
-//       dV_j += Pᵀ·dO_i                                  Ops::gemm_tn_acc
-//       dP   = dO_i·V_jᵀ                                 Ops::gemm_nt
+//       dV_j += Pᵀ·dO_i
+//       dP   = dO_i·V_jᵀ
 //       dS   = scale · P∘(dP - D_i) ∘ (1 - tanh²)        element-wise
-//       dK_j += dSᵀ·Q_i                                  Ops::gemm_tn_acc
-//       dQ_i += dS·K_j  into chunk c's dQ (chunk 0: the output itself)   Ops::gemm_nn_acc
+//       dK_j += dSᵀ·Q_i
+//       dQ_i += dS·K_j  into chunk c's dQ (chunk 0: the output itself)
+//     (every product is Ops::gemm, C (+)= A·B with A read through strides, so the transposed
+//     Pᵀ and dSᵀ are strides, never copies; K and V are packed once per key tile, both as rows
+//     and transposed, B operands padded to whole 64-byte vectors with zeros)
 //     then dK_j and dV_j are written.
 //   pass 2 (only with chunks > 1), parallel over query rows: dQ += partial_1 + ... in order.
 //
@@ -25,8 +28,9 @@
 // (enough tasks for 8 threads when b·hkv is small, bounded by the memory their dQ partials
 // take), never on the thread count: the bits are the same for any thread count.
 //
-// Memory: O(rows) for lse and D, the tiles of each thread (K, V, Q, dO, S/P, dP/dS, dK, dV:
-// about (4·Bc + 2·Br)·d + 3·Br·Bc elements), and chunks - 1 dQ partials.
+// Memory: O(rows) for lse and D, the tiles of each thread (K, Kᵀ, Vᵀ, Q, dO, S/P, dP/dS, the
+// softcap's factor, dK, dV, a dQ tile: about (5·Bc + 3·Br)·d + 3·Br·Bc elements), and
+// chunks - 1 dQ partials.
 #pragma once
 
 #include <algorithm>
@@ -67,37 +71,49 @@ inline std::int64_t chunks_for(const core::AttentionShape& s, std::int64_t key_t
   return std::max<std::int64_t>(chunks, 1);
 }
 
+// Widths of the packed tiles: whole 64-byte vectors (16 floats, 8 doubles), zero-padded, so a
+// SIMD product never needs a partial vector; the padding's products are zeros.
+template <class T>
+constexpr std::int64_t padded(std::int64_t n) noexcept {
+  constexpr std::int64_t kLanes = 64 / static_cast<std::int64_t>(sizeof(T));
+  return (n + kLanes - 1) / kLanes * kLanes;
+}
+
 template <class T>
 struct Tiles {
-  std::vector<T> k, v, q, dout, p, ds, factor, dk, dv;
+  std::int64_t dp = 0, dvp = 0, bcp = 0;  // padded widths of d, dv and the key tile
+  std::vector<T> k, kt, vt, q, dout, p, ds, factor, dk, dv, dq;
   void allocate(const core::AttentionShape& s, const TilePlan& plan) {
-    const auto bc = static_cast<std::size_t>(plan.key_tile);
-    const auto br = static_cast<std::size_t>(plan.query_tile);
-    const auto d = static_cast<std::size_t>(s.d);
-    const auto dv_ = static_cast<std::size_t>(s.dv);
-    k.resize(bc * d);
-    v.resize(bc * dv_);
-    q.resize(br * d);
-    dout.resize(br * dv_);
-    p.resize(br * bc);
-    ds.resize(br * bc);
-    factor.resize(br * bc);
-    dk.resize(bc * d);
-    dv.resize(bc * dv_);
+    dp = padded<T>(s.d);
+    dvp = padded<T>(s.dv);
+    bcp = padded<T>(plan.key_tile);
+    const auto z = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
+    k.assign(z(plan.key_tile, dp), T(0));
+    kt.assign(z(s.d, bcp), T(0));
+    vt.assign(z(s.dv, bcp), T(0));
+    q.assign(z(plan.query_tile, dp), T(0));
+    dout.assign(z(plan.query_tile, dvp), T(0));
+    p.assign(z(plan.query_tile, bcp), T(0));
+    ds.assign(z(plan.query_tile, bcp), T(0));
+    factor.assign(z(plan.query_tile, bcp), T(0));
+    dk.assign(z(plan.key_tile, dp), T(0));
+    dv.assign(z(plan.key_tile, dvp), T(0));
+    dq.assign(z(plan.query_tile, dp), T(0));
   }
 };
 
 // Rows [row0, row0 + rows) of operand `op` at (b, h), columns [0, cols), into `dst` (row-major,
-// leading dimension cols), converted to T.
+// leading dimension ld >= cols), converted to T; rows [rows, pad_rows) are zeroed.
 template <class T>
 void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std::int64_t row0,
-               std::int64_t rows, std::int64_t cols, T* dst) noexcept {
+               std::int64_t rows, std::int64_t cols, T* dst, std::int64_t ld,
+               std::int64_t pad_rows) noexcept {
   const core::Strides4& st = op.strides;
   const bool direct = st.col == 1 && ((std::is_same_v<T, float> && op.dtype == DType::kF32) ||
                                       (std::is_same_v<T, double> && op.dtype == DType::kF64));
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t at = st.at(b, h, row0 + r, 0);
-    T* out = dst + r * cols;
+    T* out = dst + r * ld;
     if (direct) {
       std::memcpy(out, static_cast<const T*>(op.data) + at, static_cast<std::size_t>(cols) * sizeof(T));
     } else {
@@ -106,6 +122,23 @@ void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std
       }
     }
   }
+  for (std::int64_t r = rows; r < pad_rows; ++r) std::fill_n(dst + r * ld, cols, T(0));
+}
+
+// The same rows transposed: dst[c * ld + r] for c < cols, r < rows; columns [rows, pad_rows)
+// zeroed.
+template <class T>
+void pack_transposed(const core::InputOperand& op, std::int64_t b, std::int64_t h,
+                     std::int64_t row0, std::int64_t rows, std::int64_t cols, T* dst,
+                     std::int64_t ld, std::int64_t pad_rows) noexcept {
+  const core::Strides4& st = op.strides;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t at = st.at(b, h, row0 + r, 0);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      dst[c * ld + r] = static_cast<T>(core::load_real(op.data, op.dtype, at + c * st.col));
+    }
+  }
+  for (std::int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + rows, dst + c * ld + pad_rows, T(0));
 }
 
 // Where gradient rows go: `data` of the compute type with unit column stride (the kernels
@@ -126,11 +159,13 @@ bool gradients_writable(const core::BackwardParams& bp) noexcept {
   return bp.dq.data != nullptr && bp.dk.data != nullptr && bp.dv.data != nullptr;
 }
 
-// The scores of one tile, x = softcap(scale·S) + alibi + mask (-inf where not allowed), in
-// place in `s` (rows x cols, ld cols); `factor` gets 1 - tanh² with a softcap.
+// The scores of one tile, x = softcap(scale·S) + alibi + mask (-inf where not allowed, and in
+// the padding columns [cols, ld)), in place in `s` (rows x ld); `factor` gets 1 - tanh² with a
+// softcap.
 template <class T>
 void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h, std::int64_t i0,
-                 std::int64_t rows, std::int64_t j0, std::int64_t cols, T* s, T* factor) noexcept {
+                 std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld, T* s,
+                 T* factor) noexcept {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const core::ScoreModifiers& mod = p.modifiers;
   const auto scale = static_cast<T>(p.scale);
@@ -139,16 +174,16 @@ void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
       mod.alibi_slopes.empty() ? 0.0 : mod.alibi_slopes[static_cast<std::size_t>(h)];
   const std::int64_t offset = p.shape.diagonal_offset();
   for (std::int64_t r = 0; r < rows; ++r) {
-    T* x = s + r * cols;
+    T* x = s + r * ld;
     const std::int64_t i = i0 + r;
     const std::int64_t diag = i + offset;
     const core::KeyRange range = core::allowed_key_range(p.masking, p.shape.nk, diag);
     const std::int64_t lo = std::clamp<std::int64_t>(range.first - j0, 0, cols);
     const std::int64_t hi = std::clamp<std::int64_t>(range.last - j0, lo, cols);
     for (std::int64_t c = 0; c < lo; ++c) x[c] = kNegInf;
-    for (std::int64_t c = hi; c < cols; ++c) x[c] = kNegInf;
+    for (std::int64_t c = hi; c < ld; ++c) x[c] = kNegInf;
     if (cap > 0.0) {
-      T* f = factor + r * cols;
+      T* f = factor + r * ld;
       const auto capt = static_cast<T>(cap);
       for (std::int64_t c = lo; c < hi; ++c) {
         const T t = std::tanh(scale * x[c] / capt);
@@ -182,11 +217,11 @@ inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::in
   return last.last <= j0 || first.first >= j1;
 }
 
-// Ops supplies the products (C row-major, leading dimensions given) and the exponential:
-//   gemm_nt(m, n, k, A, lda, B, ldb, C, ldc)      C  = A·Bᵀ   (A m x k, B n x k)
-//   gemm_nn_acc(m, n, k, A, lda, B, ldb, C, ldc)  C += A·B    (A m x k, B k x n)
-//   gemm_tn_acc(m, n, k, A, lda, B, ldb, C, ldc)  C += Aᵀ·B   (A k x m, B k x n)
-//   exp_below(x, rows, cols, shift)               x_rc = exp(min(x_rc - shift_r, 0))
+// Ops supplies the product and the exponential (bwd_ops.h):
+//   gemm(m, n, k, A, rs, cs, B, ldb, C, ldc, accumulate)
+//       C (+)= A·B: A(r, x) = A[r·rs + x·cs] (m x k), B row-major (k x n), C row-major (m x n);
+//       n is a whole number of 64-byte vectors
+//   exp_below(x, rows, ld, shift)                  x_rc = exp(min(x_rc - shift_r, 0))
 template <class Ops, class T>
 core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& plan) noexcept {
   const core::AttentionParams& p = bp.forward;
@@ -251,7 +286,6 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
             return partial.data() +
                    static_cast<std::ptrdiff_t>((((c - 1) * s.b + b) * s.h + h) * s.nq + i) * s.d;
           };
-          const std::int64_t ldq = c == 0 ? bp.dq.strides.row : s.d;
           for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
             for (std::int64_t i = 0; i < s.nq; ++i) std::fill_n(dq_row(h, i), s.d, T(0));
           }
@@ -260,44 +294,54 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
           for (std::int64_t kt = kt0; kt < kt1; ++kt) {
             const std::int64_t j0 = kt * plan.key_tile;
             const std::int64_t bc = std::min(plan.key_tile, s.nk - j0);
-            pack_rows(p.k, b, hk, j0, bc, s.d, t.k.data());
-            pack_rows(p.v, b, hk, j0, bc, s.dv, t.v.data());
+            pack_rows(p.k, b, hk, j0, bc, s.d, t.k.data(), t.dp, plan.key_tile);
+            pack_transposed(p.k, b, hk, j0, bc, s.d, t.kt.data(), t.bcp, t.bcp);
+            pack_transposed(p.v, b, hk, j0, bc, s.dv, t.vt.data(), t.bcp, t.bcp);
             std::fill(t.dk.begin(), t.dk.end(), T(0));
             std::fill(t.dv.begin(), t.dv.end(), T(0));
             for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
               for (std::int64_t i0 = 0; i0 < s.nq; i0 += plan.query_tile) {
                 const std::int64_t br = std::min(plan.query_tile, s.nq - i0);
                 if (tile_masked(p, i0, i0 + br, j0, j0 + bc)) continue;
-                pack_rows(p.q, b, h, i0, br, s.d, t.q.data());
-                pack_rows(bp.grad_out, b, h, i0, br, s.dv, t.dout.data());
-                Ops::gemm_nt(br, bc, s.d, t.q.data(), s.d, t.k.data(), s.d, t.p.data(), bc);
-                tile_scores(p, b, h, i0, br, j0, bc, t.p.data(), t.factor.data());
+                pack_rows(p.q, b, h, i0, br, s.d, t.q.data(), t.dp, br);
+                pack_rows(bp.grad_out, b, h, i0, br, s.dv, t.dout.data(), t.dvp, br);
+                T* const pt = t.p.data();
+                T* const ds = t.ds.data();
+                Ops::gemm(br, t.bcp, s.d, t.q.data(), t.dp, 1, t.kt.data(), t.bcp, pt, t.bcp, false);
+                tile_scores(p, b, h, i0, br, j0, bc, t.bcp, pt, t.factor.data());
                 const std::size_t row0 = static_cast<std::size_t>((b * s.h + h) * s.nq + i0);
-                Ops::exp_below(t.p.data(), br, bc, lse.data() + row0);
-                Ops::gemm_tn_acc(bc, s.dv, br, t.p.data(), bc, t.dout.data(), s.dv, t.dv.data(), s.dv);
-                Ops::gemm_nt(br, bc, s.dv, t.dout.data(), s.dv, t.v.data(), s.dv, t.ds.data(), bc);
+                Ops::exp_below(pt, br, t.bcp, lse.data() + row0);
+                // dV_j += Pᵀ·dO_i: A(key, query) = P[query][key].
+                Ops::gemm(bc, t.dvp, br, pt, 1, t.bcp, t.dout.data(), t.dvp, t.dv.data(), t.dvp, true);
+                Ops::gemm(br, t.bcp, s.dv, t.dout.data(), t.dvp, 1, t.vt.data(), t.bcp, ds, t.bcp, false);
                 const auto scale = static_cast<T>(p.scale);
                 const bool capped = p.modifiers.softcap > 0.0;
                 for (std::int64_t r = 0; r < br; ++r) {
                   const T d_i = delta[row0 + static_cast<std::size_t>(r)];
-                  T* ds = t.ds.data() + r * bc;
-                  const T* pr = t.p.data() + r * bc;
+                  T* dsr = ds + r * t.bcp;
+                  const T* pr = pt + r * t.bcp;
                   if (capped) {
-                    const T* f = t.factor.data() + r * bc;
-                    for (std::int64_t j = 0; j < bc; ++j) {
-                      ds[j] = pr[j] == T(0) ? T(0) : scale * pr[j] * (ds[j] - d_i) * f[j];
+                    const T* f = t.factor.data() + r * t.bcp;
+                    for (std::int64_t j = 0; j < t.bcp; ++j) {
+                      dsr[j] = pr[j] == T(0) ? T(0) : scale * pr[j] * (dsr[j] - d_i) * f[j];
                     }
                   } else {
-                    for (std::int64_t j = 0; j < bc; ++j) ds[j] = scale * pr[j] * (ds[j] - d_i);
+                    for (std::int64_t j = 0; j < t.bcp; ++j) dsr[j] = scale * pr[j] * (dsr[j] - d_i);
                   }
                 }
-                Ops::gemm_tn_acc(bc, s.d, br, t.ds.data(), bc, t.q.data(), s.d, t.dk.data(), s.d);
-                Ops::gemm_nn_acc(br, s.d, bc, t.ds.data(), bc, t.k.data(), s.d, dq_row(h, i0), ldq);
+                // dK_j += dSᵀ·Q_i; dQ_i += dS·K_j through the dQ tile.
+                Ops::gemm(bc, t.dp, br, ds, 1, t.bcp, t.q.data(), t.dp, t.dk.data(), t.dp, true);
+                Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, t.dq.data(), t.dp, false);
+                for (std::int64_t r = 0; r < br; ++r) {
+                  T* dst = dq_row(h, i0 + r);
+                  const T* src = t.dq.data() + r * t.dp;
+                  for (std::int64_t col = 0; col < s.d; ++col) dst[col] += src[col];
+                }
               }
             }
             for (std::int64_t j = 0; j < bc; ++j) {
-              std::copy_n(t.dk.data() + j * s.d, s.d, grad_row<T>(bp.dk, b, hk, j0 + j));
-              std::copy_n(t.dv.data() + j * s.dv, s.dv, grad_row<T>(bp.dv, b, hk, j0 + j));
+              std::copy_n(t.dk.data() + j * t.dp, s.d, grad_row<T>(bp.dk, b, hk, j0 + j));
+              std::copy_n(t.dv.data() + j * t.dvp, s.dv, grad_row<T>(bp.dv, b, hk, j0 + j));
             }
           }
         }

@@ -24,35 +24,17 @@ void exp_below_scalar(T* x, std::int64_t rows, std::int64_t cols, const T* shift
 
 template <class T>
 struct ScalarOps {
-  static void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda,
-                      const T* b, std::int64_t ldb, T* c, std::int64_t ldc) noexcept {
+  // C (+)= A·B with A(r, x) = a[r·rs + x·cs]: each C element summed over x in order.
+  static void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t rs,
+                   std::int64_t cs, const T* b, std::int64_t ldb, T* c, std::int64_t ldc,
+                   bool accumulate) noexcept {
     for (std::int64_t i = 0; i < m; ++i) {
-      for (std::int64_t j = 0; j < n; ++j) {
-        T sum = 0;
-        for (std::int64_t x = 0; x < k; ++x) sum += a[i * lda + x] * b[j * ldb + x];
-        c[i * ldc + j] = sum;
-      }
-    }
-  }
-  static void gemm_nn_acc(std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
-                          std::int64_t lda, const T* b, std::int64_t ldb, T* c,
-                          std::int64_t ldc) noexcept {
-    for (std::int64_t i = 0; i < m; ++i) {
+      T* row = c + i * ldc;
+      if (!accumulate) std::fill_n(row, n, T(0));
       for (std::int64_t x = 0; x < k; ++x) {
-        const T w = a[i * lda + x];
-        if (w == T(0)) continue;
-        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] += w * b[x * ldb + j];
-      }
-    }
-  }
-  static void gemm_tn_acc(std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
-                          std::int64_t lda, const T* b, std::int64_t ldb, T* c,
-                          std::int64_t ldc) noexcept {
-    for (std::int64_t x = 0; x < k; ++x) {
-      for (std::int64_t i = 0; i < m; ++i) {
-        const T w = a[x * lda + i];
-        if (w == T(0)) continue;
-        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] += w * b[x * ldb + j];
+        const T w = a[i * rs + x * cs];
+        const T* bx = b + x * ldb;
+        for (std::int64_t j = 0; j < n; ++j) row[j] += w * bx[j];
       }
     }
   }
@@ -61,34 +43,24 @@ struct ScalarOps {
   }
 };
 
+// The products through CBLAS: a strided A is a plain one (cs = 1) or a transposed one (rs = 1).
 template <class T, void (*Exp)(T*, std::int64_t, std::int64_t, const T*) noexcept>
 struct BlasOps {
-  static void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, std::int64_t m, std::int64_t n,
-                   std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb,
-                   T beta, T* c, std::int64_t ldc) noexcept {
+  static void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t rs,
+                   std::int64_t cs, const T* b, std::int64_t ldb, T* c, std::int64_t ldc,
+                   bool accumulate) noexcept {
     if (m == 0 || n == 0) return;
     const auto i = [](std::int64_t x) { return static_cast<int>(x); };
+    const CBLAS_TRANSPOSE ta = cs == 1 ? CblasNoTrans : CblasTrans;
+    const std::int64_t lda = std::max<std::int64_t>(cs == 1 ? rs : cs, 1);
+    const T beta = accumulate ? T(1) : T(0);
     if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), beta, c,
-                  i(ldc));
+      cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb),
+                  beta, c, i(ldc));
     } else {
-      cblas_dgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), beta, c,
-                  i(ldc));
+      cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb),
+                  beta, c, i(ldc));
     }
-  }
-  static void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda,
-                      const T* b, std::int64_t ldb, T* c, std::int64_t ldc) noexcept {
-    gemm(CblasNoTrans, CblasTrans, m, n, k, a, lda, b, ldb, T(0), c, ldc);
-  }
-  static void gemm_nn_acc(std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
-                          std::int64_t lda, const T* b, std::int64_t ldb, T* c,
-                          std::int64_t ldc) noexcept {
-    gemm(CblasNoTrans, CblasNoTrans, m, n, k, a, lda, b, ldb, T(1), c, ldc);
-  }
-  static void gemm_tn_acc(std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
-                          std::int64_t lda, const T* b, std::int64_t ldb, T* c,
-                          std::int64_t ldc) noexcept {
-    gemm(CblasTrans, CblasNoTrans, m, n, k, a, lda, b, ldb, T(1), c, ldc);
   }
   static void exp_below(T* x, std::int64_t rows, std::int64_t cols, const T* shift) noexcept {
     Exp(x, rows, cols, shift);
