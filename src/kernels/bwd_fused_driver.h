@@ -125,6 +125,23 @@ void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std
   for (std::int64_t r = rows; r < pad_rows; ++r) std::fill_n(dst + r * ld, cols, T(0));
 }
 
+// Rows [row0, row0 + rows) of `op` as a row-major T matrix of leading dimension `ld`: the
+// operand's own memory when it already is one whose rows are whole 64-byte vectors (cols ==
+// padded(cols)), else packed into `tile` (ld as given).
+template <class T>
+const T* rows_in_place(const core::InputOperand& op, std::int64_t b, std::int64_t h,
+                       std::int64_t row0, std::int64_t rows, std::int64_t cols, T* tile,
+                       std::int64_t& ld) noexcept {
+  const bool same_type = (std::is_same_v<T, float> && op.dtype == DType::kF32) ||
+                         (std::is_same_v<T, double> && op.dtype == DType::kF64);
+  if (same_type && op.strides.col == 1 && cols == padded<T>(cols) && op.strides.row >= cols) {
+    ld = op.strides.row;
+    return static_cast<const T*>(op.data) + op.strides.at(b, h, row0, 0);
+  }
+  pack_rows(op, b, h, row0, rows, cols, tile, ld, rows);
+  return tile;
+}
+
 // The same rows transposed: dst[c * ld + r] for c < cols, r < rows; columns [rows, pad_rows)
 // zeroed.
 template <class T>
@@ -303,17 +320,19 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
               for (std::int64_t i0 = 0; i0 < s.nq; i0 += plan.query_tile) {
                 const std::int64_t br = std::min(plan.query_tile, s.nq - i0);
                 if (tile_masked(p, i0, i0 + br, j0, j0 + bc)) continue;
-                pack_rows(p.q, b, h, i0, br, s.d, t.q.data(), t.dp, br);
-                pack_rows(bp.grad_out, b, h, i0, br, s.dv, t.dout.data(), t.dvp, br);
+                std::int64_t ldq = t.dp, lddo = t.dvp;
+                const T* const qt = rows_in_place(p.q, b, h, i0, br, s.d, t.q.data(), ldq);
+                const T* const dot =
+                    rows_in_place(bp.grad_out, b, h, i0, br, s.dv, t.dout.data(), lddo);
                 T* const pt = t.p.data();
                 T* const ds = t.ds.data();
-                Ops::gemm(br, t.bcp, s.d, t.q.data(), t.dp, 1, t.kt.data(), t.bcp, pt, t.bcp, false);
+                Ops::gemm(br, t.bcp, s.d, qt, ldq, 1, t.kt.data(), t.bcp, pt, t.bcp, false);
                 tile_scores(p, b, h, i0, br, j0, bc, t.bcp, pt, t.factor.data());
                 const std::size_t row0 = static_cast<std::size_t>((b * s.h + h) * s.nq + i0);
                 Ops::exp_below(pt, br, t.bcp, lse.data() + row0);
                 // dV_j += Pᵀ·dO_i: A(key, query) = P[query][key].
-                Ops::gemm(bc, t.dvp, br, pt, 1, t.bcp, t.dout.data(), t.dvp, t.dv.data(), t.dvp, true);
-                Ops::gemm(br, t.bcp, s.dv, t.dout.data(), t.dvp, 1, t.vt.data(), t.bcp, ds, t.bcp, false);
+                Ops::gemm(bc, t.dvp, br, pt, 1, t.bcp, dot, lddo, t.dv.data(), t.dvp, true);
+                Ops::gemm(br, t.bcp, s.dv, dot, lddo, 1, t.vt.data(), t.bcp, ds, t.bcp, false);
                 const auto scale = static_cast<T>(p.scale);
                 const bool capped = p.modifiers.softcap > 0.0;
                 for (std::int64_t r = 0; r < br; ++r) {
@@ -330,7 +349,7 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                   }
                 }
                 // dK_j += dSᵀ·Q_i; dQ_i += dS·K_j through the dQ tile.
-                Ops::gemm(bc, t.dp, br, ds, 1, t.bcp, t.q.data(), t.dp, t.dk.data(), t.dp, true);
+                Ops::gemm(bc, t.dp, br, ds, 1, t.bcp, qt, ldq, t.dk.data(), t.dp, true);
                 Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, t.dq.data(), t.dp, false);
                 for (std::int64_t r = 0; r < br; ++r) {
                   T* dst = dq_row(h, i0 + r);
