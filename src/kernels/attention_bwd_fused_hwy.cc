@@ -9,7 +9,9 @@
 // broadcasts of A per step, and touches C once per block: the forward's micro-kernel pattern,
 // which runs at the FMA peak from L1. Tiles are 128 query rows x 128 keys: S, dP and the
 // softcap's factor (3 x 64 KiB in float32) and the K, Kᵀ, Vᵀ, Q, dO, dK, dV and dQ tiles
-// (d = 64: 8 x 32 KiB) stay within a 1 MiB L2. P = exp(min(x - lse, 0)) is Highway's Exp.
+// (d = 64: 8 x 32 KiB) stay within a 1 MiB L2. P = exp(min(x - lse, 0)) is the forward's
+// ExpNonPositive (exp_hwy-inl.h): the argument is never positive, and P gets the forward's
+// weights.
 //
 // Why not CBLAS for the products, as attention_bwd_unfused_blas does: OpenBLAS 0.3.21 picks its
 // Haswell (AVX2) kernel on Zen 4 and Zen 5, half the AVX-512 FMA width, and packs both operands
@@ -19,8 +21,8 @@
 #define HWY_TARGET_INCLUDE "kernels/attention_bwd_fused_hwy.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "kernels/exp_hwy-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -47,7 +49,8 @@ void ExpBelowRows(T* x, std::int64_t rows, std::int64_t cols, const T* shift) {
     const auto vs = hn::Set(d, shift[r]);
     std::int64_t c = 0;
     for (; c + lanes <= cols; c += lanes) {
-      hn::StoreU(hn::Exp(d, hn::Min(hn::Sub(hn::LoadU(d, row + c), vs), zero)), d, row + c);
+      const auto arg = hn::Min(hn::Sub(hn::LoadU(d, row + c), vs), zero);
+      hn::StoreU(ExpNonPositive(d, arg), d, row + c);
     }
     for (; c < cols; ++c) row[c] = std::exp(std::min(row[c] - shift[r], T(0)));
   }

@@ -306,6 +306,10 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
           for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
             for (std::int64_t i = 0; i < s.nq; ++i) std::fill_n(dq_row(h, i), s.d, T(0));
           }
+          // dQ += dS·K_j straight into the rows when they are whole vectors (d = 64, 128, ...),
+          // else through the dQ tile.
+          const std::int64_t dq_ld = c == 0 ? bp.dq.strides.row : s.d;
+          const bool dq_in_place = s.d == padded<T>(s.d) && dq_ld >= s.d;
           const std::int64_t kt0 = c * tiles_per_chunk;
           const std::int64_t kt1 = std::min(key_tiles, kt0 + tiles_per_chunk);
           for (std::int64_t kt = kt0; kt < kt1; ++kt) {
@@ -350,11 +354,15 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                 }
                 // dK_j += dSᵀ·Q_i; dQ_i += dS·K_j through the dQ tile.
                 Ops::gemm(bc, t.dp, br, ds, 1, t.bcp, qt, ldq, t.dk.data(), t.dp, true);
-                Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, t.dq.data(), t.dp, false);
-                for (std::int64_t r = 0; r < br; ++r) {
-                  T* dst = dq_row(h, i0 + r);
-                  const T* src = t.dq.data() + r * t.dp;
-                  for (std::int64_t col = 0; col < s.d; ++col) dst[col] += src[col];
+                if (dq_in_place) {
+                  Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, dq_row(h, i0), dq_ld, true);
+                } else {
+                  Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, t.dq.data(), t.dp, false);
+                  for (std::int64_t r = 0; r < br; ++r) {
+                    T* dst = dq_row(h, i0 + r);
+                    const T* src = t.dq.data() + r * t.dp;
+                    for (std::int64_t col = 0; col < s.d; ++col) dst[col] += src[col];
+                  }
                 }
               }
             }

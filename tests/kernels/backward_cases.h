@@ -42,12 +42,25 @@ struct GradCase {
   std::optional<double> scale, softcap;
   bool alibi = false, sinks = false;
   DType dtype = DType::kF32;  // of the inputs (and so the compute type)
+  // Q, K, V and dO as head column blocks of wider [B, N, heads·width + 3] matrices.
+  bool strided = false;
 };
 
 inline void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
 
 struct GradInputs {
   Tensor q, k, v, dout, mask, sinks;
+  Tensor q_store, k_store, v_store, dout_store;  // the wider matrices of a strided case
+  TensorView qv() const { return q_store.empty() ? q.view() : blocks(q_store, q.shape()); }
+  TensorView kv() const { return k_store.empty() ? k.view() : blocks(k_store, k.shape()); }
+  TensorView vv() const { return v_store.empty() ? v.view() : blocks(v_store, v.shape()); }
+  TensorView dov() const { return dout_store.empty() ? dout.view() : blocks(dout_store, dout.shape()); }
+  // The [B, H, N, W] view of a [B, N, H·W + 3] matrix whose column block h is head h.
+  static TensorView blocks(const Tensor& store, const Shape& shape) {
+    const std::int64_t width = store.shape()[2];
+    return TensorView{store.data(), store.dtype(), shape,
+                      {shape[2] * width, shape[3], width, 1}, "strided"};
+  }
   AttentionOptions options(const GradCase& c) const {
     AttentionOptions o;
     o.causal = c.causal;
@@ -84,6 +97,29 @@ inline GradInputs make_grad_inputs(const GradCase& c, std::uint64_t seed) {
     }
   }
   if (c.sinks) in.sinks = random_tensor(c.dtype, {c.h}, seed + 7, -1.0, 2.0);
+  if (c.strided) {
+    // The same values, copied into column blocks of wider matrices.
+    const auto widen = [](const Tensor& t, std::uint64_t fill_seed) {
+      const Shape& s = t.shape();
+      Tensor store = random_tensor(t.dtype(), {s[0], s[2], s[1] * s[3] + 3}, fill_seed);
+      const TensorView view = GradInputs::blocks(store, s);
+      for (std::int64_t e = 0; e < t.numel(); ++e) {
+        const std::int64_t col = e % s[3], row = e / s[3] % s[2], h = e / (s[3] * s[2]) % s[1],
+                           b = e / (s[3] * s[2] * s[1]);
+        const std::int64_t at = b * view.strides[0] + h * view.strides[1] + row * view.strides[2] + col;
+        if (t.dtype() == DType::kF64) {
+          store.data_as<double>()[at] = t.data_as<double>()[e];
+        } else {
+          store.data_as<float>()[at] = t.data_as<float>()[e];
+        }
+      }
+      return store;
+    };
+    in.q_store = widen(in.q, seed + 8);
+    in.k_store = widen(in.k, seed + 9);
+    in.v_store = widen(in.v, seed + 10);
+    in.dout_store = widen(in.dout, seed + 11);
+  }
   return in;
 }
 
@@ -93,12 +129,12 @@ inline AttentionGradients backward(const GradCase& c, const GradInputs& in,
   AttentionOptions forward = in.options(c);
   forward.return_lse = true;
   forward.out_dtype = c.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-  const AttentionResult fwd = attention(in.q.view(), in.k.view(), in.v.view(), forward);
+  const AttentionResult fwd = attention(in.qv(), in.kv(), in.vv(), forward);
   AttentionOptions options = in.options(c);
   options.kernel = kernel;
   options.threads = threads;
-  return attention_backward(in.q.view(), in.k.view(), in.v.view(), fwd.out.view(),
-                            fwd.lse.view(), in.dout.view(), options);
+  return attention_backward(in.qv(), in.kv(), in.vv(), fwd.out.view(), fwd.lse.view(),
+                            in.dov(), options);
 }
 
 // Small shapes for finite differences: one case per option, and some combined.
@@ -151,6 +187,10 @@ inline std::vector<GradCase> kernel_cases() {
     c.softcap = 3.0; c.alibi = true; c.sinks = true; c.scale = 0.4;
   });
   add("batch_mqa_d64", [](GradCase& c) { c.b = 2; c.h = 3; c.hkv = 1; c.d = 64; c.dv = 64; });
+  add("strided_gqa_d64", [](GradCase& c) {
+    c.strided = true; c.b = 2; c.h = 4; c.hkv = 2; c.d = 64; c.dv = 48; c.causal = true;
+  });
+  add("strided_d24", [](GradCase& c) { c.strided = true; c.softcap = 5.0; });
   return cases;
 }
 
