@@ -5,8 +5,8 @@
 //   pass 0, parallel over (b, h):        lse_i (-inf made +inf, so P = 0 for an empty row),
 //                                        D_i = Σ_c dO_ic·O_ic (float64 sum), and
 //                                        dsink_h -= Σ_i exp(sink_h - lse_i)·D_i per (b, h)
-//   pass 1, parallel over tasks (b, kv head hk, key chunk c): for each key tile K_j, V_j
-//     (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk, each query tile
+//   pass 1, threads taking tasks (key chunk c, b, kv head hk) from a counter: for each key
+//     tile K_j, V_j (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk, each query tile
 //     Q_i, dO_i (Br rows) not wholly masked by causal/window:
 //       S    = Q_i·K_jᵀ                                  (Br x Bc)
 //       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed
@@ -287,16 +287,20 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
       }
     });
 
-    // Pass 1: tasks (b, hk, chunk).
+    // Pass 1: tasks (chunk, b, hk), taken from a counter: under causal masking the first key
+    // chunks carry the most query rows, so they go first. Which thread runs a task changes no
+    // bit: each owns its outputs.
     const std::int64_t tasks = s.b * s.hkv * plan.chunks;
-    core::parallel_for(tasks, p.threads, [&](std::int64_t begin, std::int64_t end) {
+    std::atomic<std::int64_t> next{0};
+    const auto workers = static_cast<int>(std::clamp<std::int64_t>(tasks, 1, p.threads));
+    core::run_team(workers, [&](int, core::Team&) {
       try {
         Tiles<T> t;
         t.allocate(s, plan);
-        for (std::int64_t task = begin; task < end; ++task) {
-          const std::int64_t c = task % plan.chunks;
-          const std::int64_t hk = (task / plan.chunks) % s.hkv;
-          const std::int64_t b = task / (plan.chunks * s.hkv);
+        for (std::int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
+          const std::int64_t c = task / (s.b * s.hkv);
+          const std::int64_t hk = task % s.hkv;
+          const std::int64_t b = (task / s.hkv) % s.b;
           // This chunk's dQ rows of query head h, row i.
           const auto dq_row = [&](std::int64_t h, std::int64_t i) -> T* {
             if (c == 0) return grad_row<T>(bp.dq, b, h, i);
