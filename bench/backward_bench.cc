@@ -58,8 +58,8 @@ void backward_benchmark(benchmark::State& state, const std::string& kernel) {
   for (auto _ : state) run();
   const double pairs = causal ? static_cast<double>(n) * static_cast<double>(n + 1) / 2.0
                               : static_cast<double>(n) * static_cast<double>(n);
-  const double flops = (kernel.empty() ? 1.0 : 2.5) * 2.0 * pairs * static_cast<double>(2 * d) *
-                       kHeads;
+  const double flops =
+      (kernel.empty() ? 1.0 : 2.5) * 2.0 * pairs * static_cast<double>(2 * d) * kHeads;
   state.counters["GFLOP/s"] = benchmark::Counter(
       flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }

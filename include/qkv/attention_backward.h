@@ -22,10 +22,10 @@
 namespace qkv {
 
 struct AttentionGradients {
-  Tensor dq;      // Q's shape
-  Tensor dk;      // K's shape
-  Tensor dv;      // V's shape
-  Tensor dsinks;  // [H]; empty unless options.sinks
+  Tensor dq;                    // Q's shape
+  Tensor dk;                    // K's shape
+  Tensor dv;                    // V's shape
+  Tensor dsinks;                // [H]; empty unless options.sinks
   std::string kernel;           // the backward kernel that ran
   DType compute = DType::kF32;  // kF32 or kF64: the gradients' dtype and what they were computed in
   int threads = 1;              // the threads the kernel was given
@@ -40,9 +40,9 @@ struct AttentionGradients {
 // in float32. options.kernel names a backward kernel (attention_backward_kernel_names());
 // return_weights, return_lse and out_dtype are ignored. Gradients are bitwise identical for any
 // thread count. Throws qkv::Error naming the offending tensor or option on bad input.
-AttentionGradients attention_backward(const TensorView& q, const TensorView& k,
-                                      const TensorView& v, const TensorView& out,
-                                      const TensorView& lse, const TensorView& grad_out,
+AttentionGradients attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& out, const TensorView& lse,
+                                      const TensorView& grad_out,
                                       const AttentionOptions& options = {});
 
 // The backward kernels, fastest first, the reference last; any name may go in options.kernel.

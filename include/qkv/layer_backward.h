@@ -35,8 +35,7 @@ struct LayerGradients {
 // The forward, also filling `state` for the backward.
 LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
                                  const LayerOptions& options,
-                                 const std::optional<TensorView>& memory,
-                                 LayerForwardState& state);
+                                 const std::optional<TensorView>& memory, LayerForwardState& state);
 
 // `state` from the forward on the same inputs, or nullptr to recompute it. Gradients are
 // float32, or float64 when the layer computes in float64; bitwise identical for any thread

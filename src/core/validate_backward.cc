@@ -39,8 +39,8 @@ void require_lse_values(const TensorView& lse) {
   for (std::int64_t flat = 0; flat < count; ++flat) {
     const double value = load_real(lse.data, lse.dtype, offset);
     if (std::isnan(value) || value == std::numeric_limits<double>::infinity()) {
-      throw Error(lse.name, std::string("holds ") + (std::isnan(value) ? "NaN" : "+inf") +
-                                " at " + index_string(lse.shape, flat) +
+      throw Error(lse.name, std::string("holds ") + (std::isnan(value) ? "NaN" : "+inf") + " at " +
+                                index_string(lse.shape, flat) +
                                 " (an lse is finite, or -inf for a row with no allowed key)");
     }
     for (std::size_t axis = rank; axis-- > 0;) {
@@ -83,11 +83,10 @@ BackwardCall validate_attention_backward(const TensorView& q, const TensorView& 
   // The backward does about 2.5 times the forward's multiply-adds (FlashAttention's count):
   // the threads it is worth starting follow that.
   const AttentionShape& s = p.shape;
-  p.threads = threads_for_work(options.threads, 2.5 * static_cast<double>(s.b) *
-                                                    static_cast<double>(s.h) *
-                                                    static_cast<double>(s.nq) *
-                                                    static_cast<double>(s.nk) *
-                                                    static_cast<double>(s.d + s.dv));
+  p.threads =
+      threads_for_work(options.threads, 2.5 * static_cast<double>(s.b) * static_cast<double>(s.h) *
+                                            static_cast<double>(s.nq) * static_cast<double>(s.nk) *
+                                            static_cast<double>(s.d + s.dv));
   BackwardParams& b = call.params;
   b.forward = p;
   b.out = operand_of(out);

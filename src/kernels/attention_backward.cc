@@ -46,7 +46,9 @@ core::MemoryEstimate backward_memory(const core::BackwardCall& call, const Tenso
       core::saturating_add(core::tensor_bytes(q.shape, grad), core::tensor_bytes(k.shape, grad)),
       core::tensor_bytes(v.shape, grad));
   const auto element = static_cast<std::uint64_t>(dtype_size(grad));
-  const auto u = [](std::int64_t x) { return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0)); };
+  const auto u = [](std::int64_t x) {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0));
+  };
   const std::uint64_t rows = core::saturating_mul(core::saturating_mul(u(s.b), u(s.h)), u(s.nq));
   std::uint64_t workspace = core::saturating_mul(2 * element + 8, rows);
   const std::int64_t chunks = kernels::bwd::chunks_for(s, 64, dtype_size(grad));
@@ -55,9 +57,9 @@ core::MemoryEstimate backward_memory(const core::BackwardCall& call, const Tenso
                                       core::saturating_mul(element, u(chunks - 1))));
   const std::uint64_t tile = 256;
   const std::uint64_t per_thread = core::saturating_mul(
-      element, core::saturating_add(core::saturating_mul(3 * tile, std::max(u(s.nk), tile)),
-                                    core::saturating_mul(2 * tile + 2 * std::max(u(s.nk), tile),
-                                                         u(s.d) + u(s.dv))));
+      element, core::saturating_add(
+                   core::saturating_mul(3 * tile, std::max(u(s.nk), tile)),
+                   core::saturating_mul(2 * tile + 2 * std::max(u(s.nk), tile), u(s.d) + u(s.dv))));
   workspace = core::saturating_add(
       workspace, core::saturating_mul(per_thread, u(call.params.forward.threads)));
   estimate.workspace = workspace;
@@ -72,10 +74,9 @@ core::OutputOperand slot_of(Tensor& tensor) {
 
 }  // namespace
 
-AttentionGradients attention_backward(const TensorView& q, const TensorView& k,
-                                      const TensorView& v, const TensorView& out,
-                                      const TensorView& lse, const TensorView& grad_out,
-                                      const AttentionOptions& options) {
+AttentionGradients attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& out, const TensorView& lse,
+                                      const TensorView& grad_out, const AttentionOptions& options) {
   core::BackwardCall call = core::validate_attention_backward(q, k, v, out, lse, grad_out, options);
   core::BackwardParams& bp = call.params;
   if (const std::string reason = kernels::backward_float64_declines(bp); !reason.empty()) {
@@ -103,8 +104,8 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k,
   if (call.forward.cu_q.empty()) {
     status = kernel.run(bp);
   } else {
-    for (std::size_t seq = 0; seq + 1 < call.forward.cu_q.size() && status == core::KernelStatus::kOk;
-         ++seq) {
+    for (std::size_t seq = 0;
+         seq + 1 < call.forward.cu_q.size() && status == core::KernelStatus::kOk; ++seq) {
       status = kernel.run(core::sequence_backward_params(call, seq));
     }
   }

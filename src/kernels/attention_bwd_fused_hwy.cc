@@ -21,18 +21,17 @@
 #define HWY_TARGET_INCLUDE "kernels/attention_bwd_fused_hwy.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
-#include "hwy/highway.h"
-#include "kernels/exp_hwy-inl.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "hwy/highway.h"
 #include "kernels/backward_kernel.h"
 #include "kernels/blas_threads.h"
 #include "kernels/bwd_fused_driver.h"
 #include "kernels/bwd_ops.h"
+#include "kernels/exp_hwy-inl.h"
 #include "kernels/kernel.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -103,10 +102,11 @@ struct HwyOps {
   // Rows [0, m) of one column block of NV vectors: kRows at a time, then the rest.
   template <int NV, int MR = kRows>
   static HWY_INLINE void rows(std::int64_t m, std::int64_t r, std::int64_t k, const T* a,
-                              std::int64_t rs, std::int64_t cs, const T* b, std::int64_t ldb,
-                              T* c, std::int64_t ldc, bool accumulate) {
+                              std::int64_t rs, std::int64_t cs, const T* b, std::int64_t ldb, T* c,
+                              std::int64_t ldc, bool accumulate) {
     if constexpr (MR == kRows) {
-      for (; r + MR <= m; r += MR) block<MR, NV>(k, a + r * rs, rs, cs, b, ldb, c + r * ldc, ldc, accumulate);
+      for (; r + MR <= m; r += MR)
+        block<MR, NV>(k, a + r * rs, rs, cs, b, ldb, c + r * ldc, ldc, accumulate);
     }
     if constexpr (MR > 1) {
       if (m - r == MR - 1) {
@@ -121,8 +121,8 @@ struct HwyOps {
   // The remaining column vectors (fewer than kVectors), NV at most.
   template <int NV>
   static HWY_INLINE void tail(std::int64_t vectors, std::int64_t m, std::int64_t k, const T* a,
-                              std::int64_t rs, std::int64_t cs, const T* b, std::int64_t ldb,
-                              T* c, std::int64_t ldc, bool accumulate) {
+                              std::int64_t rs, std::int64_t cs, const T* b, std::int64_t ldb, T* c,
+                              std::int64_t ldc, bool accumulate) {
     if constexpr (NV >= 1) {
       if (vectors == NV) return rows<NV>(m, 0, k, a, rs, cs, b, ldb, c, ldc, accumulate);
       tail<NV - 1>(vectors, m, k, a, rs, cs, b, ldb, c, ldc, accumulate);

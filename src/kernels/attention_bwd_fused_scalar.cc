@@ -26,8 +26,12 @@ std::string gradient_bounds_declines(const core::BackwardParams& bp, double limi
   const double dp = static_cast<double>(s.dv) * dout * mag.v;
   const double ds = 2.0 * std::abs(p.scale) * dp;
   const double rows = static_cast<double>(s.group()) * static_cast<double>(s.nq);
-  const double bounds[] = {dp, ds, static_cast<double>(s.nk) * ds * mag.k, rows * ds * mag.q,
-                           rows * dout, dp * static_cast<double>(s.nq)};
+  const double bounds[] = {dp,
+                           ds,
+                           static_cast<double>(s.nk) * ds * mag.k,
+                           rows * ds * mag.q,
+                           rows * dout,
+                           dp * static_cast<double>(s.nq)};
   for (const double bound : bounds) {
     if (!(bound <= limit)) {
       char text[160];
@@ -45,7 +49,8 @@ std::string gradient_bounds_declines(const core::BackwardParams& bp, double limi
 
 std::string backward_float32_declines(const core::BackwardParams& bp) {
   if (std::string reason = float32_declines(bp.forward); !reason.empty()) return reason;
-  if (bp.grad_out.dtype == DType::kF64 && bp.grad_out_magnitude > std::numeric_limits<float>::max()) {
+  if (bp.grad_out.dtype == DType::kF64 &&
+      bp.grad_out_magnitude > std::numeric_limits<float>::max()) {
     return "float64 dO holds values beyond the float32 range";
   }
   return gradient_bounds_declines(bp, std::numeric_limits<float>::max() / 2, "float32");

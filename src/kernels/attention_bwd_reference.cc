@@ -35,8 +35,8 @@ using core::BackwardParams;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 struct RowScratch {
-  std::vector<double> pre;    // [nk] scale · q·k before the softcap
-  std::vector<double> prob;   // [nk] P_ij (0 where not allowed)
+  std::vector<double> pre;          // [nk] scale · q·k before the softcap
+  std::vector<double> prob;         // [nk] P_ij (0 where not allowed)
   std::vector<double> q, dout, dq;  // [d], [dv], [d]
 };
 
@@ -59,7 +59,8 @@ double reference_row(const BackwardParams& bp, std::int64_t b, std::int64_t h, s
   const auto v_at = [&](std::int64_t j, std::int64_t c) {
     return load(p.v, p.v.strides.at(b, hk, j, c));
   };
-  for (std::int64_t c = 0; c < s.d; ++c) r.q[static_cast<std::size_t>(c)] = load(p.q, p.q.strides.at(b, h, i, c));
+  for (std::int64_t c = 0; c < s.d; ++c)
+    r.q[static_cast<std::size_t>(c)] = load(p.q, p.q.strides.at(b, h, i, c));
   for (std::int64_t c = 0; c < s.dv; ++c) {
     r.dout[static_cast<std::size_t>(c)] = load(bp.grad_out, bp.grad_out.strides.at(b, h, i, c));
   }
@@ -172,14 +173,16 @@ core::KernelStatus attention_bwd_reference(const BackwardParams& bp) noexcept {
             const auto js = static_cast<std::size_t>(j);
             if (bp.dk.data != nullptr) {
               for (std::int64_t c = 0; c < s.d; ++c) {
-                core::store_real(bp.dk.data, bp.dk.dtype, bp.dk.strides.at(b, hk, j, c),
-                                 dk[js * static_cast<std::size_t>(s.d) + static_cast<std::size_t>(c)]);
+                core::store_real(
+                    bp.dk.data, bp.dk.dtype, bp.dk.strides.at(b, hk, j, c),
+                    dk[js * static_cast<std::size_t>(s.d) + static_cast<std::size_t>(c)]);
               }
             }
             if (bp.dv.data != nullptr) {
               for (std::int64_t c = 0; c < s.dv; ++c) {
-                core::store_real(bp.dv.data, bp.dv.dtype, bp.dv.strides.at(b, hk, j, c),
-                                 dv[js * static_cast<std::size_t>(s.dv) + static_cast<std::size_t>(c)]);
+                core::store_real(
+                    bp.dv.data, bp.dv.dtype, bp.dv.strides.at(b, hk, j, c),
+                    dv[js * static_cast<std::size_t>(s.dv) + static_cast<std::size_t>(c)]);
               }
             }
           }

@@ -35,7 +35,8 @@ std::string attention_bwd_unfused_blas_declines(const core::BackwardParams& bp) 
   const double element = bp.forward.compute == DType::kF64 ? 8.0 : 4.0;
   // Three 256 x nk blocks per thread (P, dS and the softcap's factor).
   if (3.0 * element * static_cast<double>(kRowBlock) * static_cast<double>(s.nk) *
-          bp.forward.threads > kUnfusedWorkspaceCapBytes) {
+          bp.forward.threads >
+      kUnfusedWorkspaceCapBytes) {
     return "its 256 x Nk score blocks per thread would pass 2 GiB";
   }
   if (std::max({s.nk, s.d, s.dv, kRowBlock}) > std::numeric_limits<int>::max()) {

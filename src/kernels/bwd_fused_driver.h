@@ -6,8 +6,8 @@
 //                                        D_i = Σ_c dO_ic·O_ic (float64 sum), and
 //                                        dsink_h -= Σ_i exp(sink_h - lse_i)·D_i per (b, h)
 //   pass 1, threads taking tasks (key chunk c, b, kv head hk) from a counter: for each key
-//     tile K_j, V_j (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk, each query tile
-//     Q_i, dO_i (Br rows) not wholly masked by causal/window:
+//     tile K_j, V_j (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk,
+//     each query tile Q_i, dO_i (Br rows) not wholly masked by causal/window:
 //       S    = Q_i·K_jᵀ                                  (Br x Bc)
 //       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed
 //       P    = exp(min(x - lse_i, 0))                    Ops::exp_below (min: P ≤ 1 even if
@@ -115,7 +115,8 @@ void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std
     const std::int64_t at = st.at(b, h, row0 + r, 0);
     T* out = dst + r * ld;
     if (direct) {
-      std::memcpy(out, static_cast<const T*>(op.data) + at, static_cast<std::size_t>(cols) * sizeof(T));
+      std::memcpy(out, static_cast<const T*>(op.data) + at,
+                  static_cast<std::size_t>(cols) * sizeof(T));
     } else {
       for (std::int64_t c = 0; c < cols; ++c) {
         out[c] = static_cast<T>(core::load_real(op.data, op.dtype, at + c * st.col));
@@ -155,13 +156,15 @@ void pack_transposed(const core::InputOperand& op, std::int64_t b, std::int64_t 
       dst[c * ld + r] = static_cast<T>(core::load_real(op.data, op.dtype, at + c * st.col));
     }
   }
-  for (std::int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + rows, dst + c * ld + pad_rows, T(0));
+  for (std::int64_t c = 0; c < cols; ++c)
+    std::fill(dst + c * ld + rows, dst + c * ld + pad_rows, T(0));
 }
 
 // Where gradient rows go: `data` of the compute type with unit column stride (the kernels
 // decline anything else), rows `row` apart.
 template <class T>
-T* grad_row(const core::OutputOperand& op, std::int64_t b, std::int64_t h, std::int64_t row) noexcept {
+T* grad_row(const core::OutputOperand& op, std::int64_t b, std::int64_t h,
+            std::int64_t row) noexcept {
   return static_cast<T*>(op.data) + op.strides.at(b, h, row, 0);
 }
 
@@ -246,15 +249,16 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
   const std::int64_t rows = s.b * s.h * s.nq;
   const std::int64_t group = s.group();
   const std::int64_t key_tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
-  const std::int64_t tiles_per_chunk = (key_tiles + plan.chunks - 1) / std::max<std::int64_t>(plan.chunks, 1);
+  const std::int64_t tiles_per_chunk =
+      (key_tiles + plan.chunks - 1) / std::max<std::int64_t>(plan.chunks, 1);
   std::atomic<bool> out_of_memory{false};
   try {
     std::vector<T> lse(static_cast<std::size_t>(rows));
     std::vector<T> delta(static_cast<std::size_t>(rows));
     std::vector<double> dsink_bh(static_cast<std::size_t>(s.b * s.h), 0.0);
     // Partials of dQ for chunks 1.. (chunk 0 accumulates in the output), [c-1][b][h][i][d].
-    std::vector<T> partial(static_cast<std::size_t>(std::max<std::int64_t>(plan.chunks - 1, 0) *
-                                                    rows * s.d));
+    std::vector<T> partial(
+        static_cast<std::size_t>(std::max<std::int64_t>(plan.chunks - 1, 0) * rows * s.d));
 
     // Pass 0: the rows' lse and D, the sinks' gradients per (b, h).
     core::parallel_for(s.b * s.h, p.threads, [&](std::int64_t begin, std::int64_t end) {
@@ -267,7 +271,8 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
         double dsink = 0.0;
         for (std::int64_t i = 0; i < s.nq; ++i) {
           const std::size_t row = static_cast<std::size_t>(bh * s.nq + i);
-          const double l = core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
+          const double l =
+              core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
           double dot = 0.0;
           for (std::int64_t c = 0; c < s.dv; ++c) {
             dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
@@ -353,13 +358,15 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                       dsr[j] = pr[j] == T(0) ? T(0) : scale * pr[j] * (dsr[j] - d_i) * f[j];
                     }
                   } else {
-                    for (std::int64_t j = 0; j < t.bcp; ++j) dsr[j] = scale * pr[j] * (dsr[j] - d_i);
+                    for (std::int64_t j = 0; j < t.bcp; ++j)
+                      dsr[j] = scale * pr[j] * (dsr[j] - d_i);
                   }
                 }
                 // dK_j += dSᵀ·Q_i; dQ_i += dS·K_j through the dQ tile.
                 Ops::gemm(bc, t.dp, br, ds, 1, t.bcp, qt, ldq, t.dk.data(), t.dp, true);
                 if (dq_in_place) {
-                  Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, dq_row(h, i0), dq_ld, true);
+                  Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, dq_row(h, i0), dq_ld,
+                            true);
                 } else {
                   Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, t.dq.data(), t.dp, false);
                   for (std::int64_t r = 0; r < br; ++r) {
@@ -391,7 +398,8 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
           const std::int64_t b = row / (s.nq * s.h);
           T* dst = grad_row<T>(bp.dq, b, h, i);
           for (std::int64_t c = 1; c < plan.chunks; ++c) {
-            const T* src = partial.data() + static_cast<std::ptrdiff_t>(((c - 1) * rows + row) * s.d);
+            const T* src =
+                partial.data() + static_cast<std::ptrdiff_t>(((c - 1) * rows + row) * s.d);
             for (std::int64_t col = 0; col < s.d; ++col) dst[col] += src[col];
           }
         }
@@ -399,7 +407,8 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
     }
     if (bp.dsinks != nullptr) {
       for (std::int64_t h = 0; h < s.h; ++h) {
-        for (std::int64_t b = 0; b < s.b; ++b) bp.dsinks[h] += dsink_bh[static_cast<std::size_t>(b * s.h + h)];
+        for (std::int64_t b = 0; b < s.b; ++b)
+          bp.dsinks[h] += dsink_bh[static_cast<std::size_t>(b * s.h + h)];
       }
     }
   } catch (const std::bad_alloc&) {

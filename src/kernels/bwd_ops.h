@@ -68,7 +68,8 @@ struct BlasOps {
 };
 
 // The SIMD exponential (attention_bwd_fused_hwy.cc; the scalar loop in a portable build).
-void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, const float* shift) noexcept;
+void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols,
+                        const float* shift) noexcept;
 void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols,
                         const double* shift) noexcept;
 

@@ -23,14 +23,14 @@
 
 namespace qkv::testing {
 
-#define EXPECT_THROW_MESSAGE(statement, text)                                   \
-  do {                                                                          \
-    try {                                                                       \
-      statement;                                                                \
-      ADD_FAILURE() << "no qkv::Error thrown";                                  \
-    } catch (const qkv::Error& e) {                                             \
+#define EXPECT_THROW_MESSAGE(statement, text)                                     \
+  do {                                                                            \
+    try {                                                                         \
+      statement;                                                                  \
+      ADD_FAILURE() << "no qkv::Error thrown";                                    \
+    } catch (const qkv::Error& e) {                                               \
       EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what(); \
-    }                                                                           \
+    }                                                                             \
   } while (0)
 
 struct GradCase {
@@ -54,12 +54,14 @@ struct GradInputs {
   TensorView qv() const { return q_store.empty() ? q.view() : blocks(q_store, q.shape()); }
   TensorView kv() const { return k_store.empty() ? k.view() : blocks(k_store, k.shape()); }
   TensorView vv() const { return v_store.empty() ? v.view() : blocks(v_store, v.shape()); }
-  TensorView dov() const { return dout_store.empty() ? dout.view() : blocks(dout_store, dout.shape()); }
+  TensorView dov() const {
+    return dout_store.empty() ? dout.view() : blocks(dout_store, dout.shape());
+  }
   // The [B, H, N, W] view of a [B, N, H·W + 3] matrix whose column block h is head h.
   static TensorView blocks(const Tensor& store, const Shape& shape) {
     const std::int64_t width = store.shape()[2];
-    return TensorView{store.data(), store.dtype(), shape,
-                      {shape[2] * width, shape[3], width, 1}, "strided"};
+    return TensorView{
+        store.data(), store.dtype(), shape, {shape[2] * width, shape[3], width, 1}, "strided"};
   }
   AttentionOptions options(const GradCase& c) const {
     AttentionOptions o;
@@ -106,7 +108,8 @@ inline GradInputs make_grad_inputs(const GradCase& c, std::uint64_t seed) {
       for (std::int64_t e = 0; e < t.numel(); ++e) {
         const std::int64_t col = e % s[3], row = e / s[3] % s[2], h = e / (s[3] * s[2]) % s[1],
                            b = e / (s[3] * s[2] * s[1]);
-        const std::int64_t at = b * view.strides[0] + h * view.strides[1] + row * view.strides[2] + col;
+        const std::int64_t at =
+            b * view.strides[0] + h * view.strides[1] + row * view.strides[2] + col;
         if (t.dtype() == DType::kF64) {
           store.data_as<double>()[at] = t.data_as<double>()[e];
         } else {
@@ -133,8 +136,8 @@ inline AttentionGradients backward(const GradCase& c, const GradInputs& in,
   AttentionOptions options = in.options(c);
   options.kernel = kernel;
   options.threads = threads;
-  return attention_backward(in.qv(), in.kv(), in.vv(), fwd.out.view(), fwd.lse.view(),
-                            in.dov(), options);
+  return attention_backward(in.qv(), in.kv(), in.vv(), fwd.out.view(), fwd.lse.view(), in.dov(),
+                            options);
 }
 
 // Small shapes for finite differences: one case per option, and some combined.
@@ -147,19 +150,42 @@ inline std::vector<GradCase> small_cases() {
     cases.push_back(c);
   };
   add("plain", [](GradCase&) {});
-  add("causal_rect", [](GradCase& c) { c.causal = true; c.nq = 4; });
+  add("causal_rect", [](GradCase& c) {
+    c.causal = true;
+    c.nq = 4;
+  });
   add("window", [](GradCase& c) { c.window = Window{2, 1}; });
   add("bool_mask", [](GradCase& c) { c.bool_mask = true; });
   add("float_mask", [](GradCase& c) { c.float_mask = true; });
-  add("gqa_dv", [](GradCase& c) { c.h = 4; c.hkv = 1; c.dv = 3; });
+  add("gqa_dv", [](GradCase& c) {
+    c.h = 4;
+    c.hkv = 1;
+    c.dv = 3;
+  });
   add("scale", [](GradCase& c) { c.scale = 0.9; });
-  add("softcap", [](GradCase& c) { c.softcap = 1.5; c.scale = 1.3; });
-  add("alibi", [](GradCase& c) { c.alibi = true; c.causal = true; });
+  add("softcap", [](GradCase& c) {
+    c.softcap = 1.5;
+    c.scale = 1.3;
+  });
+  add("alibi", [](GradCase& c) {
+    c.alibi = true;
+    c.causal = true;
+  });
   add("sinks", [](GradCase& c) { c.sinks = true; });
-  add("sinks_dead_rows", [](GradCase& c) { c.sinks = true; c.dead_rows = true; });
+  add("sinks_dead_rows", [](GradCase& c) {
+    c.sinks = true;
+    c.dead_rows = true;
+  });
   add("batch_everything", [](GradCase& c) {
-    c.b = 2; c.h = 4; c.hkv = 2; c.dv = 3; c.causal = true; c.softcap = 2.0; c.alibi = true;
-    c.sinks = true; c.float_mask = true;
+    c.b = 2;
+    c.h = 4;
+    c.hkv = 2;
+    c.dv = 3;
+    c.causal = true;
+    c.softcap = 2.0;
+    c.alibi = true;
+    c.sinks = true;
+    c.float_mask = true;
   });
   return cases;
 }
@@ -179,18 +205,41 @@ inline std::vector<GradCase> kernel_cases() {
   };
   add("plain", [](GradCase&) {});
   add("causal", [](GradCase& c) { c.causal = true; });
-  add("causal_square_gqa", [](GradCase& c) { c.causal = true; c.nk = 150; c.h = 4; c.hkv = 1; });
+  add("causal_square_gqa", [](GradCase& c) {
+    c.causal = true;
+    c.nk = 150;
+    c.h = 4;
+    c.hkv = 1;
+  });
   add("window", [](GradCase& c) { c.window = Window{40, 3}; });
   add("bool_mask_dead_rows", [](GradCase& c) { c.dead_rows = true; });
   add("float_mask", [](GradCase& c) { c.float_mask = true; });
   add("softcap_alibi_sinks", [](GradCase& c) {
-    c.softcap = 3.0; c.alibi = true; c.sinks = true; c.scale = 0.4;
+    c.softcap = 3.0;
+    c.alibi = true;
+    c.sinks = true;
+    c.scale = 0.4;
   });
-  add("batch_mqa_d64", [](GradCase& c) { c.b = 2; c.h = 3; c.hkv = 1; c.d = 64; c.dv = 64; });
+  add("batch_mqa_d64", [](GradCase& c) {
+    c.b = 2;
+    c.h = 3;
+    c.hkv = 1;
+    c.d = 64;
+    c.dv = 64;
+  });
   add("strided_gqa_d64", [](GradCase& c) {
-    c.strided = true; c.b = 2; c.h = 4; c.hkv = 2; c.d = 64; c.dv = 48; c.causal = true;
+    c.strided = true;
+    c.b = 2;
+    c.h = 4;
+    c.hkv = 2;
+    c.d = 64;
+    c.dv = 48;
+    c.causal = true;
   });
-  add("strided_d24", [](GradCase& c) { c.strided = true; c.softcap = 5.0; });
+  add("strided_d24", [](GradCase& c) {
+    c.strided = true;
+    c.softcap = 5.0;
+  });
   return cases;
 }
 
@@ -208,8 +257,9 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
   const core::AttentionShape& s = p.shape;
   NaiveGradients g{Tensor(DType::kF64, in.q.shape()), Tensor(DType::kF64, in.k.shape()),
                    Tensor(DType::kF64, in.v.shape()), Tensor(DType::kF64, {s.h})};
-  std::vector<float> dq(static_cast<std::size_t>(g.dq.numel())), dk(static_cast<std::size_t>(g.dk.numel())),
-      dv(static_cast<std::size_t>(g.dv.numel())), dsinks(static_cast<std::size_t>(s.h));
+  std::vector<float> dq(static_cast<std::size_t>(g.dq.numel())),
+      dk(static_cast<std::size_t>(g.dk.numel())), dv(static_cast<std::size_t>(g.dv.numel())),
+      dsinks(static_cast<std::size_t>(s.h));
   const float inf = std::numeric_limits<float>::infinity();
   const auto ld = [](const core::InputOperand& op, std::int64_t at) {
     return static_cast<float>(core::load_real(op.data, op.dtype, at));
@@ -222,8 +272,12 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
   for (std::int64_t b = 0; b < s.b; ++b) {
     for (std::int64_t h = 0; h < s.h; ++h) {
       const std::int64_t hk = h / s.group();
-      const double slope = p.modifiers.alibi_slopes.empty() ? 0.0 : p.modifiers.alibi_slopes[static_cast<std::size_t>(h)];
-      const float sink = p.modifiers.sinks.empty() ? -inf : static_cast<float>(p.modifiers.sinks[static_cast<std::size_t>(h)]);
+      const double slope = p.modifiers.alibi_slopes.empty()
+                               ? 0.0
+                               : p.modifiers.alibi_slopes[static_cast<std::size_t>(h)];
+      const float sink = p.modifiers.sinks.empty()
+                             ? -inf
+                             : static_cast<float>(p.modifiers.sinks[static_cast<std::size_t>(h)]);
       for (std::int64_t i = 0; i < s.nq; ++i) {
         const std::int64_t diag = i + s.diagonal_offset();
         float m = sink;
@@ -258,7 +312,8 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
         float d_i = 0.0f;
         for (std::int64_t col = 0; col < s.dv; ++col) {
           float o = 0.0f;
-          for (std::int64_t j = 0; j < s.nk; ++j) o += w[static_cast<std::size_t>(j)] * ld(p.v, p.v.strides.at(b, hk, j, col));
+          for (std::int64_t j = 0; j < s.nk; ++j)
+            o += w[static_cast<std::size_t>(j)] * ld(p.v, p.v.strides.at(b, hk, j, col));
           d_i += dout(b, h, i, col) * o;
         }
         dsinks[static_cast<std::size_t>(h)] -= p_sink * d_i;
@@ -266,7 +321,8 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
           const auto js = static_cast<std::size_t>(j);
           if (w[js] == 0.0f) continue;
           float dp = 0.0f;
-          for (std::int64_t col = 0; col < s.dv; ++col) dp += dout(b, h, i, col) * ld(p.v, p.v.strides.at(b, hk, j, col));
+          for (std::int64_t col = 0; col < s.dv; ++col)
+            dp += dout(b, h, i, col) * ld(p.v, p.v.strides.at(b, hk, j, col));
           float ds = w[js] * (dp - d_i);
           if (p.modifiers.softcap > 0) {
             const float t = std::tanh(pre[js] / static_cast<float>(p.modifiers.softcap));
@@ -274,11 +330,14 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
           }
           ds *= static_cast<float>(p.scale);
           for (std::int64_t col = 0; col < s.d; ++col) {
-            dq[static_cast<std::size_t>(((b * s.h + h) * s.nq + i) * s.d + col)] += ds * ld(p.k, p.k.strides.at(b, hk, j, col));
-            dk[static_cast<std::size_t>(((b * s.hkv + hk) * s.nk + j) * s.d + col)] += ds * ld(p.q, p.q.strides.at(b, h, i, col));
+            dq[static_cast<std::size_t>(((b * s.h + h) * s.nq + i) * s.d + col)] +=
+                ds * ld(p.k, p.k.strides.at(b, hk, j, col));
+            dk[static_cast<std::size_t>(((b * s.hkv + hk) * s.nk + j) * s.d + col)] +=
+                ds * ld(p.q, p.q.strides.at(b, h, i, col));
           }
           for (std::int64_t col = 0; col < s.dv; ++col) {
-            dv[static_cast<std::size_t>(((b * s.hkv + hk) * s.nk + j) * s.dv + col)] += w[js] * dout(b, h, i, col);
+            dv[static_cast<std::size_t>(((b * s.hkv + hk) * s.nk + j) * s.dv + col)] +=
+                w[js] * dout(b, h, i, col);
           }
         }
       }
@@ -320,9 +379,8 @@ inline void expect_packed_batch_matches_sequences() {
     o.return_lse = true;
     const AttentionResult fwd = attention(q.view(), k.view(), v.view(), o);
     o.kernel = kernel;
-    const AttentionGradients packed =
-        attention_backward(q.view(), k.view(), v.view(), fwd.out.view(), fwd.lse.view(),
-                           dout.view(), o);
+    const AttentionGradients packed = attention_backward(
+        q.view(), k.view(), v.view(), fwd.out.view(), fwd.lse.view(), dout.view(), o);
     std::vector<double> dsinks(static_cast<std::size_t>(h), 0.0);
     for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
       const auto rows = [](const Tensor& t, std::int64_t r0, std::int64_t r1) {
@@ -347,7 +405,8 @@ inline void expect_packed_batch_matches_sequences() {
       EXPECT_LE(max_abs_diff(g.dq.view(), rows(packed.dq, cq[s], cq[s + 1])), 1e-6);
       EXPECT_LE(max_abs_diff(g.dk.view(), rows(packed.dk, ck[s], ck[s + 1])), 1e-6);
       EXPECT_LE(max_abs_diff(g.dv.view(), rows(packed.dv, ck[s], ck[s + 1])), 1e-6);
-      for (std::int64_t x = 0; x < h; ++x) dsinks[static_cast<std::size_t>(x)] += element(g.dsinks.view(), x);
+      for (std::int64_t x = 0; x < h; ++x)
+        dsinks[static_cast<std::size_t>(x)] += element(g.dsinks.view(), x);
     }
     for (std::int64_t x = 0; x < h; ++x) {
       EXPECT_NEAR(element(packed.dsinks.view(), x), dsinks[static_cast<std::size_t>(x)], 1e-5);

@@ -165,7 +165,8 @@ TEST(Backward, RowsWithNoAllowedKeyGiveZeroGradientsNeverNaN) {
         }
       }
       for (const Tensor* t : {&g.dk, &g.dv}) {
-        for (std::int64_t e = 0; e < t->numel(); ++e) ASSERT_TRUE(std::isfinite(t->data_as<float>()[e]));
+        for (std::int64_t e = 0; e < t->numel(); ++e)
+          ASSERT_TRUE(std::isfinite(t->data_as<float>()[e]));
       }
     }
   }
@@ -193,9 +194,7 @@ TEST(Backward, EveryDimensionMayBeZero) {
   }
 }
 
-TEST(Backward, PackedBatchEqualsEachSequenceAlone) {
-  expect_packed_batch_matches_sequences();
-}
+TEST(Backward, PackedBatchEqualsEachSequenceAlone) { expect_packed_batch_matches_sequences(); }
 
 TEST(Backward, RefusesWhatItCannotDifferentiate) {
   GradCase c;

@@ -69,8 +69,8 @@ void expect_deterministic(const BackwardCall& c) {
     options.kernel = kernel;
     options.threads = 1;
     const auto run = [&] {
-      return attention_backward(c.q.view(), c.k.view(), c.v.view(), fwd.out.view(),
-                                fwd.lse.view(), c.dout.view(), options);
+      return attention_backward(c.q.view(), c.k.view(), c.v.view(), fwd.out.view(), fwd.lse.view(),
+                                c.dout.view(), options);
     };
     const AttentionGradients one = run();
     for (int threads : {2, 3, 8}) {
