@@ -39,27 +39,49 @@ namespace qkv::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 template <class T>
-void ExpBelowRows(T* x, std::int64_t rows, std::int64_t cols, const T* shift) {
+void ExpBelowRows(T* x, std::int64_t rows, std::int64_t cols, T scale, const T* shift) {
   const hn::ScalableTag<T> d;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const auto zero = hn::Zero(d);
+  const auto vscale = hn::Set(d, scale);
   for (std::int64_t r = 0; r < rows; ++r) {
     T* row = x + r * cols;
     const auto vs = hn::Set(d, shift[r]);
     std::int64_t c = 0;
     for (; c + lanes <= cols; c += lanes) {
-      const auto arg = hn::Min(hn::Sub(hn::LoadU(d, row + c), vs), zero);
+      const auto arg = hn::Min(hn::MulSub(vscale, hn::LoadU(d, row + c), vs), zero);
       hn::StoreU(ExpNonPositive(d, arg), d, row + c);
     }
-    for (; c < cols; ++c) row[c] = std::exp(std::min(row[c] - shift[r], T(0)));
+    for (; c < cols; ++c) row[c] = std::exp(std::min(scale * row[c] - shift[r], T(0)));
   }
 }
 
-void ExpBelowRowsF32(float* x, std::int64_t rows, std::int64_t cols, const float* shift) {
-  ExpBelowRows(x, rows, cols, shift);
+void ExpBelowRowsF32(float* x, std::int64_t rows, std::int64_t cols, float scale,
+                     const float* shift) {
+  ExpBelowRows(x, rows, cols, scale, shift);
 }
-void ExpBelowRowsF64(double* x, std::int64_t rows, std::int64_t cols, const double* shift) {
-  ExpBelowRows(x, rows, cols, shift);
+void ExpBelowRowsF64(double* x, std::int64_t rows, std::int64_t cols, double scale,
+                     const double* shift) {
+  ExpBelowRows(x, rows, cols, scale, shift);
+}
+
+// dS = scale·P∘(dP - D_r) (∘ factor), in place over dP; cols is a whole number of vectors.
+template <class T>
+void DsRows(T* ds, const T* p, const T* factor, std::int64_t rows, std::int64_t cols, T scale,
+            const T* delta) {
+  const hn::ScalableTag<T> d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto vscale = hn::Set(d, scale);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* dsr = ds + r * cols;
+    const T* pr = p + r * cols;
+    const auto vd = hn::Set(d, delta[r]);
+    for (std::int64_t c = 0; c < cols; c += lanes) {
+      auto v = hn::Mul(hn::Mul(vscale, hn::LoadU(d, pr + c)), hn::Sub(hn::LoadU(d, dsr + c), vd));
+      if (factor != nullptr) v = hn::Mul(v, hn::LoadU(d, factor + r * cols + c));
+      hn::StoreU(v, d, dsr + c);
+    }
+  }
 }
 
 template <class T>
@@ -140,8 +162,13 @@ struct HwyOps {
     tail<kVectors - 1>((n - col) / kLanes, m, k, a, rs, cs, b + col, ldb, c + col, ldc, accumulate);
   }
 
-  static void exp_below(T* x, std::int64_t rows_, std::int64_t cols, const T* shift) noexcept {
-    ExpBelowRows(x, rows_, cols, shift);
+  static void exp_below(T* x, std::int64_t rows_, std::int64_t cols, T scale,
+                        const T* shift) noexcept {
+    ExpBelowRows(x, rows_, cols, scale, shift);
+  }
+  static void ds_rows(T* ds, const T* p, const T* factor, std::int64_t rows_, std::int64_t cols,
+                      T scale, const T* delta) noexcept {
+    DsRows(ds, p, factor, rows_, cols, scale, delta);
   }
 };
 
@@ -164,13 +191,13 @@ HWY_EXPORT(RunBackwardF32);
 HWY_EXPORT(RunBackwardF64);
 
 namespace bwd {
-void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols,
+void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, float scale,
                         const float* shift) noexcept {
-  HWY_DYNAMIC_DISPATCH(ExpBelowRowsF32)(x, rows, cols, shift);
+  HWY_DYNAMIC_DISPATCH(ExpBelowRowsF32)(x, rows, cols, scale, shift);
 }
-void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols,
+void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols, double scale,
                         const double* shift) noexcept {
-  HWY_DYNAMIC_DISPATCH(ExpBelowRowsF64)(x, rows, cols, shift);
+  HWY_DYNAMIC_DISPATCH(ExpBelowRowsF64)(x, rows, cols, scale, shift);
 }
 }  // namespace bwd
 

@@ -25,13 +25,13 @@ std::span<const BackwardKernel> backward_kernels() {
 
 #if !QKV_HAVE_HWY
 namespace bwd {
-void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols,
+void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, float scale,
                         const float* shift) noexcept {
-  exp_below_scalar(x, rows, cols, shift);
+  exp_below_scalar(x, rows, cols, scale, shift);
 }
-void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols,
+void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols, double scale,
                         const double* shift) noexcept {
-  exp_below_scalar(x, rows, cols, shift);
+  exp_below_scalar(x, rows, cols, scale, shift);
 }
 }  // namespace bwd
 #endif

@@ -226,6 +226,21 @@ void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
   }
 }
 
+// P = 0 where causal/window forbid key j0 + c for query row i0 + r, and in the padding
+// columns [cols, ld).
+template <class T>
+void zero_forbidden(const core::AttentionParams& p, std::int64_t i0, std::int64_t rows,
+                    std::int64_t j0, std::int64_t cols, std::int64_t ld, T* x) noexcept {
+  const std::int64_t offset = p.shape.diagonal_offset();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const core::KeyRange range = core::allowed_key_range(p.masking, p.shape.nk, i0 + r + offset);
+    const std::int64_t lo = std::clamp<std::int64_t>(range.first - j0, 0, cols);
+    const std::int64_t hi = std::clamp<std::int64_t>(range.last - j0, lo, cols);
+    std::fill(x + r * ld, x + r * ld + lo, T(0));
+    std::fill(x + r * ld + hi, x + (r + 1) * ld, T(0));
+  }
+}
+
 // Whether causal/window forbid every pair of query rows [i0, i1) and keys [j0, j1): the
 // allowed keys of a row form a range whose ends never decrease with the row.
 inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::int64_t i1,
@@ -241,7 +256,8 @@ inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::in
 //   gemm(m, n, k, A, rs, cs, B, ldb, C, ldc, accumulate)
 //       C (+)= A·B: A(r, x) = A[r·rs + x·cs] (m x k), B row-major (k x n), C row-major (m x n);
 //       n is a whole number of 64-byte vectors
-//   exp_below(x, rows, ld, shift)                  x_rc = exp(min(x_rc - shift_r, 0))
+//   exp_below(x, rows, ld, scale, shift)           x_rc = exp(min(scale·x_rc - shift_r, 0))
+//   ds_rows(ds, p, factor, rows, ld, scale, D)     dS = scale·P∘(dP - D_r)(∘ factor)
 template <class Ops, class T>
 core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& plan) noexcept {
   const core::AttentionParams& p = bp.forward;
@@ -251,6 +267,9 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
   const std::int64_t key_tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
   const std::int64_t tiles_per_chunk =
       (key_tiles + plan.chunks - 1) / std::max<std::int64_t>(plan.chunks, 1);
+  // Scores that are scale·q·k alone (no softcap, ALiBi or mask): scaled inside the exponential.
+  const bool plain_scores =
+      p.modifiers.softcap <= 0.0 && p.modifiers.alibi_slopes.empty() && p.masking.mask == nullptr;
   std::atomic<bool> out_of_memory{false};
   try {
     std::vector<T> lse(static_cast<std::size_t>(rows));
@@ -340,28 +359,24 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                 T* const pt = t.p.data();
                 T* const ds = t.ds.data();
                 Ops::gemm(br, t.bcp, s.d, qt, ldq, 1, t.kt.data(), t.bcp, pt, t.bcp, false);
-                tile_scores(p, b, h, i0, br, j0, bc, t.bcp, pt, t.factor.data());
                 const std::size_t row0 = static_cast<std::size_t>((b * s.h + h) * s.nq + i0);
-                Ops::exp_below(pt, br, t.bcp, lse.data() + row0);
+                const auto scale = static_cast<T>(p.scale);
+                if (plain_scores) {
+                  // P = exp(min(scale·S - lse, 0)), then 0 where causal/window forbid a key
+                  // and in the padding columns.
+                  Ops::exp_below(pt, br, t.bcp, scale, lse.data() + row0);
+                  zero_forbidden(p, i0, br, j0, bc, t.bcp, pt);
+                } else {
+                  tile_scores(p, b, h, i0, br, j0, bc, t.bcp, pt, t.factor.data());
+                  Ops::exp_below(pt, br, t.bcp, T(1), lse.data() + row0);
+                }
                 // dV_j += Pᵀ·dO_i: A(key, query) = P[query][key].
                 Ops::gemm(bc, t.dvp, br, pt, 1, t.bcp, dot, lddo, t.dv.data(), t.dvp, true);
                 Ops::gemm(br, t.bcp, s.dv, dot, lddo, 1, t.vt.data(), t.bcp, ds, t.bcp, false);
-                const auto scale = static_cast<T>(p.scale);
-                const bool capped = p.modifiers.softcap > 0.0;
-                for (std::int64_t r = 0; r < br; ++r) {
-                  const T d_i = delta[row0 + static_cast<std::size_t>(r)];
-                  T* dsr = ds + r * t.bcp;
-                  const T* pr = pt + r * t.bcp;
-                  if (capped) {
-                    const T* f = t.factor.data() + r * t.bcp;
-                    for (std::int64_t j = 0; j < t.bcp; ++j) {
-                      dsr[j] = pr[j] == T(0) ? T(0) : scale * pr[j] * (dsr[j] - d_i) * f[j];
-                    }
-                  } else {
-                    for (std::int64_t j = 0; j < t.bcp; ++j)
-                      dsr[j] = scale * pr[j] * (dsr[j] - d_i);
-                  }
-                }
+                // The softcap's factor is finite everywhere (1 - tanh², or the zeros it was
+                // allocated with), so P = 0 gives dS = 0 without a test.
+                Ops::ds_rows(ds, pt, p.modifiers.softcap > 0.0 ? t.factor.data() : nullptr, br,
+                             t.bcp, scale, delta.data() + row0);
                 // dK_j += dSᵀ·Q_i; dQ_i += dS·K_j through the dQ tile.
                 Ops::gemm(bc, t.dp, br, ds, 1, t.bcp, qt, ldq, t.dk.data(), t.dp, true);
                 if (dq_in_place) {

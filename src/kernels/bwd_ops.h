@@ -13,12 +13,31 @@
 
 namespace qkv::kernels::bwd {
 
-// x_rc = exp(min(x_rc - shift_r, 0)) over a rows x cols tile, in the portable way.
+// x_rc = exp(min(scale·x_rc - shift_r, 0)) over a rows x cols tile, in the portable way.
 template <class T>
-void exp_below_scalar(T* x, std::int64_t rows, std::int64_t cols, const T* shift) noexcept {
+void exp_below_scalar(T* x, std::int64_t rows, std::int64_t cols, T scale,
+                      const T* shift) noexcept {
   for (std::int64_t r = 0; r < rows; ++r) {
     T* row = x + r * cols;
-    for (std::int64_t c = 0; c < cols; ++c) row[c] = std::exp(std::min(row[c] - shift[r], T(0)));
+    for (std::int64_t c = 0; c < cols; ++c) {
+      row[c] = std::exp(std::min(scale * row[c] - shift[r], T(0)));
+    }
+  }
+}
+
+// dS = scale·P∘(dP - D_r) (∘ factor, the softcap's 1 - tanh², when given), in place over dP.
+template <class T>
+void ds_rows_scalar(T* ds, const T* p, const T* factor, std::int64_t rows, std::int64_t cols,
+                    T scale, const T* delta) noexcept {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* dsr = ds + r * cols;
+    const T* pr = p + r * cols;
+    if (factor != nullptr) {
+      const T* f = factor + r * cols;
+      for (std::int64_t c = 0; c < cols; ++c) dsr[c] = scale * pr[c] * (dsr[c] - delta[r]) * f[c];
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) dsr[c] = scale * pr[c] * (dsr[c] - delta[r]);
+    }
   }
 }
 
@@ -38,13 +57,18 @@ struct ScalarOps {
       }
     }
   }
-  static void exp_below(T* x, std::int64_t rows, std::int64_t cols, const T* shift) noexcept {
-    exp_below_scalar(x, rows, cols, shift);
+  static void exp_below(T* x, std::int64_t rows, std::int64_t cols, T scale,
+                        const T* shift) noexcept {
+    exp_below_scalar(x, rows, cols, scale, shift);
+  }
+  static void ds_rows(T* ds, const T* p, const T* factor, std::int64_t rows, std::int64_t cols,
+                      T scale, const T* delta) noexcept {
+    ds_rows_scalar(ds, p, factor, rows, cols, scale, delta);
   }
 };
 
 // The products through CBLAS: a strided A is a plain one (cs = 1) or a transposed one (rs = 1).
-template <class T, void (*Exp)(T*, std::int64_t, std::int64_t, const T*) noexcept>
+template <class T, void (*Exp)(T*, std::int64_t, std::int64_t, T, const T*) noexcept>
 struct BlasOps {
   static void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t rs,
                    std::int64_t cs, const T* b, std::int64_t ldb, T* c, std::int64_t ldc,
@@ -62,15 +86,20 @@ struct BlasOps {
                   beta, c, i(ldc));
     }
   }
-  static void exp_below(T* x, std::int64_t rows, std::int64_t cols, const T* shift) noexcept {
-    Exp(x, rows, cols, shift);
+  static void exp_below(T* x, std::int64_t rows, std::int64_t cols, T scale,
+                        const T* shift) noexcept {
+    Exp(x, rows, cols, scale, shift);
+  }
+  static void ds_rows(T* ds, const T* p, const T* factor, std::int64_t rows, std::int64_t cols,
+                      T scale, const T* delta) noexcept {
+    ds_rows_scalar(ds, p, factor, rows, cols, scale, delta);
   }
 };
 
 // The SIMD exponential (attention_bwd_fused_hwy.cc; the scalar loop in a portable build).
-void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols,
+void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, float scale,
                         const float* shift) noexcept;
-void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols,
+void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols, double scale,
                         const double* shift) noexcept;
 
 template <class T>
