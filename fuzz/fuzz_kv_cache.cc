@@ -52,21 +52,32 @@ constexpr double kFloatMax = std::numeric_limits<float>::max();
 constexpr double kBf16Overflow = 0x1p128 - 0x1p119;  // halfway past bf16's largest, to even: inf
 constexpr double kF16Overflow = 65520.0;
 
-const double kEdges[] = {
-    0.0,          1.0,          kFloatMax,
-    kBf16Overflow, std::nextafter(kBf16Overflow, 0.0), 3.4e38,
-    kF16Overflow, 65504.0,      65519.99,
-    1e39,         INFINITY,     NAN,
-    0x1p-149,     0x1p-133,     3.3895313892515355e38,
-    std::nextafter(kFloatMax, INFINITY)};
+const double kEdges[] = {0.0,
+                         1.0,
+                         kFloatMax,
+                         kBf16Overflow,
+                         std::nextafter(kBf16Overflow, 0.0),
+                         3.4e38,
+                         kF16Overflow,
+                         65504.0,
+                         65519.99,
+                         1e39,
+                         INFINITY,
+                         NAN,
+                         0x1p-149,
+                         0x1p-133,
+                         3.3895313892515355e38,
+                         std::nextafter(kFloatMax, INFINITY)};
 
 // Whether the storage holds `x` (as the input dtype gives it) finitely.
 bool storable(qkv::CacheStorage storage, double x) {
   if (!std::isfinite(x)) return false;
   const double magnitude = std::fabs(x);
   switch (storage) {
-    case qkv::CacheStorage::kBF16: return magnitude < kBf16Overflow;
-    case qkv::CacheStorage::kF16: return magnitude < kF16Overflow;
+    case qkv::CacheStorage::kBF16:
+      return magnitude < kBf16Overflow;
+    case qkv::CacheStorage::kF16:
+      return magnitude < kF16Overflow;
     case qkv::CacheStorage::kF32:
     case qkv::CacheStorage::kInt8:
       // Rounding to float32 overflows from FLT_MAX + half its last step.
@@ -75,8 +86,8 @@ bool storable(qkv::CacheStorage storage, double x) {
   return false;
 }
 
-qkv::Tensor rows(qkv::DType dtype, std::int64_t hkv, std::int64_t n, std::int64_t width,
-                 Rng& rng, double range, const char* name) {
+qkv::Tensor rows(qkv::DType dtype, std::int64_t hkv, std::int64_t n, std::int64_t width, Rng& rng,
+                 double range, const char* name) {
   qkv::Tensor t(dtype, {hkv, n, width}, name);
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     const double x = rng.uniform() * range;

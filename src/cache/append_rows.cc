@@ -31,10 +31,13 @@ constexpr double kFloatMax = std::numeric_limits<float>::max();
 
 const char* storage_range_name(CacheStorage storage) {
   switch (storage) {
-    case CacheStorage::kBF16: return "bfloat16";
-    case CacheStorage::kF16: return "float16";
+    case CacheStorage::kBF16:
+      return "bfloat16";
+    case CacheStorage::kF16:
+      return "float16";
     case CacheStorage::kF32:
-    case CacheStorage::kInt8: return "float32";  // int8 holds q · a float32 scale
+    case CacheStorage::kInt8:
+      return "float32";  // int8 holds q · a float32 scale
   }
   return "float32";
 }
@@ -102,8 +105,8 @@ Operand check_operand(const TensorView& view, const char* role, const char* widt
       throw Error(op.name, std::string(std::isnan(value) ? "NaN" : "an infinity") + " at " +
                                index_string(index) + " (cached values must be finite)");
     }
-    throw Error(op.name, "value " + number(value) + " at " + index_string(index) +
-                             " is outside " + range + "'s range");
+    throw Error(op.name, "value " + number(value) + " at " + index_string(index) + " is outside " +
+                             range + "'s range");
   };
   for (std::int64_t hk = 0; hk < hkv; ++hk) {
     for (std::int64_t i = 0; i < op.n; ++i) {

@@ -173,8 +173,8 @@ void refuse_ambiguous_arrays(const std::vector<std::string>& names, const std::s
     const std::string& other = names[it->second];
     if (other == names[i]) {
       throw Error(subject, "holds two members named " + quote(other) +
-                               "; np.load would read the second as the array " +
-                               quote(it->first) + ": refused as ambiguous");
+                               "; np.load would read the second as the array " + quote(it->first) +
+                               ": refused as ambiguous");
     }
     throw Error(subject, "holds the members " + quote(other) + " and " + quote(names[i]) +
                              ", both the array " + quote(it->first) +
@@ -259,8 +259,9 @@ class Archive {
                                   : std::string();
       std::replace(as_libzip.begin(), as_libzip.end(), '\0', ' ');
       if (name == nullptr || as_libzip != name) {
-        throw Error(subject_, "its central directory cannot be read again for the member names "
-                              "(not an archive np.savez writes)");
+        throw Error(subject_,
+                    "its central directory cannot be read again for the member names "
+                    "(not an archive np.savez writes)");
       }
       const std::string& bytes = raw[static_cast<std::size_t>(i)];
       const std::size_t nul = bytes.find('\0');

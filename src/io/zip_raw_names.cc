@@ -43,7 +43,8 @@ std::vector<std::string> zip_raw_names(const InputFile& file, std::uint64_t entr
   std::uint64_t end = UINT64_MAX;
   for (std::uint64_t at = tail_size - kEndSize + 1; at-- > 0;) {
     const unsigned char* p = tail.data() + at;
-    if (little_endian(p, 4) == kEndSignature && at + kEndSize + little_endian(p + 20, 2) <= tail_size) {
+    if (little_endian(p, 4) == kEndSignature &&
+        at + kEndSize + little_endian(p + 20, 2) <= tail_size) {
       end = at;
       break;
     }
@@ -77,11 +78,13 @@ std::vector<std::string> zip_raw_names(const InputFile& file, std::uint64_t entr
     }
     const std::uint64_t name_size = little_endian(header + 28, 2);
     std::string name(static_cast<std::size_t>(name_size), '\0');
-    if (!read(file, at + kFileHeaderSize, name_size, reinterpret_cast<unsigned char*>(name.data()))) {
+    if (!read(file, at + kFileHeaderSize, name_size,
+              reinterpret_cast<unsigned char*>(name.data()))) {
       return {};
     }
     names.push_back(std::move(name));
-    at += kFileHeaderSize + name_size + little_endian(header + 30, 2) + little_endian(header + 32, 2);
+    at +=
+        kFileHeaderSize + name_size + little_endian(header + 30, 2) + little_endian(header + 32, 2);
   }
   return names;
 }

@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <bit>
-#include <charconv>
 #include <cfloat>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <string>

@@ -27,8 +27,7 @@ TimedRun run_qkv(const std::vector<std::string>& args) {
   const testing::ScratchDir dir;
   const auto start = std::chrono::steady_clock::now();
   TimedRun timed{testing::run_program(QKV_CLI_PATH, dir.path(), args, 20), 0.0};
-  timed.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  timed.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return timed;
 }
 
@@ -62,15 +61,14 @@ TEST(DecodeSizesCli, DecodeBeyondTheBudgetIsRefusedBeforeAllocating) {
                          "--prompt");
   // A window bounds the cache: a long run in a small window is within a small budget.
   const TimedRun windowed =
-      run_qkv({"decode", "--prompt", "10", "--tokens", "50", "--window", "16", "--page-rows",
-               "8", "--heads", "2", "--d", "8", "--threads", "1", "--max-memory", "4M"});
+      run_qkv({"decode", "--prompt", "10", "--tokens", "50", "--window", "16", "--page-rows", "8",
+               "--heads", "2", "--d", "8", "--threads", "1", "--max-memory", "4M"});
   EXPECT_EQ(windowed.run.status, 0) << windowed.run.err;
 }
 
 TEST(DecodeSizesCli, BenchDecodeBeyondTheBudgetIsRefusedBeforeAllocating) {
-  const std::vector<std::string> bench = {"bench",   "--decode", "--heads", "2",
-                                          "--d",     "16",       "--threads", "1",
-                                          "--bandwidth-gbs", "5"};
+  const std::vector<std::string> bench = {
+      "bench", "--decode", "--heads", "2", "--d", "16", "--threads", "1", "--bandwidth-gbs", "5"};
   const auto with = [&](const std::vector<std::string>& extra) {
     std::vector<std::string> args = bench;
     args.insert(args.end(), extra.begin(), extra.end());
@@ -86,12 +84,10 @@ TEST(DecodeSizesCli, BenchDecodeBeyondTheBudgetIsRefusedBeforeAllocating) {
   expect_refused_at_once(with({"--lengths", "100000,1125899906842624"}),
                          "--max-memory: qkv bench --decode needs ");
   // The baselines' gathered copies count: 300000 rows fit 64M as int8 pages, not as float32.
-  expect_refused_at_once(
-      with({"--nk", "300000", "--dtype", "int8", "--max-memory", "64M"}),
-      "other buffers ");
-  const TimedRun fits =
-      run_qkv(with({"--nk", "300000", "--dtype", "int8", "--no-baseline", "--repeats", "1",
-                    "--max-memory", "64M"}));
+  expect_refused_at_once(with({"--nk", "300000", "--dtype", "int8", "--max-memory", "64M"}),
+                         "other buffers ");
+  const TimedRun fits = run_qkv(with({"--nk", "300000", "--dtype", "int8", "--no-baseline",
+                                      "--repeats", "1", "--max-memory", "64M"}));
   EXPECT_EQ(fits.run.status, 0) << fits.run.err;
 }
 

@@ -141,11 +141,13 @@ const std::map<std::string, Expected>& expected_refusals() {
       {"name_control_characters", {false, "has no array named 'q'; the archive holds 1 array: 'q"}},
       {"duplicate_names", {false, "holds the member name 'q.npy' more than once"}},
       {"name_nul_shadows_member",
-       {false, "the member name 'q.npy\\x00zz' holds a NUL byte (np.load would read it as "
-               "'q.npy'): refused as ambiguous"}},
+       {false,
+        "the member name 'q.npy\\x00zz' holds a NUL byte (np.load would read it as "
+        "'q.npy'): refused as ambiguous"}},
       {"name_npy_beside_bare_name",
-       {false, "holds the members 'q' and 'q.npy', both the array 'q' to np.load (which drops "
-               ".npy): refused as ambiguous"}},
+       {false,
+        "holds the members 'q' and 'q.npy', both the array 'q' to np.load (which drops "
+        ".npy): refused as ambiguous"}},
       {"overlapping_local_headers",
        {false, "local header disagrees with its central directory entry"}},
       {"entry_overlaps_central_directory",

@@ -100,9 +100,9 @@ RunMemory bench_memory(const BenchCommand& c, const KVCache& cache,
                                  core::saturating_mul(float32_bytes({c.batch, c.heads, c.d}), 2));
   m.other = core::saturating_add(m.other, float32_bytes({c.batch, c.heads, c.dv}));
   if (!c.no_baseline && one_length) {
-    for (const std::uint64_t bytes : {float32_bytes({c.batch, c.kv_heads, rows, c.d + c.dv}),
-                                      float32_bytes({c.kv_heads, rows, c.d + c.dv}),
-                                      float32_bytes({c.batch, c.heads, c.dv})}) {
+    for (const std::uint64_t bytes :
+         {float32_bytes({c.batch, c.kv_heads, rows, c.d + c.dv}),
+          float32_bytes({c.kv_heads, rows, c.d + c.dv}), float32_bytes({c.batch, c.heads, c.dv})}) {
       m.other = core::saturating_add(m.other, bytes);
     }
   }

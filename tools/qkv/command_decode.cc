@@ -102,8 +102,8 @@ std::int64_t peak_rows(const DecodeCommand& c) {
 RunMemory decode_memory(const DecodeCommand& c, const KVCache& cache) {
   const std::int64_t rows = peak_rows(c);
   RunMemory m;
-  m.cache = core::saturating_mul(sequence_cache_bytes(cache, rows),
-                                 static_cast<std::uint64_t>(c.batch));
+  m.cache =
+      core::saturating_mul(sequence_cache_bytes(cache, rows), static_cast<std::uint64_t>(c.batch));
   m.other = append_staging_bytes(cache.options());
   for (const std::uint64_t bytes :
        {float32_bytes({c.batch, c.heads, c.d}), float32_bytes({c.batch, c.kv_heads, c.d + c.dv}),

@@ -72,8 +72,8 @@ std::uint64_t RunMemory::total() const noexcept { return core::saturating_add(ca
 
 std::uint64_t sequence_cache_bytes(const KVCache& cache, std::int64_t rows) {
   const auto page_rows = static_cast<std::uint64_t>(cache.options().page_rows);
-  const std::uint64_t pages = (static_cast<std::uint64_t>(std::max<std::int64_t>(rows, 0)) +
-                               page_rows - 1) / page_rows;
+  const std::uint64_t pages =
+      (static_cast<std::uint64_t>(std::max<std::int64_t>(rows, 0)) + page_rows - 1) / page_rows;
   return core::saturating_mul(pages, static_cast<std::uint64_t>(cache.page_bytes()));
 }
 
@@ -106,9 +106,10 @@ std::uint64_t budget_left(const RunMemory& memory, std::uint64_t budget) {
 CLI::Option* add_max_memory_option(CLI::App& command, std::string& max_memory,
                                    const std::string& prefix) {
   return command.add_option("--max-memory", max_memory,
-                     prefix + "memory budget: refuse, before allocating, a run whose cache and "
-                              "buffers need more (e.g. 8G, 512MiB, 25%; 0: no limit; default 75% "
-                              "of physical memory)");
+                            prefix +
+                                "memory budget: refuse, before allocating, a run whose cache and "
+                                "buffers need more (e.g. 8G, 512MiB, 25%; 0: no limit; default 75% "
+                                "of physical memory)");
 }
 
 std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag) {
