@@ -93,9 +93,18 @@ def main():
                                ("h.npy", npy("<f2", "(2,)", struct.pack("<2H", 0x3C00, 0x7BFF)))):
                 z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data, compress_type=stored)
         write("npz", "zipfile_" + ("stored" if stored == zipfile.ZIP_STORED else "deflated"), buffer.getvalue())
+    # A name with a real space: libzip shows a NUL as a space, so the reader reads such names'
+    # raw bytes from the central directory (issue 22) and must still accept this one.
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in ("my q.npy", "q.npy"):
+            z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), npy("<f4", "(2, 3)", f32(6)),
+                       compress_type=zipfile.ZIP_DEFLATED)
+    write("npz", "zipfile_name_with_space", buffer.getvalue())
     for name in ("bomb_claims_4gib", "bomb_inflates_past_declared_size", "bad_crc_deflated", "duplicate_names",
                  "overlapping_local_headers", "entry_overlaps_central_directory", "encrypted", "name_dotdot",
-                 "stream_shorter_than_declared", "member_npy_claims_more"):
+                 "stream_shorter_than_declared", "member_npy_claims_more",
+                 "name_nul_shadows_member", "name_npy_beside_bare_name"):
         shutil.copy(os.path.join(HOSTILE, "npz", name + ".npz"), os.path.join(HERE, "corpus", "npz", "hostile_" + name))
 
     commands = {
