@@ -42,6 +42,25 @@ const char* storage_range_name(CacheStorage storage) {
   return "float32";
 }
 
+// The magnitude a page gives back for x: |x| rounded to the storage type; for int8, the
+// largest a block whose largest magnitude is |x| holds (127 · scale, read back exactly as
+// quantise.h says), which bounds x's own q · scale and grows with |x|. Its maximum over an
+// operand is therefore the largest magnitude the pages hold of it.
+double held_magnitude(CacheStorage storage, float x) noexcept {
+  const float magnitude = std::fabs(x);
+  switch (storage) {
+    case CacheStorage::kF32:
+      return magnitude;
+    case CacheStorage::kBF16:
+      return core::bf16_to_float(core::float_to_bf16(magnitude));
+    case CacheStorage::kF16:
+      return core::f16_to_float(core::float_to_f16(magnitude));
+    case CacheStorage::kInt8:
+      return 127.0 * static_cast<double>(int8_block_scale(&magnitude, 1));
+  }
+  return magnitude;
+}
+
 }  // namespace
 
 float to_storage_float(CacheStorage storage, double value) noexcept {
@@ -85,16 +104,11 @@ Operand check_operand(const TensorView& view, const char* role, const char* widt
   op.s_col = view.strides[static_cast<std::size_t>(r - 1)];
   if (view.data == nullptr && hkv * op.n * width > 0) throw Error(op.name, "has no data");
 
-  // Each row goes through the very conversion write_rows makes (store_row) and is read back
-  // (load_row) as the kernels and gather read it: a value the page cannot hold finitely (past
-  // bfloat16's or float16's range after rounding, or past float32's) is refused here, before
-  // the cache changes, rather than found by every later call on the sequence. max_abs is of
-  // the values held, which the kernels' float32 range checks bound their sums with.
-  const std::int64_t blocks = (width + kCacheInt8Block - 1) / kCacheInt8Block;
-  std::vector<float> rounded(static_cast<std::size_t>(width));
-  std::vector<std::byte> row(static_cast<std::size_t>(width * storage_bytes(storage)));
-  std::vector<float> scales(static_cast<std::size_t>(blocks));
-  std::vector<double> held(static_cast<std::size_t>(width));
+  // Each value is refused unless the page holds it finitely, as the kernels and gather read it
+  // back: finite after rounding to float32 and, through the very conversions store_row makes,
+  // after rounding to bfloat16 or float16 (int8 holds every finite float32: quantise.cc). The
+  // check comes here, before the cache changes, rather than in every later call on the
+  // sequence. max_abs is of the values held, which the kernels' float32 range checks use.
   const auto refuse = [&](std::int64_t hk, std::int64_t i, std::int64_t c, double value,
                           const char* range) {
     std::vector<std::int64_t> index;
@@ -108,23 +122,20 @@ Operand check_operand(const TensorView& view, const char* role, const char* widt
     throw Error(op.name, "value " + number(value) + " at " + index_string(index) + " is outside " +
                              range + "'s range");
   };
+  // held_magnitude grows with |x|: only a magnitude larger than every earlier one can be the
+  // first to pass FLT_MAX or raise max_abs, so it is converted only then.
+  float largest = -1.0f;
   for (std::int64_t hk = 0; hk < hkv; ++hk) {
     for (std::int64_t i = 0; i < op.n; ++i) {
       for (std::int64_t c = 0; c < width; ++c) {
         const double value = core::load_real(view.data, view.dtype, op.offset(hk, i, c));
         const float x = to_storage_float(storage, value);
         if (!std::isfinite(x)) refuse(hk, i, c, value, "float32");
-        rounded[static_cast<std::size_t>(c)] = x;
-      }
-      store_row(storage, rounded.data(), width, row.data(), scales.data());
-      load_row(storage, row.data(), scales.data(), width, held.data());
-      for (std::int64_t c = 0; c < width; ++c) {
-        const double magnitude = std::fabs(held[static_cast<std::size_t>(c)]);
-        if (!(magnitude <= kFloatMax)) {
-          refuse(hk, i, c, core::load_real(view.data, view.dtype, op.offset(hk, i, c)),
-                 storage_range_name(storage));
-        }
-        op.max_abs = std::max(op.max_abs, magnitude);
+        if (std::fabs(x) <= largest) continue;
+        largest = std::fabs(x);
+        const double held = held_magnitude(storage, x);
+        if (!(held <= kFloatMax)) refuse(hk, i, c, value, storage_range_name(storage));
+        op.max_abs = held;
       }
     }
   }
