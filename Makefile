@@ -58,7 +58,7 @@ fuzz-build: deps
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
 	  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 	@cmake --build build/fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_npz \
-	  fuzz_cli_args fuzz_attention_diff
+	  fuzz_cli_args fuzz_attention_diff fuzz_kv_cache
 
 fuzz: fuzz-build
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh

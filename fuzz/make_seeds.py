@@ -53,7 +53,7 @@ def write(folder, name, data):
 
 
 def main():
-    for folder in ("npy", "safetensors", "npz", "cli_args", "attention_diff"):
+    for folder in ("npy", "safetensors", "npz", "cli_args", "attention_diff", "kv_cache"):
         os.makedirs(os.path.join(HERE, "regressions", folder), exist_ok=True)
         keep = os.path.join(HERE, "regressions", folder, ".gitkeep")
         open(keep, "a").close()
@@ -93,9 +93,18 @@ def main():
                                ("h.npy", npy("<f2", "(2,)", struct.pack("<2H", 0x3C00, 0x7BFF)))):
                 z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data, compress_type=stored)
         write("npz", "zipfile_" + ("stored" if stored == zipfile.ZIP_STORED else "deflated"), buffer.getvalue())
+    # A name with a real space: libzip shows a NUL as a space, so the reader reads such names'
+    # raw bytes from the central directory (issue 22) and must still accept this one.
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in ("my q.npy", "q.npy"):
+            z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), npy("<f4", "(2, 3)", f32(6)),
+                       compress_type=zipfile.ZIP_DEFLATED)
+    write("npz", "zipfile_name_with_space", buffer.getvalue())
     for name in ("bomb_claims_4gib", "bomb_inflates_past_declared_size", "bad_crc_deflated", "duplicate_names",
                  "overlapping_local_headers", "entry_overlaps_central_directory", "encrypted", "name_dotdot",
-                 "stream_shorter_than_declared", "member_npy_claims_more"):
+                 "stream_shorter_than_declared", "member_npy_claims_more",
+                 "name_nul_shadows_member", "name_npy_beside_bare_name"):
         shutil.copy(os.path.join(HOSTILE, "npz", name + ".npz"), os.path.join(HERE, "corpus", "npz", "hostile_" + name))
 
     commands = {
@@ -166,6 +175,25 @@ def main():
     write("attention_diff", "v2_stored_bf16_f64", bytes(v1 + [0, 1, 1, 4, 1, 0, 0, 0]))
     write("attention_diff", "v2_packed", bytes(v1 + [2, 1, 1, 0, 0, 0, 1, 3, 5, 9, 5, 30]))
     write("attention_diff", "v2_packed_empty_sequences", bytes(v1 + [0, 2, 1, 2, 0, 1, 1, 3, 0, 0, 20, 33]))
+
+    # kv_cache (fuzz_kv_cache.cc): storage (0 f32, 1 bf16, 2 f16, 3 int8), Hkv - 1, D, Dv,
+    # page_rows - 1, seed; appends; each: sequence, rows, f64, range (1, 6e4, 1e30, 3.3e38),
+    # edges, then per edge two position bytes, the edge's index and its sign; then nq, heads
+    # per kv head - 1, causal. Edges: 2 FLT_MAX, 3 bf16's overflow, 5 3.4e38, 6 65520,
+    # 8 65519.99, 9 1e39, 10 inf, 11 NaN, 15 just past FLT_MAX.
+    def kv(storage, edges, f64=0, scale=3, rows=3):
+        appends = [[0, rows, f64, scale, len(edges)] + [b for e in edges for b in e]]
+        appends.append([1, 2, 1 - f64, 0, 0])  # a clean append to the other sequence
+        return bytes([storage, 1, 33, 40, 2, 5, len(appends)] + sum(appends, []) + [2, 1, 1])
+    for storage, name in enumerate(("f32", "bf16", "f16", "int8")):
+        write("kv_cache", "%s_clean" % name, kv(storage, [], scale=0))
+        write("kv_cache", "%s_flt_max" % name, kv(storage, [[7, 0, 2, 0], [100, 1, 2, 1]]))
+        write("kv_cache", "%s_bf16_overflow" % name, kv(storage, [[3, 0, 3, 1], [9, 0, 4, 0]]))
+        write("kv_cache", "%s_3_4e38" % name, kv(storage, [[50, 0, 5, 0]], f64=1))
+        write("kv_cache", "%s_f16_edges" % name, kv(storage, [[1, 0, 6, 1], [2, 0, 8, 0]], scale=1))
+        write("kv_cache", "%s_1e39_f64" % name, kv(storage, [[120, 0, 9, 1]], f64=1))
+        write("kv_cache", "%s_past_flt_max_f64" % name, kv(storage, [[60, 0, 15, 0]], f64=1))
+        write("kv_cache", "%s_inf_nan" % name, kv(storage, [[4, 0, 10, 0], [5, 0, 11, 1]]))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-npy safetensors npz cli_args attention_diff}
+targets=${FUZZ_TARGETS:-npy safetensors npz cli_args attention_diff kv_cache}
 flags=${FUZZ_FLAGS:--malloc_limit_mb=256 -rss_limit_mb=2048 -timeout=10}
 build=build/fuzz
 failed=0

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
 
 #include "cache/quantise.h"
 #include "core/half.h"
@@ -26,7 +27,49 @@ std::string index_string(const std::vector<std::int64_t>& index) {
   return text + "]";
 }
 
+constexpr double kFloatMax = std::numeric_limits<float>::max();
+
+const char* storage_range_name(CacheStorage storage) {
+  switch (storage) {
+    case CacheStorage::kBF16:
+      return "bfloat16";
+    case CacheStorage::kF16:
+      return "float16";
+    case CacheStorage::kF32:
+    case CacheStorage::kInt8:
+      return "float32";  // int8 holds q · a float32 scale
+  }
+  return "float32";
+}
+
+// The magnitude a page gives back for x: |x| rounded to the storage type; for int8, the
+// largest a block whose largest magnitude is |x| holds (127 · scale, read back exactly as
+// quantise.h says), which bounds x's own q · scale and grows with |x|. Its maximum over an
+// operand is therefore the largest magnitude the pages hold of it.
+double held_magnitude(CacheStorage storage, float x) noexcept {
+  const float magnitude = std::fabs(x);
+  switch (storage) {
+    case CacheStorage::kF32:
+      return magnitude;
+    case CacheStorage::kBF16:
+      return core::bf16_to_float(core::float_to_bf16(magnitude));
+    case CacheStorage::kF16:
+      return core::f16_to_float(core::float_to_f16(magnitude));
+    case CacheStorage::kInt8:
+      return 127.0 * static_cast<double>(int8_block_scale(&magnitude, 1));
+  }
+  return magnitude;
+}
+
 }  // namespace
+
+float to_storage_float(CacheStorage storage, double value) noexcept {
+  // 16-bit storage rounds once from the input (see narrow_to_odd), float32 and int8 from the
+  // value rounded to float32.
+  return storage == CacheStorage::kF16 || storage == CacheStorage::kBF16
+             ? core::narrow_to_odd(value)
+             : static_cast<float>(value);
+}
 
 Operand check_operand(const TensorView& view, const char* role, const char* width_name,
                       std::int64_t width, std::int64_t n, std::int64_t hkv, CacheStorage storage) {
@@ -61,30 +104,38 @@ Operand check_operand(const TensorView& view, const char* role, const char* widt
   op.s_col = view.strides[static_cast<std::size_t>(r - 1)];
   if (view.data == nullptr && hkv * op.n * width > 0) throw Error(op.name, "has no data");
 
-  const char* range_name = storage == CacheStorage::kF16 ? "float16" : "float32";
+  // Each value is refused unless the page holds it finitely, as the kernels and gather read it
+  // back: finite after rounding to float32 and, through the very conversions store_row makes,
+  // after rounding to bfloat16 or float16 (int8 holds every finite float32: quantise.cc). The
+  // check comes here, before the cache changes, rather than in every later call on the
+  // sequence. max_abs is of the values held, which the kernels' float32 range checks use.
+  const auto refuse = [&](std::int64_t hk, std::int64_t i, std::int64_t c, double value,
+                          const char* range) {
+    std::vector<std::int64_t> index;
+    if (r == 3) index.push_back(hk);
+    index.push_back(i);
+    index.push_back(c);
+    if (!std::isfinite(value)) {
+      throw Error(op.name, std::string(std::isnan(value) ? "NaN" : "an infinity") + " at " +
+                               index_string(index) + " (cached values must be finite)");
+    }
+    throw Error(op.name, "value " + number(value) + " at " + index_string(index) + " is outside " +
+                             range + "'s range");
+  };
+  // held_magnitude grows with |x|: only a magnitude larger than every earlier one can be the
+  // first to pass FLT_MAX or raise max_abs, so it is converted only then.
+  float largest = -1.0f;
   for (std::int64_t hk = 0; hk < hkv; ++hk) {
     for (std::int64_t i = 0; i < op.n; ++i) {
       for (std::int64_t c = 0; c < width; ++c) {
         const double value = core::load_real(view.data, view.dtype, op.offset(hk, i, c));
-        // 16-bit storage rounds once from the input (see narrow_to_odd), float32 and int8 from
-        // the value rounded to float32.
-        const float rounded = storage == CacheStorage::kF16 || storage == CacheStorage::kBF16
-                                  ? core::narrow_to_odd(value)
-                                  : static_cast<float>(value);
-        op.max_abs = std::max(op.max_abs, std::fabs(value));
-        const bool finite = std::isfinite(value);
-        const bool in_range = std::isfinite(rounded) &&
-                              (storage != CacheStorage::kF16 || std::fabs(rounded) < 65520.0f);
-        if (finite && in_range) continue;
-        std::vector<std::int64_t> index;
-        if (r == 3) index.push_back(hk);
-        index.push_back(i);
-        index.push_back(c);
-        throw Error(op.name, finite
-                                 ? "value " + number(value) + " at " + index_string(index) +
-                                       " is outside " + range_name + "'s range"
-                                 : std::string(std::isnan(value) ? "NaN" : "an infinity") + " at " +
-                                       index_string(index) + " (cached values must be finite)");
+        const float x = to_storage_float(storage, value);
+        if (!std::isfinite(x)) refuse(hk, i, c, value, "float32");
+        if (std::fabs(x) <= largest) continue;
+        largest = std::fabs(x);
+        const double held = held_magnitude(storage, x);
+        if (!(held <= kFloatMax)) refuse(hk, i, c, value, storage_range_name(storage));
+        op.max_abs = held;
       }
     }
   }
@@ -106,10 +157,7 @@ void write_rows(const PageLayout& layout, const std::vector<std::byte*>& pages,
       const std::int64_t r = p % layout.page_rows;
       for (std::int64_t c = 0; c < op.width; ++c) {
         const double value = core::load_real(op.view->data, op.view->dtype, op.offset(hk, i, c));
-        scratch[static_cast<std::size_t>(c)] =
-            layout.storage == CacheStorage::kF16 || layout.storage == CacheStorage::kBF16
-                ? core::narrow_to_odd(value)
-                : static_cast<float>(value);
+        scratch[static_cast<std::size_t>(c)] = to_storage_float(layout.storage, value);
       }
       store_row(layout.storage, scratch.data(), op.width,
                 page + head_offset + r * op.width * element_bytes,

@@ -49,9 +49,9 @@ struct KVCache::Impl {
   // returning a page never allocates (and never throws).
   std::vector<std::byte*> free_pages;
   std::int64_t pages_in_use = 0;  // pages with refs > 0
-  // The largest |value| ever appended to K and to V (never lowered): the decode kernels bound
-  // their float32 scores and sums with them. Stored values are within 1 % of these (16-bit
-  // rounding, int8's q · scale).
+  // The largest |value| ever held in K's and in V's pages (as stored: after 16-bit rounding or
+  // int8's q · scale; never lowered): the float32 range checks of attention_cached bound the
+  // decode kernels' scores and sums with them.
   double max_abs_k = 0.0, max_abs_v = 0.0;
   SequenceId next_id = 0;
 

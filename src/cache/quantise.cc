@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/half.h"
 
@@ -11,7 +12,14 @@ namespace qkv::cache {
 float int8_block_scale(const float* values, std::int64_t count) noexcept {
   float amax = 0.0f;
   for (std::int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(values[i]));
-  return amax / 127.0f;
+  float scale = amax / 127.0f;
+  // amax / 127 rounds up for amax = FLT_MAX, and 127 · scale, the value the block's largest
+  // element is read back as, would pass FLT_MAX: inf to every float32 reader. One step down
+  // keeps it finite (round(amax / scale) is still 127) and within half a scale of amax.
+  if (127.0 * static_cast<double>(scale) > std::numeric_limits<float>::max()) {
+    scale = std::nextafter(scale, 0.0f);
+  }
+  return scale;
 }
 
 std::int8_t int8_quantise(float value, float scale) noexcept {

@@ -7,7 +7,9 @@
 // int8 follows q8_0: a row of `count` values is cut into blocks of kCacheInt8Block = 32 (the
 // last block is shorter when count % 32 != 0), and each block b keeps one float scale:
 //   amax  = max |x| over the block, in float (x already rounded to float)
-//   scale = amax / 127                        (float division; 0 for an all-zero block)
+//   scale = amax / 127                        (float division; 0 for an all-zero block; one
+//                                             float step lower when 127 · scale would pass
+//                                             FLT_MAX, as it does for amax = FLT_MAX)
 //   q     = round_half_away_from_zero(x / scale) clamped to [-127, 127]   (float division;
 //           q = 0 for every value when scale == 0)
 // and the stored value is q · scale, formed exactly in float64 as double(q) * double(scale)

@@ -20,6 +20,10 @@
 //    name such as "../Q.npy" or "/etc/x.npy" cannot escape anywhere. Still, a NAME with '/' or
 //    '\' or one that is "." or ".." is refused, and members whose names hold a separator are
 //    never matched or listed: np.savez writes flat names, and the user names a member.
+//  - A member name with a NUL byte (np.load cuts the name there, libzip reads the NUL as a
+//    space: zip_raw_names.cc reads the raw bytes), and two members that np.load reads as one
+//    array ('q' beside 'q.npy'), make the archive ambiguous: NumPy would read another member
+//    than qkv. Refused, whichever array is asked for.
 //  - Zip bombs: before a byte is inflated, the member's declared size must be one deflate can
 //    reach from its compressed size (at most 1032 to 1) and, for a stored member, equal it.
 //    The .npy parser then reads the header (at most 1 MiB) and requires the declared size to
@@ -41,6 +45,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -49,6 +54,7 @@
 #include "core/format_bytes.h"
 #include "io/input_file.h"
 #include "io/npy_bytes.h"
+#include "io/zip_raw_names.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
@@ -149,6 +155,33 @@ zip_int64_t source_callback(void* state, void* data, zip_uint64_t length,
   throw Error(subject, doing + ": " + zip_error_strerror(error));
 }
 
+// The array np.load calls a member: its name without a trailing .npy.
+std::string array_name(const std::string& member) {
+  return member.ends_with(".npy") ? member.substr(0, member.size() - 4) : member;
+}
+
+// np.load names each array by its member's name without a trailing .npy, and of two members
+// with one name it reads the last. Two members giving one array name ('q' and 'q.npy', or two
+// names one encoding guess makes equal) would let FILE.npz:q mean one member to qkv and another
+// to NumPy: the archive is refused whichever array is asked for. (Names with a NUL byte, which
+// np.load cuts there, are refused before: Archive::refuse_names_with_nul.)
+void refuse_ambiguous_arrays(const std::vector<std::string>& names, const std::string& subject) {
+  std::map<std::string, std::size_t> first_member;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto [it, inserted] = first_member.emplace(array_name(names[i]), i);
+    if (inserted) continue;
+    const std::string& other = names[it->second];
+    if (other == names[i]) {
+      throw Error(subject, "holds two members named " + quote(other) +
+                               "; np.load would read the second as the array " + quote(it->first) +
+                               ": refused as ambiguous");
+    }
+    throw Error(subject, "holds the members " + quote(other) + " and " + quote(names[i]) +
+                             ", both the array " + quote(it->first) +
+                             " to np.load (which drops .npy): refused as ambiguous");
+  }
+}
+
 // An archive open for reading; closed (discarded: nothing is ever written) on every path out.
 class Archive {
  public:
@@ -158,6 +191,13 @@ class Archive {
     source_.file = &file_;
     zip_ = open(ZIP_RDONLY | ZIP_CHECKCONS, code_);
     if (zip_ == nullptr) explain_refusal();
+    try {
+      refuse_names_with_nul();
+      refuse_ambiguous_arrays(names(), subject);
+    } catch (...) {
+      zip_discard(zip_);  // the destructor does not run for a constructor that throws
+      throw;
+    }
   }
   ~Archive() {
     if (zip_ != nullptr) zip_discard(zip_);
@@ -197,6 +237,40 @@ class Archive {
       names.emplace_back(name == nullptr ? "" : name);
     }
     return names;
+  }
+
+  // libzip turns a NUL byte in a name into a space, where np.load cuts the name there: a name
+  // with a space is checked against the central directory's own bytes, and one holding a NUL
+  // is refused (NumPy would read it under another name than qkv).
+  void refuse_names_with_nul() const {
+    const zip_int64_t count = zip_get_num_entries(zip_, 0);
+    bool spaced = false;
+    for (zip_int64_t i = 0; i < count && !spaced; ++i) {
+      const char* name = zip_get_name(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
+      spaced = name != nullptr && std::strchr(name, ' ') != nullptr;
+    }
+    if (!spaced) return;
+    const std::vector<std::string> raw =
+        io::zip_raw_names(file_, static_cast<std::uint64_t>(count));
+    for (zip_int64_t i = 0; i < count; ++i) {
+      const char* name = zip_get_name(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
+      std::string as_libzip = raw.size() == static_cast<std::size_t>(count)
+                                  ? raw[static_cast<std::size_t>(i)]
+                                  : std::string();
+      std::replace(as_libzip.begin(), as_libzip.end(), '\0', ' ');
+      if (name == nullptr || as_libzip != name) {
+        throw Error(subject_,
+                    "its central directory cannot be read again for the member names "
+                    "(not an archive np.savez writes)");
+      }
+      const std::string& bytes = raw[static_cast<std::size_t>(i)];
+      const std::size_t nul = bytes.find('\0');
+      if (nul != std::string::npos) {
+        throw Error(subject_, "the member name " + quote(bytes) +
+                                  " holds a NUL byte (np.load would read it as " +
+                                  quote(bytes.substr(0, nul)) + "): refused as ambiguous");
+      }
+    }
   }
 
   // The checked open failed: say why, in the words of the check that failed.
@@ -257,10 +331,6 @@ class Archive {
 bool is_flat_name(std::string_view name) {
   return !name.empty() && name != "." && name != ".." &&
          name.find_first_of("/\\") == std::string_view::npos;
-}
-
-std::string array_name(const std::string& member) {
-  return member.ends_with(".npy") ? member.substr(0, member.size() - 4) : member;
 }
 
 std::string available_arrays(const std::vector<std::string>& members) {

@@ -183,16 +183,14 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
       options.threads, keys * static_cast<double>(h) * static_cast<double>(nq) *
                            static_cast<double>(d + co.dv));
 
-  // The float32 range checks of the other kernels, with the cache's bounds on what it holds
-  // (stored values are within 1 % of the largest appended): a call float32 cannot represent
-  // goes to the float64 reference.
+  // The float32 range checks of the other kernels, with the cache's bounds on what its pages
+  // hold (the largest stored magnitudes, as the kernels dequantise them): a call float32 cannot
+  // represent goes to the float64 reference.
   checked.shape = {count, h, co.kv_heads, nq, 0, d, co.dv};
   for (std::int64_t nk : call.nk) checked.shape.nk = std::max(checked.shape.nk, nk);
   checked.q.dtype = q.dtype;
   checked.magnitudes.q = q_bound;
   impl.magnitudes(checked.magnitudes.k, checked.magnitudes.v);
-  checked.magnitudes.k *= 1.01;
-  checked.magnitudes.v *= 1.01;
   const std::string float32_reason = kernels::float32_declines(checked);
   if (!float32_reason.empty() && !kernel.empty() && kernel != "reference") {
     throw Error("kernel " + kernel, "cannot run this call: " + float32_reason);

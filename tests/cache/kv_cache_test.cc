@@ -24,6 +24,12 @@ namespace {
 
 using Rows = std::vector<std::vector<std::vector<double>>>;  // [head][row][column]
 
+// quantise.h's block scale: amax / 127, one float step lower where 127 · scale passes FLT_MAX.
+float int8_rule_scale(float amax) {
+  const float scale = amax / 127.0f;
+  return 127.0 * scale > 3.4028234663852886e38 ? std::nextafter(scale, 0.0f) : scale;
+}
+
 // What the cache should hand back for one row of inputs, recomputed here from the rule in
 // quantise.h rather than through the cache's own code.
 std::vector<double> stored_row(CacheStorage storage, const std::vector<double>& x) {
@@ -49,7 +55,7 @@ std::vector<double> stored_row(CacheStorage storage, const std::vector<double>& 
         const std::size_t end = std::min(x.size(), begin + 32);
         float amax = 0.0f;
         for (std::size_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(f[i]));
-        const float scale = amax / 127.0f;
+        const float scale = int8_rule_scale(amax);
         for (std::size_t i = begin; i < end; ++i) {
           double q = 0.0;
           if (scale != 0.0f) {
@@ -75,7 +81,7 @@ std::vector<double> row_scales(const std::vector<double>& x) {
     for (std::size_t i = begin; i < std::min(x.size(), begin + 32); ++i) {
       amax = std::max(amax, std::fabs(static_cast<float>(x[i])));
     }
-    scales.push_back(amax / 127.0f);
+    scales.push_back(int8_rule_scale(amax));
   }
   return scales;
 }

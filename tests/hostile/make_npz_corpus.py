@@ -141,6 +141,12 @@ def hostile():
     files["name_in_folder"] = archive([Member("a/q.npy"), Member("..\\q.npy")])
     files["name_control_characters"] = archive([Member("q\x1b[31m\n.npy")])
     files["duplicate_names"] = archive([q(), q(payload=npy(data=struct.pack("<8f", *[9.0] * 8)))])
+    # Names np.load reads as one array 'q', where it reads another member than a first match:
+    # a NUL byte ends the name for Python's zipfile (it reads the second, 9.0), and .npy is
+    # dropped from 'q.npy' beside a member named 'q'.
+    nines = npy(data=struct.pack("<8f", *[9.0] * 8))
+    files["name_nul_shadows_member"] = archive([q(), Member(b"q.npy\x00zz", payload=nines)])
+    files["name_npy_beside_bare_name"] = archive([Member("q"), Member("q.npy", payload=nines)])
     # Two central entries for one local header (names differ), then an entry whose data runs
     # into the central directory, then a local header whose sizes disagree with its entry.
     a, b = q(), Member("k.npy")

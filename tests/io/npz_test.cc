@@ -140,6 +140,14 @@ const std::map<std::string, Expected>& expected_refusals() {
       {"name_in_folder", {false, "has no array named 'q'; the archive holds no arrays"}},
       {"name_control_characters", {false, "has no array named 'q'; the archive holds 1 array: 'q"}},
       {"duplicate_names", {false, "holds the member name 'q.npy' more than once"}},
+      {"name_nul_shadows_member",
+       {false,
+        "the member name 'q.npy\\x00zz' holds a NUL byte (np.load would read it as "
+        "'q.npy'): refused as ambiguous"}},
+      {"name_npy_beside_bare_name",
+       {false,
+        "holds the members 'q' and 'q.npy', both the array 'q' to np.load (which drops "
+        ".npy): refused as ambiguous"}},
       {"overlapping_local_headers",
        {false, "local header disagrees with its central directory entry"}},
       {"entry_overlaps_central_directory",
@@ -218,6 +226,28 @@ TEST(Npz, NamesThatAreNotFlatNameNothing) {
     EXPECT_TRUE(what.starts_with(path.string() + ":")) << what;
     EXPECT_NE(what.find("names no member"), std::string::npos) << what;
   }
+}
+
+// An archive in which np.load reads two members as one array is refused whichever array is
+// asked for, and by list_npz: FILE.npz:q must never mean one member to qkv and another to NumPy.
+TEST(Npz, MembersNumpyReadsAsOneArrayAreRefusedWhicheverIsAsked) {
+  ScratchDir dir;
+  const Tensor q = testing::random_tensor(DType::kF32, {2, 3}, 1);
+  const fs::path path = dir / "ambiguous.npz";
+  write_npz(path, {{"q.npy", encode_npy(q.view(), DType::kF32), false},
+                   {"k", encode_npy(q.view(), DType::kF32), true},
+                   {"k.npy", encode_npy(q.view(), DType::kF32), false}});
+  const std::string says = path.string() +
+                           ": holds the members 'k' and 'k.npy', both the array 'k' to np.load "
+                           "(which drops .npy): refused as ambiguous";
+  EXPECT_EQ(refusal([&] { read_npz_tensor(path, "q"); }), says);
+  EXPECT_EQ(refusal([&] { inspect_tensor(path.string() + ":k"); }), says);
+  EXPECT_EQ(refusal([&] { list_npz(path); }), says);
+  // A real space is no NUL: the raw names are read, and the array is.
+  const fs::path spaced = dir / "spaced.npz";
+  write_npz(spaced, {{"my q.npy", encode_npy(q.view(), DType::kF32), true},
+                     {"k.npy", encode_npy(q.view(), DType::kF32), false}});
+  EXPECT_TRUE(same_bits(read_npz_tensor(spaced, "my q"), q));
 }
 
 TEST(Npz, SpecsWithoutANameAreRefused) {

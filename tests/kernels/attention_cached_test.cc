@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -420,6 +421,33 @@ TEST(CachedAttentionRange, BeyondFloat32GoesToTheReference) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("beyond float32's range"), std::string::npos) << e.what();
   }
+}
+
+// V at float32's limit in an int8 cache: the block's 127 · scale must not pass FLT_MAX (it did
+// for amax = FLT_MAX, whose scale rounded up), so the answer is finite and equals plain
+// attention on the dequantised rows, as plain attention on FLT_MAX itself is finite. One key:
+// its value row is the output.
+TEST(CachedAttentionRange, Int8AtFloat32sLimitIsFiniteAndMatchesPlainAttention) {
+  KVCache cache(KVCacheOptions{1, 4, 40, CacheStorage::kInt8, 8, 0, 0});
+  const SequenceId id = cache.add_sequence();
+  const Tensor k = random_tensor(DType::kF32, {1, 1, 4}, 1);
+  Tensor v = random_tensor(DType::kF32, {1, 1, 40}, 2);
+  v.data_as<float>()[0] = std::numeric_limits<float>::max();
+  v.data_as<float>()[33] = -std::numeric_limits<float>::max();
+  cache.append(id, k.view(), v.view());
+  const Tensor q = random_tensor(DType::kF32, {2, 1, 4}, 3);
+  const std::vector<SequenceId> ids{id};
+  const AttentionResult got = attention_cached(q.view(), cache, ids, {});
+  const Tensor kg = cache.gather(id, false, DType::kF64);
+  const Tensor vg = cache.gather(id, true, DType::kF64);
+  const AttentionResult want = attention(q.view(), kg.view(), vg.view(), {});
+  ASSERT_EQ(got.out.numel(), want.out.numel());
+  for (std::int64_t e = 0; e < got.out.numel(); ++e) {
+    const float x = got.out.data_as<float>()[e];
+    EXPECT_TRUE(std::isfinite(x)) << e;
+    EXPECT_EQ(x, want.out.data_as<float>()[e]) << e;
+  }
+  EXPECT_NEAR(got.out.data_as<float>()[0], std::numeric_limits<float>::max(), 1e32);
 }
 
 }  // namespace

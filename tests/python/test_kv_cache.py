@@ -275,3 +275,38 @@ def test_errors_name_their_subject():
         message = str(raised.value)
         assert message.startswith(start) and "\n" not in message, message
     assert cache.length(seq) == 0
+
+
+@pytest.mark.parametrize(
+    "storage, too_big, largest, range_name",
+    [
+        ("f32", 1e39, np.finfo(np.float32).max, "float32"),
+        ("bf16", 3.4e38, 3.3895313e38, "bfloat16"),
+        ("f16", 65520.0, 65504.0, "float16"),
+        ("int8", 1e39, np.finfo(np.float32).max, "float32"),
+    ],
+)
+def test_values_the_pages_cannot_hold_are_refused_and_change_nothing(
+    storage, too_big, largest, range_name
+):
+    # bf16 rounds 3.4e38 to infinity; it used to be stored, and every later call then failed.
+    cache = qkv.KVCache(1, 4, storage=storage, page_rows=2)
+    seq = cache.add_sequence()
+    ok = np.full((3, 4), 0.5)
+    cache.append(seq, ok, ok)
+    before = cache.gather(seq, values=True)
+    bad = np.full((2, 4), 0.25)
+    bad[1, 2] = -too_big
+    with pytest.raises(qkv.Error) as raised:
+        cache.append(seq, ok[:2], bad)
+    message = str(raised.value)
+    assert message.startswith("v: value -") and "\n" not in message, message
+    assert message.endswith(f" at [1, 2] is outside {range_name}'s range"), message
+    assert cache.length(seq) == 3 and cache.pages_in_use == 2
+    assert np.array_equal(cache.gather(seq, values=True), before)
+    # The largest value each holds is kept finitely, and later calls work.
+    edge = np.full((1, 4), 0.25)
+    edge[0, 0] = largest
+    cache.append(seq, edge, edge)
+    out = cache.attention(np.ones((1, 1, 4), np.float32), seq)
+    assert np.isfinite(out).all() and np.isfinite(cache.gather(seq, values=True)).all()

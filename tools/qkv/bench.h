@@ -27,6 +27,7 @@ struct BenchCommand {
   std::string mixed_lengths;
   std::int64_t page_rows = 256;
   double bandwidth_gbs = 0.0;
+  std::string max_memory;                     // empty: the default budget
   const CLI::Option* batch_option = nullptr;  // to tell a given --batch from the default
 };
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "core/memory_budget.h"
 #include "core/parallel_for.h"
 #include "decode_support.h"
 #include "kernels/blas_threads.h"
@@ -75,8 +76,43 @@ std::vector<std::int64_t> mixed_lengths(std::int64_t lo, std::int64_t hi, std::i
   return lengths;
 }
 
-// The sequence lengths the flags ask for; checks them (usage errors naming the flag).
-std::vector<std::int64_t> sequence_lengths(BenchCommand& c) {
+// What the run holds besides the STREAM triad (whose arrays are freed before the cache is
+// filled): the pages of every sequence, q and the output, the append staging, and with
+// --baseline's gathered float32 K/V (one length for all: [B, Hkv, Nk, D + Dv], plus one
+// sequence's gather and the baselines' output). `lengths` holds each sequence's rows, or is
+// empty for B sequences of `rows` rows each (checked before B lengths are held).
+RunMemory bench_memory(const BenchCommand& c, const KVCache& cache,
+                       const std::vector<std::int64_t>& lengths, std::int64_t rows) {
+  RunMemory m;
+  const bool one_length =
+      lengths.empty() ||
+      std::all_of(lengths.begin(), lengths.end(), [&](std::int64_t l) { return l == lengths[0]; });
+  if (lengths.empty()) {
+    m.cache = core::saturating_mul(sequence_cache_bytes(cache, rows),
+                                   static_cast<std::uint64_t>(c.batch));
+  } else {
+    for (std::int64_t length : lengths) {
+      m.cache = core::saturating_add(m.cache, sequence_cache_bytes(cache, length));
+    }
+    rows = lengths[0];
+  }
+  m.other = core::saturating_add(append_staging_bytes(cache.options()),
+                                 core::saturating_mul(float32_bytes({c.batch, c.heads, c.d}), 2));
+  m.other = core::saturating_add(m.other, float32_bytes({c.batch, c.heads, c.dv}));
+  if (!c.no_baseline && one_length) {
+    for (const std::uint64_t bytes :
+         {float32_bytes({c.batch, c.kv_heads, rows, c.d + c.dv}),
+          float32_bytes({c.kv_heads, rows, c.d + c.dv}), float32_bytes({c.batch, c.heads, c.dv})}) {
+      m.other = core::saturating_add(m.other, bytes);
+    }
+  }
+  return m;
+}
+
+// The sequence lengths the flags ask for; checks them (usage errors naming the flag), and
+// before holding B of them, that B sequences of the shortest length fit the budget.
+std::vector<std::int64_t> sequence_lengths(BenchCommand& c, const KVCache& cache,
+                                           std::uint64_t budget) {
   const bool batch_given = c.batch_option != nullptr && c.batch_option->count() > 0;
   if (c.batch <= 0) usage_error("--batch", "must be >= 1, got " + std::to_string(c.batch));
   if (!c.lengths.empty()) {
@@ -99,6 +135,7 @@ std::vector<std::int64_t> sequence_lengths(BenchCommand& c) {
       usage_error("--mixed-lengths",
                   "expected LO,HI with 1 <= LO <= HI, got '" + c.mixed_lengths + "'");
     }
+    check_run_memory(bench_memory(c, cache, {}, range[0]), budget, "qkv bench --decode");
     return mixed_lengths(range[0], range[1], c.batch);
   }
   if (c.nk <= 0) {
@@ -106,6 +143,7 @@ std::vector<std::int64_t> sequence_lengths(BenchCommand& c) {
                 "keys per sequence (> 0) are required with --decode, or --lengths or "
                 "--mixed-lengths");
   }
+  check_run_memory(bench_memory(c, cache, {}, c.nk), budget, "qkv bench --decode");
   return std::vector<std::int64_t>(static_cast<std::size_t>(c.batch), c.nk);
 }
 
@@ -158,15 +196,20 @@ std::string json_escape(const std::string& text) {
 
 void run_decode_bench(BenchCommand c) {
   check_decode_flags(c);
-  const std::vector<std::int64_t> lengths = sequence_lengths(c);
   const CacheStorage storage = cache_storage_flag(c.dtype, "--dtype");
+  // Sizes are checked against the budget before the triad, a page or a tensor is allocated (an
+  // impossible --nk must not run for minutes first); the cache's capacity is the budget too.
+  const std::uint64_t budget = memory_budget(c.max_memory);
+  KVCache cache(KVCacheOptions{c.kv_heads, c.d, c.dv, storage, c.page_rows, 0, budget});
+  const std::vector<std::int64_t> lengths = sequence_lengths(c, cache, budget);
+  const RunMemory memory = bench_memory(c, cache, lengths, 0);
+  check_run_memory(memory, budget, "qkv bench --decode");
   const int threads = core::resolve_thread_count(c.threads);
 
   // The triad first, while its 384 MiB do not sit beside the cache.
   const bool triad_measured = c.bandwidth_gbs <= 0.0;
   const double triad = triad_measured ? kernels::measure_triad_gbs(threads) : c.bandwidth_gbs;
 
-  KVCache cache(KVCacheOptions{c.kv_heads, c.d, c.dv, storage, c.page_rows, 0, 0});
   std::vector<SequenceId> ids;
   UniformFloats kv_random(2);
   std::int64_t total_rows = 0;
@@ -185,6 +228,7 @@ void run_decode_bench(BenchCommand c) {
   options.causal = true;  // one new row at the end of each sequence: it sees every cached row
   options.threads = threads;
   options.kernel = c.kernel;
+  options.max_memory = budget_left(memory, budget);
   const CallTiming cached = time_calls(
       c.repeats, c.warmup, [&] { return attention_cached(q.view(), cache, ids, options).kernel; });
   const double gbs = kv_bytes / (cached.ms * 1e-3) * 1e-9;

@@ -134,8 +134,10 @@ std::uint64_t check_input_sizes(const AttentionFlags& flags,
   return bytes;
 }
 
-std::uint64_t memory_budget(const AttentionFlags& flags) {
-  if (!flags.max_memory.empty()) return parse_memory(flags.max_memory);
+std::uint64_t memory_budget(const AttentionFlags& flags) { return memory_budget(flags.max_memory); }
+
+std::uint64_t memory_budget(const std::string& max_memory) {
+  if (!max_memory.empty()) return parse_memory(max_memory);
   return static_cast<std::uint64_t>(static_cast<double>(physical_memory()) *
                                     kDefaultMemoryFraction);
 }

@@ -99,6 +99,9 @@ std::optional<TensorView> view_of(const std::optional<Tensor>& tensor);
 // "0" or "none" for no limit), or by default kDefaultMemoryFraction of the physical memory (or
 // of the cgroup's limit, when lower). Throws qkv::Error naming --max-memory.
 std::uint64_t memory_budget(const AttentionFlags& flags);
+// The same for a --max-memory given as text (empty: the default), for commands without the
+// attention flags (decode, bench --decode).
+std::uint64_t memory_budget(const std::string& max_memory);
 constexpr double kDefaultMemoryFraction = 0.75;
 
 // The bytes the command's inputs will take once read: the tensors named by `specs` (empty

@@ -446,6 +446,7 @@ void register_bench_command(CLI::App& app) {
                   "with --decode: use this memory bandwidth (GB/s) instead of measuring the triad")
       ->check(positive_number())
       ->needs(decode_option);
+  add_max_memory_option(*sub, command->max_memory, "with --decode: ")->needs(decode_option);
   sub->footer(
       "Examples:\n"
       "  qkv bench --n 4096 --d 64 --heads 8 --causal --threads 2\n"

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "core/memory_budget.h"
 #include "core/parallel_for.h"
 #include "decode_support.h"
 #include "kernels/kernel.h"
@@ -48,6 +50,7 @@ struct DecodeCommand {
   bool json = false;
   bool quiet = false;
   std::string kernel;
+  std::string max_memory;
 };
 
 // Row b of a contiguous [B, ...] tensor, as a view of rank one less.
@@ -68,6 +71,10 @@ void check_flags(DecodeCommand& c) {
                 std::to_string(c.kv_heads) + " does not divide --heads " + std::to_string(c.heads));
   }
   if (c.dv == 0) c.dv = c.d;
+  if (c.prompt > std::numeric_limits<std::int64_t>::max() - c.tokens) {
+    usage_error("--prompt", "--prompt " + std::to_string(c.prompt) + " + --tokens " +
+                                std::to_string(c.tokens) + " rows per sequence pass 2^63 - 1");
+  }
   if (!c.kernel.empty() && c.kernel != "decode_hwy" && c.kernel != "decode_scalar" &&
       c.kernel != "reference") {
     usage_error("--kernel", "decode_hwy, decode_scalar or reference, got '" + c.kernel + "'");
@@ -75,6 +82,39 @@ void check_flags(DecodeCommand& c) {
   if (c.kernel == "decode_hwy" && kernels::simd_targets().empty()) {
     usage_error("--kernel", "decode_hwy is not in this build (portable, no SIMD)");
   }
+}
+
+// The most rows one sequence's pages span: the prompt and every token; with a window, once
+// the prompt and the first token are in, at most window + page_rows (forget_before frees whole
+// pages only, so up to a page more than the window stays).
+std::int64_t peak_rows(const DecodeCommand& c) {
+  const std::int64_t total = c.prompt + c.tokens;  // check_flags: no overflow
+  if (c.window == 0) return total;
+  const std::int64_t first = c.prompt + (c.tokens > 0 ? 1 : 0);
+  const std::int64_t kept = c.window > std::numeric_limits<std::int64_t>::max() - c.page_rows
+                                ? std::numeric_limits<std::int64_t>::max()
+                                : c.window + c.page_rows;
+  return std::min(total, std::max(first, kept));
+}
+
+// What the run holds at its peak, from the flags alone: the pages of B sequences, the step's
+// q, k, v and output, the append staging, and --check's float64 gathers of one sequence.
+RunMemory decode_memory(const DecodeCommand& c, const KVCache& cache) {
+  const std::int64_t rows = peak_rows(c);
+  RunMemory m;
+  m.cache =
+      core::saturating_mul(sequence_cache_bytes(cache, rows), static_cast<std::uint64_t>(c.batch));
+  m.other = append_staging_bytes(cache.options());
+  for (const std::uint64_t bytes :
+       {float32_bytes({c.batch, c.heads, c.d}), float32_bytes({c.batch, c.kv_heads, c.d + c.dv}),
+        float32_bytes({c.batch, c.heads, c.dv})}) {
+    m.other = core::saturating_add(m.other, bytes);
+  }
+  if (c.check) {  // float64: twice a float32 tensor of the gathered rows
+    m.other = core::saturating_add(
+        m.other, core::saturating_mul(float32_bytes({c.kv_heads, rows, c.d + c.dv}), 2));
+  }
+  return m;
 }
 
 struct CheckState {
@@ -113,7 +153,12 @@ void run_decode(DecodeCommand c) {
   const CacheStorage storage = cache_storage_flag(c.dtype, "--dtype");
   const int threads = core::resolve_thread_count(c.threads);
 
-  KVCache cache(KVCacheOptions{c.kv_heads, c.d, c.dv, storage, c.page_rows, 0, 0});
+  // Sizes are checked against the budget before a page or tensor is allocated (an impossible
+  // --prompt must not run for minutes first); the cache's capacity is the budget as well.
+  const std::uint64_t budget = memory_budget(c.max_memory);
+  KVCache cache(KVCacheOptions{c.kv_heads, c.d, c.dv, storage, c.page_rows, 0, budget});
+  const RunMemory memory = decode_memory(c, cache);
+  check_run_memory(memory, budget, "qkv decode");
   UniformFloats random(static_cast<std::uint64_t>(c.seed));
   std::vector<SequenceId> ids;
   for (std::int64_t b = 0; b < c.batch; ++b) {
@@ -127,6 +172,7 @@ void run_decode(DecodeCommand c) {
   if (c.window > 0) options.window = Window{c.window - 1, 0};
   options.threads = threads;
   options.kernel = c.kernel;
+  options.max_memory = budget_left(memory, budget);
 
   Tensor q(DType::kF32, {c.batch, c.heads, 1, c.d}, "q");
   Tensor k(DType::kF32, {c.batch, c.kv_heads, 1, c.d}, "k");
@@ -264,6 +310,7 @@ void register_decode_command(CLI::App& app) {
   sub->add_flag("--check", command->check,
                 "also compute every step with the float64 reference on the gathered cache and "
                 "compare (not timed); exit 1 if the error passes the tolerance");
+  add_max_memory_option(*sub, command->max_memory, "");
   sub->add_flag("--json", command->json, "print one JSON object");
   sub->add_flag("--quiet", command->quiet,
                 "no progress line (shown on a terminal for runs longer than about a second)");

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cmath>
 
+#include "core/format_bytes.h"
+#include "core/memory_budget.h"
 #include "qkv/error.h"
 
 namespace qkv::cli {
@@ -64,6 +66,50 @@ double kv_bytes_read(const KVCacheOptions& o, std::int64_t rows) {
     }
   }
   return per_row * static_cast<double>(o.kv_heads) * static_cast<double>(rows);
+}
+
+std::uint64_t RunMemory::total() const noexcept { return core::saturating_add(cache, other); }
+
+std::uint64_t sequence_cache_bytes(const KVCache& cache, std::int64_t rows) {
+  const auto page_rows = static_cast<std::uint64_t>(cache.options().page_rows);
+  const std::uint64_t pages =
+      (static_cast<std::uint64_t>(std::max<std::int64_t>(rows, 0)) + page_rows - 1) / page_rows;
+  return core::saturating_mul(pages, static_cast<std::uint64_t>(cache.page_bytes()));
+}
+
+std::uint64_t float32_bytes(std::initializer_list<std::int64_t> dims) {
+  std::uint64_t bytes = sizeof(float);
+  for (std::int64_t dim : dims) {
+    bytes = core::saturating_mul(bytes, static_cast<std::uint64_t>(std::max<std::int64_t>(dim, 0)));
+  }
+  return bytes;
+}
+
+std::uint64_t append_staging_bytes(const KVCacheOptions& o) {
+  return float32_bytes({kAppendBlockRows, o.kv_heads, o.d + o.dv});
+}
+
+void check_run_memory(const RunMemory& memory, std::uint64_t budget, const std::string& what) {
+  if (budget == 0 || memory.total() <= budget) return;
+  throw Error("--max-memory", what + " needs " + core::format_bytes_exact(memory.total()) +
+                                  ": the KV cache " + core::format_bytes(memory.cache) +
+                                  ", other buffers " + core::format_bytes(memory.other) +
+                                  "; the memory budget is " + core::format_bytes_exact(budget));
+}
+
+std::uint64_t budget_left(const RunMemory& memory, std::uint64_t budget) {
+  // check_run_memory has passed: total <= budget. One byte stands for "nothing left" (0 would
+  // mean no limit).
+  return budget == 0 ? 0 : std::max<std::uint64_t>(budget - memory.total(), 1);
+}
+
+CLI::Option* add_max_memory_option(CLI::App& command, std::string& max_memory,
+                                   const std::string& prefix) {
+  return command.add_option("--max-memory", max_memory,
+                            prefix +
+                                "memory budget: refuse, before allocating, a run whose cache and "
+                                "buffers need more (e.g. 8G, 512MiB, 25%; 0: no limit; default 75% "
+                                "of physical memory)");
 }
 
 std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& flag) {
