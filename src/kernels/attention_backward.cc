@@ -135,8 +135,17 @@ std::string explain_backward_kernel_choice(const TensorView& q, const TensorView
                                            const TensorView& v, const TensorView& out,
                                            const TensorView& lse, const TensorView& grad_out,
                                            const AttentionOptions& options) {
-  const core::BackwardCall call =
-      core::validate_attention_backward(q, k, v, out, lse, grad_out, options);
+  core::BackwardCall call = core::validate_attention_backward(q, k, v, out, lse, grad_out, options);
+  // The gradients as attention_backward binds them (contiguous, of the compute type), for the
+  // kernels' checks; nothing is written through these slots.
+  const DType grad = call.params.forward.compute == DType::kF64 ? DType::kF64 : DType::kF32;
+  static double unused = 0.0;
+  const auto slot = [&](const Shape& shape) {
+    return core::OutputOperand{&unused, grad, core::canonical_strides(contiguous_strides(shape))};
+  };
+  call.params.dq = slot(q.shape);
+  call.params.dk = slot(k.shape);
+  call.params.dv = slot(v.shape);
   const kernels::BackwardKernel& chosen = choose_backward_kernel(call.params, options.kernel);
   std::string text;
   bool after = false;

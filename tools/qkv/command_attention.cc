@@ -7,18 +7,84 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/io.h"
 #include "run_report.h"
 
 namespace qkv::cli {
 namespace {
 
+// The gradient flags: dO and where each gradient goes (docs/interface.md, "Gradients").
+struct GradientFlags {
+  std::string grad_out, grad_q, grad_k, grad_v, grad_sinks;
+  std::string backward_kernel;
+  bool wanted() const {
+    return !grad_q.empty() || !grad_k.empty() || !grad_v.empty() || !grad_sinks.empty();
+  }
+};
+
 struct AttentionCommand {
   std::string q_path, k_path, v_path, out_path;
   bool check = false;
   AttentionFlags flags;
+  GradientFlags gradients;
   ReportFlags report;
 };
+
+bool verbose_choice() {
+  const char* verbose = std::getenv("QKV_VERBOSE");
+  return verbose != nullptr && verbose[0] == '1';
+}
+
+// The gradients of Σ out∘dO the flags ask for, added to `outputs` (written with the others, all
+// or none). `gradients` holds them until then.
+void add_gradients(const AttentionCommand& command, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const AttentionResult& forward, AttentionOptions options,
+                   AttentionGradients& gradients, std::vector<OutputFile>& outputs) {
+  const GradientFlags& flags = command.gradients;
+  const Tensor grad_out = read_input(flags.grad_out);
+  options.kernel = flags.backward_kernel;
+  options.progress = nullptr;
+  // What the forward allocated is no longer the backward's to spend.
+  if (options.max_memory > 0) {
+    const std::uint64_t held = forward.out.nbytes() + forward.lse.nbytes() +
+                               forward.weights.nbytes() + grad_out.nbytes();
+    if (held >= options.max_memory) {
+      throw Error("--max-memory", "the gradients need more than the budget left after the "
+                                  "forward (" + std::to_string(held) + " bytes held)");
+    }
+    options.max_memory -= held;
+  }
+  const auto backward = [&] {
+    return attention_backward(q.view(), k.view(), v.view(), forward.out.view(),
+                              forward.lse.view(), grad_out.view(), options);
+  };
+  if (verbose_choice() && flags.backward_kernel.empty()) {
+    const std::string choice = within_memory_budget("attention backward", [&] {
+      return explain_backward_kernel_choice(q.view(), k.view(), v.view(), forward.out.view(),
+                                            forward.lse.view(), grad_out.view(), options);
+    });
+    // "backward fused_hwy: chosen", one line per backward kernel.
+    std::string lines;
+    for (std::size_t at = 0; at < choice.size();) {
+      const std::size_t end = choice.find('\n', at);
+      lines += "backward " + choice.substr(at, end == std::string::npos ? end : end + 1 - at);
+      at = end == std::string::npos ? choice.size() : end + 1;
+    }
+    std::fputs(lines.c_str(), stderr);
+  }
+  try {
+    gradients = within_memory_budget("attention backward", backward);
+  } catch (const Error& e) {
+    // options.kernel is --backward-kernel here, not --kernel.
+    if (e.subject().rfind("kernel", 0) == 0) throw Error("--backward-kernel", e.problem());
+    throw;
+  }
+  if (!flags.grad_q.empty()) outputs.push_back({flags.grad_q, gradients.dq.view()});
+  if (!flags.grad_k.empty()) outputs.push_back({flags.grad_k, gradients.dk.view()});
+  if (!flags.grad_v.empty()) outputs.push_back({flags.grad_v, gradients.dv.view()});
+  if (!flags.grad_sinks.empty()) outputs.push_back({flags.grad_sinks, gradients.dsinks.view()});
+}
 
 void print_errors(const char* what, const ErrorStats& e) {
   std::printf("  %-7s max abs error %.3e  max rel error %.3e  (max |reference| %.3e)\n", what,
@@ -35,15 +101,22 @@ void print_accuracy(const AccuracyReport& report) {
 }
 
 void run_attention(const AttentionCommand& command) {
-  const std::uint64_t input_bytes =
-      check_input_sizes(command.flags, {command.q_path, command.k_path, command.v_path});
+  if (!command.gradients.grad_out.empty() && !command.gradients.wanted()) {
+    throw CLI::ValidationError("--grad-out",
+                               "needs one of --grad-q, --grad-k, --grad-v or --grad-sinks");
+  }
+  const std::uint64_t input_bytes = check_input_sizes(
+      command.flags,
+      {command.q_path, command.k_path, command.v_path, command.gradients.grad_out});
   const Tensor q = read_input(command.q_path);
   const Tensor k = read_input(command.k_path);
   const Tensor v = read_input(command.v_path);
   const AttentionTensors tensors = load_attention_tensors(command.flags);
   AttentionOptions options = attention_options(command.flags, tensors);
   apply_memory_budget(command.flags, input_bytes, options);
-  if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
+  const bool gradients_wanted = command.gradients.wanted();
+  if (gradients_wanted) options.return_lse = true;  // the backward reads it
+  if (verbose_choice()) {
     const std::string choice = within_memory_budget(
         "attention", [&] { return explain_kernel_choice(q.view(), k.view(), v.view(), options); });
     std::fputs(choice.c_str(), stderr);
@@ -64,6 +137,8 @@ void run_attention(const AttentionCommand& command) {
 
   std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);
+  AttentionGradients gradients;
+  if (gradients_wanted) add_gradients(command, q, k, v, result, options, gradients, outputs);
   write_outputs(outputs, options.out_dtype);
   if (command.report.verbose) {
     const std::string line = summary_line(RunSummary{
@@ -100,6 +175,22 @@ void register_attention_command(CLI::App& app) {
       FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
   sub->add_flag("--check", command->check,
                 "also run the float64 reference and print the chosen kernel's max errors");
+  GradientFlags& g = command->gradients;
+  CLI::Option* grad_out = sub->add_option(
+      "--grad-out", g.grad_out, "dO, the output's gradient [.., Nq, Dv]: compute the gradients of "
+                                "sum(out * dO) that the --grad-* flags ask for");
+  const auto gradient = [&](const char* flag, std::string& path, const char* what) {
+    return sub->add_option(flag, path, what)->needs(grad_out);
+  };
+  gradient("--grad-q", g.grad_q, "dQ output, Q's shape");
+  gradient("--grad-k", g.grad_k, "dK output, K's shape (summed over the query heads of a kv head)");
+  gradient("--grad-v", g.grad_v, "dV output, V's shape");
+  gradient("--grad-sinks", g.grad_sinks, "dSinks output [H] (needs --sinks)")
+      ->needs(sub->get_option("--sinks"));
+  sub->add_option("--backward-kernel", g.backward_kernel,
+                  "force a backward kernel: fused_hwy, unfused_blas, fused_scalar or reference "
+                  "(default: the fastest that supports the call)")
+      ->needs(grad_out);
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -114,6 +205,8 @@ void register_attention_command(CLI::App& app) {
       "(array NAME of np.savez or np.savez_compressed, read as its NAME.npy), but the\n"
       "--cu-seqlens-* offsets: int32 or int64 .npy (the only integer files read).\n"
       "Outputs are always written as .npy (no .npz).\n"
+      "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in float32 (float64 for\n"
+      "float64 inputs) and written in --out-dtype; a bf16 or f16 --dtype is refused with them.\n"
       "QKV_VERBOSE=1 prints which kernel ran and why the others declined or were passed over, "
       "and whether the system refused threads (stderr). Every dimension may be 0.");
   sub->callback([command] { run_attention(*command); });
