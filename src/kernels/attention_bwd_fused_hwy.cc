@@ -13,10 +13,11 @@
 // ExpNonPositive (exp_hwy-inl.h): the argument is never positive, and P gets the forward's
 // weights.
 //
-// Why not CBLAS for the products, as attention_bwd_unfused_blas does: OpenBLAS 0.3.21 picks its
-// Haswell (AVX2) kernel on Zen 4 and Zen 5, half the AVX-512 FMA width, and packs both operands
-// on every call; measured on a Zen 5 (n = 2048, d = 64, H = 8, one thread) the same loop nest
-// through sgemm ran at 116 GFLOP/s.
+// Why not CBLAS for the products, as attention_bwd_unfused_blas does: a CBLAS call packs both
+// operands every time, which 128 x 128 tiles cannot amortise. Measured on a Zen 5 (n = 2048,
+// d = 64, H = 8, one thread, OpenBLAS on its AVX-512 Cooperlake kernels), the same loop nest
+// with sgemm tile products ran at 116 GFLOP/s, this one at 135-157 (runs minutes apart on a
+// shared machine).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_bwd_fused_hwy.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep

@@ -28,14 +28,16 @@ class CliGradients : public ::testing::Test {
     dout_ = testing::random_tensor(DType::kF32, {4, 9, 5}, 24);
     sinks_ = testing::random_tensor(DType::kF32, {4}, 25, -1.0, 2.0);
     for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"q.npy", &q_},
-                                  {"k.npy", &k_}, {"v.npy", &v_}, {"do.npy", &dout_},
+                                  {"k.npy", &k_},
+                                  {"v.npy", &v_},
+                                  {"do.npy", &dout_},
                                   {"sinks.npy", &sinks_}}) {
       write_npy(dir_ / name, t->view(), t->dtype());
     }
   }
 
   testing::CommandRun run(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {"attention", "--q", "q.npy", "--k",   "k.npy",
+    std::vector<std::string> args = {"attention", "--q",   "q.npy", "--k",  "k.npy",
                                      "--v",       "v.npy", "--out", "o.npy"};
     args.insert(args.end(), extra.begin(), extra.end());
     return testing::run_program(QKV_CLI_PATH, dir_.path(), args);
@@ -43,7 +45,7 @@ class CliGradients : public ::testing::Test {
 
   void expect_refused(const std::vector<std::string>& extra, const std::string& mentions,
                       int status) {
-    std::vector<std::string> args = {"attention", "--q", "q.npy", "--k",   "k.npy",
+    std::vector<std::string> args = {"attention", "--q",   "q.npy", "--k",  "k.npy",
                                      "--v",       "v.npy", "--out", "o.npy"};
     args.insert(args.end(), extra.begin(), extra.end());
     testing::expect_refused(QKV_CLI_PATH, dir_.path(), args, mentions, {status, status});
@@ -55,9 +57,9 @@ class CliGradients : public ::testing::Test {
 
 TEST_F(CliGradients, WritesWhatTheLibraryComputesBitForBit) {
   const testing::CommandRun r =
-      run({"--causal", "--softcap", "3", "--sinks", "sinks.npy", "--grad-out", "do.npy",
-           "--grad-q", "dq.npy", "--grad-k", "dk.npy", "--grad-v", "dv.npy", "--grad-sinks",
-           "ds.npy", "--threads", "2"});
+      run({"--causal", "--softcap", "3", "--sinks", "sinks.npy", "--grad-out", "do.npy", "--grad-q",
+           "dq.npy", "--grad-k", "dk.npy", "--grad-v", "dv.npy", "--grad-sinks", "ds.npy",
+           "--threads", "2"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
   AttentionOptions o;
@@ -67,8 +69,8 @@ TEST_F(CliGradients, WritesWhatTheLibraryComputesBitForBit) {
   o.threads = 2;
   o.return_lse = true;
   const AttentionResult fwd = attention(q_.view(), k_.view(), v_.view(), o);
-  const AttentionGradients g = attention_backward(q_.view(), k_.view(), v_.view(),
-                                                  fwd.out.view(), fwd.lse.view(), dout_.view(), o);
+  const AttentionGradients g = attention_backward(q_.view(), k_.view(), v_.view(), fwd.out.view(),
+                                                  fwd.lse.view(), dout_.view(), o);
   EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "dq.npy"), g.dq));
   EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "dk.npy"), g.dk));
   EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "dv.npy"), g.dv));
@@ -77,10 +79,13 @@ TEST_F(CliGradients, WritesWhatTheLibraryComputesBitForBit) {
 }
 
 TEST_F(CliGradients, AnyBackwardKernelMayBeForcedAndAgrees) {
-  ASSERT_EQ(run({"--grad-out", "do.npy", "--grad-q", "ref.npy", "--backward-kernel",
-                 "reference"}).status, 0);
-  ASSERT_EQ(run({"--grad-out", "do.npy", "--grad-q", "scalar.npy", "--backward-kernel",
-                 "fused_scalar"}).status, 0);
+  ASSERT_EQ(
+      run({"--grad-out", "do.npy", "--grad-q", "ref.npy", "--backward-kernel", "reference"}).status,
+      0);
+  ASSERT_EQ(
+      run({"--grad-out", "do.npy", "--grad-q", "scalar.npy", "--backward-kernel", "fused_scalar"})
+          .status,
+      0);
   EXPECT_LT(testing::max_abs_diff(read_npy(dir_ / "ref.npy").view(),
                                   read_npy(dir_ / "scalar.npy").view()),
             1e-5);
@@ -113,6 +118,36 @@ TEST_F(CliGradients, BadInputIsOneLineAndNothingIsWritten) {
   std::string text;
   kept >> text;
   EXPECT_EQ(text, "keep");
+}
+
+// qkv bench --backward: the forward bench's JSON fields (chosen.ms, chosen.gflops, baseline for
+// the unfused backward) plus forward_ms; the form, not the figures (timings on a shared host).
+TEST_F(CliGradients, BenchBackwardReportsTheForwardBenchsFields) {
+  const testing::CommandRun r = testing::run_program(
+      QKV_CLI_PATH, dir_.path(),
+      {"bench", "--backward", "--n", "40",        "--d",       "8",     "--heads",
+       "2",     "--kv-heads", "1",   "--causal",  "--threads", "2",     "--peak-gflops",
+       "100",   "--warmup",   "0",   "--repeats", "2",         "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* field :
+       {"\"backward\": true", "\"chosen\": {\"kernel\": \"",
+        "\"gflops\": ", "\"ms\": ", "\"forward_ms\": ", "\"backward_forward_ratio\": ",
+        "\"baseline\": {\"kernel\": \"unfused_blas\"", "\"speedup_vs_baseline\": "}) {
+    EXPECT_NE(r.out.find(field), std::string::npos) << field << " in " << r.out;
+  }
+  const testing::CommandRun text = testing::run_program(
+      QKV_CLI_PATH, dir_.path(),
+      {"bench", "--backward", "--n", "40", "--d", "8", "--heads", "2", "--threads", "1",
+       "--peak-gflops", "100", "--warmup", "0", "--repeats", "1", "--kernel", "fused_scalar"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("backward  fused_scalar"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("backward / forward time: "), std::string::npos) << text.out;
+  testing::expect_refused(
+      QKV_CLI_PATH, dir_.path(),
+      {"bench", "--backward", "--n", "40", "--d", "8", "--heads", "2", "--dtype", "bf16"},
+      "--dtype", {2, 2});
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(), {"bench", "--backward", "--decode"},
+                          "--backward", {2, 2});
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ struct BenchCommand {
   int warmup = 1;
   // --decode and its own flags.
   bool decode = false;
+  bool backward = false;  // --backward: time attention_backward (bench_backward.cc)
   std::string dtype = "f32";
   std::string lengths;
   std::string mixed_lengths;
@@ -41,5 +42,8 @@ bool openblas_env_set();
 
 // qkv bench --decode.
 void run_decode_bench(BenchCommand c);
+
+// qkv bench --backward, on a command whose shape flags are checked and defaulted.
+void run_backward_bench(const BenchCommand& c);
 
 }  // namespace qkv::cli

@@ -47,17 +47,19 @@ void add_gradients(const AttentionCommand& command, const Tensor& q, const Tenso
   options.progress = nullptr;
   // What the forward allocated is no longer the backward's to spend.
   if (options.max_memory > 0) {
-    const std::uint64_t held = forward.out.nbytes() + forward.lse.nbytes() +
-                               forward.weights.nbytes() + grad_out.nbytes();
+    const std::uint64_t held =
+        forward.out.nbytes() + forward.lse.nbytes() + forward.weights.nbytes() + grad_out.nbytes();
     if (held >= options.max_memory) {
-      throw Error("--max-memory", "the gradients need more than the budget left after the "
-                                  "forward (" + std::to_string(held) + " bytes held)");
+      throw Error("--max-memory",
+                  "the gradients need more than the budget left after the "
+                  "forward (" +
+                      std::to_string(held) + " bytes held)");
     }
     options.max_memory -= held;
   }
   const auto backward = [&] {
-    return attention_backward(q.view(), k.view(), v.view(), forward.out.view(),
-                              forward.lse.view(), grad_out.view(), options);
+    return attention_backward(q.view(), k.view(), v.view(), forward.out.view(), forward.lse.view(),
+                              grad_out.view(), options);
   };
   if (verbose_choice() && flags.backward_kernel.empty()) {
     const std::string choice = within_memory_budget("attention backward", [&] {
@@ -106,8 +108,7 @@ void run_attention(const AttentionCommand& command) {
                                "needs one of --grad-q, --grad-k, --grad-v or --grad-sinks");
   }
   const std::uint64_t input_bytes = check_input_sizes(
-      command.flags,
-      {command.q_path, command.k_path, command.v_path, command.gradients.grad_out});
+      command.flags, {command.q_path, command.k_path, command.v_path, command.gradients.grad_out});
   const Tensor q = read_input(command.q_path);
   const Tensor k = read_input(command.k_path);
   const Tensor v = read_input(command.v_path);
@@ -141,17 +142,17 @@ void run_attention(const AttentionCommand& command) {
   if (gradients_wanted) add_gradients(command, q, k, v, result, options, gradients, outputs);
   write_outputs(outputs, options.out_dtype);
   if (command.report.verbose) {
-    const std::string line = summary_line(RunSummary{
-        .command = "qkv attention",
-        .shapes = tensor_summary("Q", q.shape(), q.dtype()) + ", " +
-                  tensor_summary("K", k.shape(), k.dtype()) + ", " +
-                  tensor_summary("V", v.shape(), v.dtype()) + " -> " +
-                  tensor_summary("out", result.out.shape(), result.out.dtype()),
-        .kernel = result.kernel,
-        .compute = result.compute,
-        .threads = result.threads,
-        .seconds = seconds.count(),
-        .flops = attention_flops(q.shape(), k.shape(), v.shape(), options)});
+    const std::string line = summary_line(
+        RunSummary{.command = "qkv attention",
+                   .shapes = tensor_summary("Q", q.shape(), q.dtype()) + ", " +
+                             tensor_summary("K", k.shape(), k.dtype()) + ", " +
+                             tensor_summary("V", v.shape(), v.dtype()) + " -> " +
+                             tensor_summary("out", result.out.shape(), result.out.dtype()),
+                   .kernel = result.kernel,
+                   .compute = result.compute,
+                   .threads = result.threads,
+                   .seconds = seconds.count(),
+                   .flops = attention_flops(q.shape(), k.shape(), v.shape(), options)});
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
@@ -176,9 +177,10 @@ void register_attention_command(CLI::App& app) {
   sub->add_flag("--check", command->check,
                 "also run the float64 reference and print the chosen kernel's max errors");
   GradientFlags& g = command->gradients;
-  CLI::Option* grad_out = sub->add_option(
-      "--grad-out", g.grad_out, "dO, the output's gradient [.., Nq, Dv]: compute the gradients of "
-                                "sum(out * dO) that the --grad-* flags ask for");
+  CLI::Option* grad_out =
+      sub->add_option("--grad-out", g.grad_out,
+                      "dO, the output's gradient [.., Nq, Dv]: compute the gradients of "
+                      "sum(out * dO) that the --grad-* flags ask for");
   const auto gradient = [&](const char* flag, std::string& path, const char* what) {
     return sub->add_option(flag, path, what)->needs(grad_out);
   };

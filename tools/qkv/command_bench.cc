@@ -210,6 +210,10 @@ void run_bench(BenchCommand c) {
                 std::to_string(c.kv_heads) + " does not divide --heads " + std::to_string(c.heads));
   }
 
+  if (c.backward) {
+    run_backward_bench(c);
+    return;
+  }
   const DType dtype = prefill_dtype(c.dtype);
   const Shape q_shape{c.batch, c.heads, c.n, c.d};
   const Shape k_shape{c.batch, c.kv_heads, c.nk, c.d};
@@ -418,6 +422,11 @@ void register_bench_command(CLI::App& app) {
       "--decode", command->decode,
       "time attention_cached: one query row per sequence against a KV cache of --nk rows (or "
       "--lengths, --mixed-lengths), against the memory bandwidth");
+  sub->add_flag("--backward", command->backward,
+                "time attention_backward: the chosen backward kernel against the unfused CBLAS "
+                "backward and the forward (GFLOP/s: 2.5x the forward's useful flops)")
+      ->excludes(decode_option)
+      ->excludes(peak_option);
   decode_option->excludes(n_option)
       ->excludes(causal_option)
       ->excludes(peak_option)
@@ -454,6 +463,7 @@ void register_bench_command(CLI::App& app) {
       "  qkv bench --n 4096 --d 64 --heads 8 --dtype bf16 --threads 2\n"
       "  qkv bench --n 1024 --d 64 --heads 8 --dtype f64 --threads 2\n"
       "  qkv bench --peak --threads 2\n"
+      "  qkv bench --backward --n 2048 --d 64 --heads 8 --threads 2\n"
       "GFLOP/s count the useful work 2·(d+dv) per allowed (query, key) pair and head.\n"
       "--decode counts the K/V bytes one call must read: rows · Hkv · (d + dv) values of the\n"
       "storage type (int8: plus a 4-byte scale per 32 values), and compares the rate with the\n"
