@@ -6,7 +6,8 @@
 // a call (qkv::Error); when it runs, its output, weights and lse must match the reference within
 // float32 tolerance (plus bf16's 2^-8 on P·V when the call computes in bf16, and float16's
 // rounding of a float16 output), rows with no allowed key must be exactly zero with lse = -inf
-// (or the sink), and nothing may be NaN. The version-2 draws come after every earlier one, so
+// (or the sink), and nothing may be NaN. Then the backward: every backward kernel against the
+// float64 reference backward (check_backward). The version-2 draws come after every earlier one, so
 // an input written before them means what it meant (past its end, a draw is 0: no modifier).
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/error.h"
 
 namespace {
@@ -88,6 +90,61 @@ void compare(const qkv::Tensor& got_stored, const qkv::Tensor& want, double tole
     if (std::fabs(g - w) > tolerance + relative * std::fabs(w)) {
       qkv::fuzz::fail(what + ": element " + std::to_string(i) + " is " + std::to_string(g) +
                       ", reference " + std::to_string(w));
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The backward: every backward kernel against the float64 reference backward on the same
+// inputs, options and a random dO, from the reference forward's out and lse. 16-bit storage
+// must be refused in one line. Tolerance: the float32 forward's relative error carried through
+// the five products (each summing at most nq + nk terms), against the gradient's own scale.
+void check_backward(const qkv::Tensor& q, const qkv::Tensor& k, const qkv::Tensor& v,
+                    const qkv::AttentionResult& want, qkv::AttentionOptions options,
+                    qkv::DType stored, Rng& rng, double range, double score_bound) {
+  qkv::Tensor dout = random_tensor(qkv::DType::kF32, want.out.shape(), rng, 1.0, "dO");
+  options.return_weights = false;
+  options.kernel = "reference";
+  const bool sixteen = options.dtype ? (*options.dtype == qkv::DType::kBF16 ||
+                                        *options.dtype == qkv::DType::kF16)
+                                     : (stored == qkv::DType::kBF16 || stored == qkv::DType::kF16);
+  qkv::AttentionGradients ref;
+  try {
+    ref = qkv::attention_backward(q.view(), k.view(), v.view(), want.out.view(), want.lse.view(),
+                                  dout.view(), options);
+  } catch (const qkv::Error& e) {
+    qkv::fuzz::check_one_line(e.what());
+    // 16-bit storage, or gradients beyond float64's range: refusals, not findings.
+    return;
+  }
+  if (sixteen) qkv::fuzz::fail("the backward accepted 16-bit storage");
+  const auto scale_of = [](const qkv::Tensor& t) {
+    double m = 0.0;
+    for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(at(t, i)));
+    return m;
+  };
+  const double terms = static_cast<double>(q.numel() + k.numel() + 1);
+  const double relative = 64 * 1.2e-7 * (score_bound + std::sqrt(terms) + 16);
+  for (const std::string& kernel : qkv::attention_backward_kernel_names()) {
+    if (kernel == "reference") continue;
+    options.kernel = kernel;
+    qkv::AttentionGradients got;
+    try {
+      got = qkv::attention_backward(q.view(), k.view(), v.view(), want.out.view(),
+                                    want.lse.view(), dout.view(), options);
+    } catch (const qkv::Error& e) {
+      qkv::fuzz::check_one_line(e.what());
+      continue;
+    }
+    compare(got.dq, ref.dq, relative * (scale_of(ref.dq) + range) + 1e-6, kernel + " dQ");
+    compare(got.dk, ref.dk, relative * (scale_of(ref.dk) + range) + 1e-6, kernel + " dK");
+    compare(got.dv, ref.dv, relative * (scale_of(ref.dv) + 1.0) + 1e-6, kernel + " dV");
+    if (!ref.dsinks.empty()) {
+      compare(got.dsinks, ref.dsinks, relative * (scale_of(ref.dsinks) + 1.0) + 1e-6,
+              kernel + " dsinks");
     }
   }
 }
@@ -291,5 +348,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
   }
+  check_backward(q, k, v, want, options, stored, rng, range, score_bound);
   return 0;
 }
