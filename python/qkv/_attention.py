@@ -7,6 +7,10 @@ from ._arrays import as_input
 from ._options import attention_options
 
 AttentionResult = namedtuple("AttentionResult", ["out", "lse", "weights"])
+AttentionGradients = namedtuple("AttentionGradients", ["dq", "dk", "dv", "dsinks"])
+AttentionGradients.__doc__ = """What qkv.attention_backward returns: the gradients of
+sum(out * grad_out) with respect to q, k, v (each of its input's shape) and the sinks ([H], or
+None without sinks)."""
 AttentionResult.__doc__ = """What qkv.attention returns when an extra output is asked for.
 
 out: [..., Nq, Dv]; lse: the log-sum-exp of each row's scores, [..., Nq] (None unless
@@ -66,3 +70,32 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     if return_lse or return_weights:
         return AttentionResult(out, lse, weights)
     return out
+
+
+def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=False, scale=None,
+                       window=None, softcap=None, alibi_slopes=None, sinks=None,
+                       cu_seqlens_q=None, cu_seqlens_k=None, dtype=None, threads=None, *,
+                       kernel=None, max_memory=None):
+    """The gradients of L = sum(out * grad_out) for out = qkv.attention(q, k, v, ...).
+
+    out and lse are what qkv.attention(q, k, v, ..., return_lse=True) returned for the same
+    inputs and options; grad_out (dO) has out's shape. Every option of qkv.attention is taken
+    and means what it means there. With P the softmax weights and D_i = sum_c dO_ic·O_ic:
+    dV = Pᵀ·dO, dS = P∘(dO·Vᵀ - D) (times 1 - tanh² through a softcap), dQ = scale·dS·K,
+    dK = scale·dSᵀ·Q, d sink_h = -sum_i exp(sink_h - lse_i)·D_i; a kv head's dK and dV sum over
+    the query heads that read it; a row with no allowed key contributes nothing. Computed by a
+    fused FlashAttention-2-style backward, bitwise the same for any thread count.
+
+    Gradients are float64 when the call computes in float64 (q, k, v all float64), else
+    float32; a bfloat16 or float16 dtype is refused (pass dtype="float32" to differentiate
+    16-bit inputs in float32). kernel forces a backward kernel (qkv.backward_kernel_names()).
+    Returns AttentionGradients(dq, dk, dv, dsinks) of NumPy arrays (dsinks None without sinks).
+    Raises qkv.Error naming the argument on bad input.
+    """
+    options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
+                                sinks, dtype, None, False, False, threads, cu_seqlens_q,
+                                cu_seqlens_k, kernel, max_memory)
+    dq, dk, dv, dsinks, _, _ = _qkv.attention_backward(
+        as_input(q), as_input(k), as_input(v), as_input(out), as_input(lse),
+        as_input(grad_out), options)
+    return AttentionGradients(dq, dk, dv, dsinks)

@@ -1,0 +1,118 @@
+"""qkv.torch: attention that PyTorch can train through, on qkv's forward and backward.
+
+    import torch, qkv.torch
+    out = qkv.torch.attention(q, k, v, is_causal=True)    # q.requires_grad: out.backward() works
+    layer = qkv.torch.MultiheadAttention(64, 8)           # an nn.Module; its parameters train
+
+Importing this module imports torch; `import qkv` alone does not.
+"""
+
+import math
+
+import torch
+
+from ._attention import attention as _attention, attention_backward as _attention_backward
+
+__all__ = ["attention", "MultiheadAttention"]
+
+
+class _Attention(torch.autograd.Function):
+    """qkv.attention forward (with its lse kept), qkv.attention_backward backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, options):
+        result = _attention(q, k, v, sinks=sinks, return_lse=True, **options)
+        out = torch.from_numpy(result.out)
+        lse = torch.from_numpy(result.lse)
+        ctx.options = options
+        ctx.save_for_backward(q, k, v, sinks, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, sinks, out, lse = ctx.saved_tensors
+        need_q, need_k, need_v, need_sinks, _ = ctx.needs_input_grad
+        if not (need_q or need_k or need_v or need_sinks):
+            return None, None, None, None, None
+        g = _attention_backward(q, k, v, out, lse, grad_out.contiguous(), sinks=sinks,
+                                **ctx.options)
+
+        def grad(array, like, needed):
+            return torch.from_numpy(array).to(like.dtype) if needed else None
+
+        return (grad(g.dq, q, need_q), grad(g.dk, k, need_k), grad(g.dv, v, need_v),
+                grad(g.dsinks, sinks, need_sinks) if sinks is not None else None, None)
+
+
+def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
+              alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, dtype=None,
+              threads=None):
+    """qkv.attention on CPU torch tensors, as a torch.autograd.Function.
+
+    The arguments mean what they mean for qkv.attention; the output is a torch tensor of the
+    dtype qkv.attention gives (float64 for float64 inputs, float32 for float32). Gradients flow
+    to q, k, v and sinks (those that require them) through qkv.attention_backward, the fused
+    backward; attn_mask, alibi_slopes and the offsets get none. Gradients need float32 or
+    float64 computation: for 16-bit inputs pass dtype="float32".
+    """
+    options = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale,
+               "window": window, "softcap": softcap, "alibi_slopes": alibi_slopes,
+               "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dtype": dtype,
+               "threads": threads}
+    return _Attention.apply(q, k, v, sinks, options)
+
+
+class MultiheadAttention(torch.nn.Module):
+    """A multi-head attention layer whose attention runs on qkv, forward and backward.
+
+    Q = X·W_q + b_q, K = M·W_k + b_k, V = M·W_v + b_v (M = X, or `memory` for
+    cross-attention), heads of head_dim columns (kv_heads of them for K and V: grouped-query
+    attention), out = concat(heads)·W_o + b_o. Weights are stored in qkv's X·W layout
+    ([in, out], the transpose of nn.Linear's) and initialised as nn.Linear initialises its
+    own: uniform in ±1/sqrt(in). forward takes X [B, N, embed_dim] or [N, embed_dim].
+    """
+
+    def __init__(self, embed_dim, num_heads, kv_heads=None, bias=True, kdim=None,
+                 head_dim=None, dtype=torch.float32):
+        super().__init__()
+        kv_heads = kv_heads or num_heads
+        if embed_dim <= 0 or num_heads <= 0 or num_heads % kv_heads != 0:
+            raise ValueError("embed_dim and num_heads must be positive and kv_heads must "
+                             "divide num_heads")
+        head_dim = head_dim or embed_dim // num_heads
+        kdim = kdim or embed_dim
+        self.num_heads, self.kv_heads, self.head_dim = num_heads, kv_heads, head_dim
+
+        def weight(rows, cols):
+            w = torch.empty(rows, cols, dtype=dtype)
+            torch.nn.init.uniform_(w, -1 / math.sqrt(rows), 1 / math.sqrt(rows))
+            return torch.nn.Parameter(w)
+
+        def bias_of(rows, cols):
+            if not bias:
+                return None
+            b = torch.empty(cols, dtype=dtype)
+            torch.nn.init.uniform_(b, -1 / math.sqrt(rows), 1 / math.sqrt(rows))
+            return torch.nn.Parameter(b)
+
+        self.wq, self.bq = weight(embed_dim, num_heads * head_dim), bias_of(embed_dim, num_heads * head_dim)
+        self.wk, self.bk = weight(kdim, kv_heads * head_dim), bias_of(kdim, kv_heads * head_dim)
+        self.wv, self.bv = weight(kdim, kv_heads * head_dim), bias_of(kdim, kv_heads * head_dim)
+        self.wo, self.bo = weight(num_heads * head_dim, embed_dim), bias_of(num_heads * head_dim, embed_dim)
+
+    @staticmethod
+    def _project(x, w, b):
+        y = x @ w
+        return y if b is None else y + b
+
+    def _heads(self, y, heads):
+        # [..., N, heads·head_dim] -> [..., heads, N, head_dim], a strided view (no copy)
+        return y.unflatten(-1, (heads, self.head_dim)).transpose(-3, -2)
+
+    def forward(self, x, memory=None, is_causal=False, attn_mask=None, **options):
+        m = x if memory is None else memory
+        q = self._heads(self._project(x, self.wq, self.bq), self.num_heads)
+        k = self._heads(self._project(m, self.wk, self.bk), self.kv_heads)
+        v = self._heads(self._project(m, self.wv, self.bv), self.kv_heads)
+        o = attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **options)
+        return self._project(o.transpose(-3, -2).flatten(-2), self.wo, self.bo)

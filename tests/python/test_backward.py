@@ -1,0 +1,194 @@
+"""qkv.attention_backward and qkv.torch: gradients against torch's autograd of attention written
+out in float64 torch (the formulas of include/qkv/attention.h), gradcheck in float64, the
+module's parameter gradients against the same layer in plain torch, and training."""
+
+import numpy as np
+import pytest
+
+import qkv
+
+torch = pytest.importorskip("torch")
+import qkv.torch as qt  # noqa: E402
+
+
+def torch_attention(q, k, v, mask=None, causal=False, scale=None, window=None, softcap=None,
+                    sinks=None):
+    """Attention in plain torch, differentiable: what the gradients are checked against."""
+    d = q.shape[-1]
+    scale = 1.0 / d ** 0.5 if scale is None else scale
+    group = q.shape[-3] // k.shape[-3]
+    k = k.repeat_interleave(group, dim=-3)
+    v = v.repeat_interleave(group, dim=-3)
+    s = scale * q @ k.transpose(-1, -2)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    nq, nk = q.shape[-2], k.shape[-2]
+    i = torch.arange(nq)[:, None]
+    j = torch.arange(nk)[None, :]
+    diag = i + (nk - nq)
+    allowed = torch.ones(nq, nk, dtype=torch.bool)
+    if causal:
+        allowed &= j <= diag
+    if window is not None:
+        left, right = window
+        allowed &= (j >= diag - left) & (j <= diag + right)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            allowed = allowed & mask
+        else:
+            s = s + torch.where(torch.isinf(mask), torch.zeros_like(mask), mask)
+            allowed = allowed & ~torch.isinf(mask)
+    s = s.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        sink = sinks[:, None, None].expand(s.shape[:-1] + (1,))
+        s = torch.cat([s, sink], dim=-1)
+    row_max = s.max(dim=-1, keepdim=True).values.clamp(min=-1e300)
+    e = torch.exp(s - row_max)
+    w = e / e.sum(dim=-1, keepdim=True).clamp(min=1e-300)
+    if sinks is not None:
+        w = w[..., :-1]
+    return w @ v
+
+
+CASES = {
+    "plain": {},
+    "causal": {"causal": True},
+    "gqa_window": {"window": (2, 1), "heads": (4, 2)},
+    "softcap_scale": {"softcap": 1.5, "scale": 0.8},
+    "sinks_causal": {"sinks": True, "causal": True},
+    "float_mask": {"mask": "float"},
+}
+
+
+def inputs(case, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h, hkv = case.get("heads", (2, 2))
+    q = torch.randn(2, h, 5, 4, generator=g, dtype=dtype)
+    k = torch.randn(2, hkv, 7, 4, generator=g, dtype=dtype)
+    v = torch.randn(2, hkv, 7, 3, generator=g, dtype=dtype)
+    dout = torch.randn(2, h, 5, 3, generator=g, dtype=dtype)
+    sinks = torch.randn(h, generator=g, dtype=dtype) if case.get("sinks") else None
+    mask = None
+    if case.get("mask") == "float":
+        mask = torch.randn(5, 7, generator=g, dtype=dtype)
+        mask[mask < -1.0] = float("-inf")
+    return q, k, v, dout, sinks, mask
+
+
+def options_of(case, mask, sinks):
+    return {"is_causal": case.get("causal", False), "window": case.get("window"),
+            "softcap": case.get("softcap"), "scale": case.get("scale"), "attn_mask": mask,
+            "sinks": sinks}
+
+
+def torch_gradients(case, q, k, v, dout, sinks, mask):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    s = sinks.clone().requires_grad_() if sinks is not None else None
+    out = torch_attention(*leaves, mask=mask, causal=case.get("causal", False),
+                          scale=case.get("scale"), window=case.get("window"),
+                          softcap=case.get("softcap"), sinks=s)
+    (out * dout).sum().backward()
+    return [t.grad for t in leaves] + [s.grad if s is not None else None]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_attention_backward_matches_torch_autograd(name):
+    case = CASES[name]
+    q, k, v, dout, sinks, mask = inputs(case)
+    expected = torch_gradients(case, q, k, v, dout, sinks, mask)
+    options = options_of(case, mask, sinks)
+    r = qkv.attention(q, k, v, return_lse=True, **options)
+    g = qkv.attention_backward(q, k, v, r.out, r.lse, dout, **options)
+    assert g.dq.dtype == np.float64
+    for got, want in zip((g.dq, g.dk, g.dv), expected[:3]):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
+    if sinks is None:
+        assert g.dsinks is None
+    else:
+        np.testing.assert_allclose(g.dsinks, expected[3].numpy(), rtol=1e-10, atol=1e-12)
+    # float32: every backward kernel within float32's accuracy of float64's answer
+    q32, k32, v32, do32 = (t.float() for t in (q, k, v, dout))
+    s32 = sinks.float() if sinks is not None else None
+    m32 = mask.float() if mask is not None else None
+    options32 = options_of(case, m32, s32)
+    r32 = qkv.attention(q32, k32, v32, return_lse=True, **options32)
+    for kernel in qkv.backward_kernel_names():
+        g32 = qkv.attention_backward(q32, k32, v32, r32.out, r32.lse, do32, kernel=kernel,
+                                     **options32)
+        assert g32.dq.dtype == np.float32
+        for got, want in zip((g32.dq, g32.dk, g32.dv), expected[:3]):
+            scale = max(1.0, float(want.abs().max()))
+            assert np.abs(got - want.numpy()).max() <= 2e-5 * scale, kernel
+
+
+def test_attention_backward_refuses_with_one_line_naming_the_argument():
+    q, k, v, dout, _, _ = inputs({}, dtype=torch.float32)
+    r = qkv.attention(q, k, v, return_lse=True)
+    with pytest.raises(qkv.Error, match="grad_out"):
+        qkv.attention_backward(q, k, v, r.out, r.lse, dout[..., :2])
+    with pytest.raises(qkv.Error, match="dtype"):
+        qkv.attention_backward(q, k, v, r.out, r.lse, dout, dtype="bfloat16")
+    with pytest.raises(qkv.Error, match="lse"):
+        qkv.attention_backward(q, k, v, r.out, r.lse[..., :3], dout)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_torch_attention_is_gradcheck_clean(name):
+    case = CASES[name]
+    q, k, v, _, sinks, mask = inputs(case)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    args = leaves + ([sinks.clone().requires_grad_()] if sinks is not None else [])
+
+    def f(q_, k_, v_, *s):
+        return qt.attention(q_, k_, v_, attn_mask=mask, is_causal=case.get("causal", False),
+                            window=case.get("window"), softcap=case.get("softcap"),
+                            scale=case.get("scale"), sinks=s[0] if s else None)
+
+    assert torch.autograd.gradcheck(f, tuple(args))
+
+
+def test_torch_attention_honours_requires_grad():
+    q, k, v, dout, _, _ = inputs({})
+    q.requires_grad_()
+    out = qt.attention(q, k, v)
+    assert out.dtype == torch.float64 and out.requires_grad
+    (out * dout).sum().backward()
+    assert q.grad is not None and k.grad is None and v.grad is None
+    assert not qt.attention(k[:, :, :5], k, v).requires_grad
+
+
+def test_multihead_attention_gradients_equal_plain_torch_and_it_trains():
+    torch.manual_seed(0)
+    layer = qt.MultiheadAttention(8, 4, kv_heads=2, dtype=torch.float64)
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    target = torch.randn(2, 6, 8, dtype=torch.float64)
+    loss = ((layer(x, is_causal=True) - target) ** 2).mean()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    # The same layer in plain torch, the same weights.
+    params = {n: p.detach().clone().requires_grad_() for n, p in layer.named_parameters()}
+
+    def heads(y, n):
+        return y.unflatten(-1, (n, 2)).transpose(-3, -2)
+
+    q = heads(x @ params["wq"] + params["bq"], 4)
+    k = heads(x @ params["wk"] + params["bk"], 2)
+    v = heads(x @ params["wv"] + params["bv"], 2)
+    o = torch_attention(q, k, v, causal=True).transpose(-3, -2).flatten(-2)
+    plain = ((o @ params["wo"] + params["bo"] - target) ** 2).mean()
+    plain.backward()
+    assert abs(plain.item() - loss.item()) < 1e-12
+    for n, p in params.items():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-10, atol=1e-12)
+    # A few Adam steps on a fixed batch lower the loss.
+    layer32 = qt.MultiheadAttention(8, 2)
+    x32, t32 = x.float(), target.float()
+    opt = torch.optim.Adam(layer32.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        step = ((layer32(x32) - t32) ** 2).mean()
+        step.backward()
+        opt.step()
+        losses.append(step.item())
+    assert losses[-1] < 0.7 * losses[0], losses
