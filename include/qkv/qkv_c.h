@@ -119,7 +119,12 @@ static inline void qkv_attention_options_init(qkv_attention_options* options) {
 typedef enum qkv_result_part {
   QKV_RESULT_OUT = 0,
   QKV_RESULT_WEIGHTS = 1, /* present when options.return_weights */
-  QKV_RESULT_LSE = 2      /* present when options.return_lse */
+  QKV_RESULT_LSE = 2,     /* present when options.return_lse */
+  /* qkv_attention_backward's: the gradients (DSINKS only with options.sinks) */
+  QKV_RESULT_DQ = 3,
+  QKV_RESULT_DK = 4,
+  QKV_RESULT_DV = 5,
+  QKV_RESULT_DSINKS = 6
 } qkv_result_part;
 
 typedef struct qkv_result qkv_result;
@@ -142,6 +147,19 @@ qkv_status qkv_attention_into(const qkv_tensor* q, const qkv_tensor* k, const qk
 /* The same, into a new result (parts as options.return_weights / return_lse / out_dtype). */
 qkv_status qkv_attention(const qkv_tensor* q, const qkv_tensor* k, const qkv_tensor* v,
                          const qkv_attention_options* options, qkv_result** result);
+
+/* The gradients of sum(out ∘ grad_out) with respect to Q, K, V (and the sinks), for `out` and
+ * `lse` that qkv_attention returned on the same inputs and options (return_lse); grad_out has
+ * out's shape. Every option of the forward is honoured; the result's parts are QKV_RESULT_DQ,
+ * _DK, _DV (each of its input's shape; a kv head's dK and dV sum over its query heads) and
+ * _DSINKS ([H], with options.sinks), float32, or float64 when the call computes in float64.
+ * bf16/f16 storage is refused (set options.dtype = QKV_F32). options.kernel names a backward
+ * kernel ("fused_hwy", "unfused_blas", "fused_scalar", "reference"). Bitwise the same for any
+ * thread count. */
+qkv_status qkv_attention_backward(const qkv_tensor* q, const qkv_tensor* k, const qkv_tensor* v,
+                                  const qkv_tensor* out, const qkv_tensor* lse,
+                                  const qkv_tensor* grad_out,
+                                  const qkv_attention_options* options, qkv_result** result);
 
 /* The layer, X·W convention: wq [d, H·dk], wk [d_m, Hkv·dk], wv [d_m, Hkv·dv], wo [H·dv, d_out];
  * biases 1-D. wq, wk, wv are required; the others NULL for none. */

@@ -23,6 +23,7 @@ struct qkv_result {
   qkv::Tensor out;
   qkv::Tensor weights;
   qkv::Tensor lse;
+  qkv::Tensor dq, dk, dv, dsinks;  // qkv_attention_backward's parts
   std::string kernel;
 };
 

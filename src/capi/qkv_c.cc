@@ -8,6 +8,7 @@
 
 #include "capi/capi_internal.h"
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
 
@@ -36,15 +37,27 @@ qkv_status qkv_result_tensor(const qkv_result* result, qkv_result_part part, qkv
       case QKV_RESULT_LSE:
         tensor = &result->lse, what = "lse";
         break;
+      case QKV_RESULT_DQ:
+        tensor = &result->dq, what = "dq";
+        break;
+      case QKV_RESULT_DK:
+        tensor = &result->dk, what = "dk";
+        break;
+      case QKV_RESULT_DV:
+        tensor = &result->dv, what = "dv";
+        break;
+      case QKV_RESULT_DSINKS:
+        tensor = &result->dsinks, what = "dsinks";
+        break;
       default:
         throw qkv::Error("part",
                          std::to_string(qkv::capi::enum_value(part)) + " is not a qkv_result_part");
     }
     if (tensor->empty()) {
-      throw qkv::Error(
-          what, tensor == &result->out
-                    ? "is not in this result"
-                    : std::string("is not in this result (set options.return_") + what + ")");
+      const bool optional = tensor == &result->weights || tensor == &result->lse;
+      throw qkv::Error(what, optional ? std::string("is not in this result (set options.return_") +
+                                            what + ")"
+                                      : "is not in this result");
     }
     view->data = const_cast<void*>(tensor->data());
     view->dtype = qkv::capi::from_dtype(tensor->dtype());
@@ -82,6 +95,26 @@ qkv_status qkv_attention(const qkv_tensor* q, const qkv_tensor* k, const qkv_ten
         make_result(qkv::attention(qkv::capi::to_view(q, "q"), qkv::capi::to_view(k, "k"),
                                    qkv::capi::to_view(v, "v"), qkv::capi::to_options(options))),
         result);
+  });
+}
+
+qkv_status qkv_attention_backward(const qkv_tensor* q, const qkv_tensor* k, const qkv_tensor* v,
+                                  const qkv_tensor* out, const qkv_tensor* lse,
+                                  const qkv_tensor* grad_out,
+                                  const qkv_attention_options* options, qkv_result** result) {
+  return guarded([&] {
+    require(result, "result");
+    qkv::AttentionGradients g = qkv::attention_backward(
+        qkv::capi::to_view(q, "q"), qkv::capi::to_view(k, "k"), qkv::capi::to_view(v, "v"),
+        qkv::capi::to_view(out, "out"), qkv::capi::to_view(lse, "lse"),
+        qkv::capi::to_view(grad_out, "grad_out"), qkv::capi::to_options(options));
+    auto made = std::make_unique<qkv_result>();
+    made->dq = std::move(g.dq);
+    made->dk = std::move(g.dk);
+    made->dv = std::move(g.dv);
+    made->dsinks = std::move(g.dsinks);
+    made->kernel = std::move(g.kernel);
+    hand_over(std::move(made), result);
   });
 }
 

@@ -112,5 +112,7 @@ static const int64_t kShape3[] = {3, 2};
 void test_layer(void);
 void test_kv_cache(void);
 void test_read_npy(const char* directory);
+/* capi_backward_test.c */
+void test_backward(void);
 
 #endif /* QKV_TESTS_CAPI_CAPI_CHECK_H_ */

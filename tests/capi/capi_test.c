@@ -344,6 +344,7 @@ int main(int argc, char** argv) {
   test_empty();
   test_layer();
   test_kv_cache();
+  test_backward();
   test_errors();
   test_struct_sizes();
   test_read_npy(directory);
