@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -99,12 +98,6 @@ void prepare_scratch_folder() {
   if (::chdir(dir.c_str()) != 0) qkv::fuzz::fail("cannot enter the scratch folder");
   // libFuzzer reports on stderr; explain's text would only flood the log.
   if (std::freopen("/dev/null", "w", stdout) == nullptr) qkv::fuzz::fail("cannot silence stdout");
-  // write_npy installed qkv's temporary-file cleanup for SIGALRM (among others), which it does
-  // only while a signal has its default action. libFuzzer, which starts after this, keeps any
-  // handler it finds instead of installing its own, and its -timeout timer is SIGALRM: with
-  // qkv's handler there the timer's first tick ended the process (exit 142). Handing SIGALRM
-  // back to its default lets libFuzzer install its own; the fuzzer never signals a commit.
-  std::signal(SIGALRM, SIG_DFL);
 }
 
 }  // namespace

@@ -70,6 +70,16 @@ class OutputFiles {
   std::vector<Staged> staged_;
 };
 
+// Temporary files and signals: the library itself never installs a signal handler (a library
+// leaves the process's dispositions as it found them). A program that wants the temporary
+// files of outputs being written removed when it is ended by SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+// SIGXFSZ, SIGXCPU, SIGUSR1, SIGUSR2, SIGPIPE or SIGALRM calls this once, early: for each of
+// those signals whose disposition is still the default, it installs a handler that removes
+// them and then re-raises the signal with its default action, so the process ends as it would
+// have. Signals the program handles itself are left alone. The qkv executable calls it at
+// startup. Idempotent; thread-safe.
+void install_output_cleanup_on_signals();
+
 // Writes one .npy file atomically.
 void write_npy(const std::filesystem::path& path, const TensorView& view, DType dtype);
 

@@ -127,7 +127,6 @@ void install_cleanup_handlers() {
 // Enters `path` in the table; returns its slot, or -1 if the table is full or the path too long
 // (the file is then not removed on a signal, which is all that is lost).
 int register_temp(const std::filesystem::path& path) {
-  install_cleanup_handlers();
   const std::string& text = path.native();
   if (text.size() >= kTempPathBytes) return -1;
   for (std::size_t i = 0; i < kTempSlots; ++i) {
@@ -163,6 +162,13 @@ class SignalsBlocked {
   sigset_t previous_{};
   bool blocked_ = false;
 };
+
+}  // namespace
+
+// Only on request (io.h): a library leaves the process's signal dispositions as it found them.
+void install_output_cleanup_on_signals() { install_cleanup_handlers(); }
+
+namespace {
 
 // ---- Creating, writing and syncing the temporary files. ----
 

@@ -1,4 +1,5 @@
-// An interrupted run: any signal of kCleanupSignals (INT, TERM, HUP, QUIT, XFSZ, XCPU, USR1,
+// An interrupted run: in a program that asked for it (install_output_cleanup_on_signals, as the
+// qkv executable does), any signal of kCleanupSignals (INT, TERM, HUP, QUIT, XFSZ, XCPU, USR1,
 // USR2, PIPE, ALRM) while outputs are being written removes the temporary files, leaves an
 // existing output intact, and the process still dies of the signal.
 #include <fcntl.h>
@@ -45,7 +46,8 @@ void no_core_files() {
   setrlimit(RLIMIT_CORE, &none);
 }
 
-// In a child process: stage two outputs (one replacing an existing file), tell the parent, and
+// In a child process that asked for the cleanup (install_output_cleanup_on_signals, as the qkv
+// executable does): stage two outputs (one replacing an existing file), tell the parent, and
 // wait to be killed. The parent sends `signal_number` and checks what is left.
 void interrupt_staged_outputs(int signal_number) {
   testing::ScratchDir dir;
@@ -58,6 +60,7 @@ void interrupt_staged_outputs(int signal_number) {
   const pid_t pid = fork();
   if (pid == 0) {
     no_core_files();
+    install_output_cleanup_on_signals();
     close(ready[0]);
     const Tensor t = testing::random_tensor(DType::kF32, {5, 6}, 2);
     OutputFiles files;

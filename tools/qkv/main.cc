@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
+#include "qkv/io.h"
 
 namespace {
 
@@ -51,6 +52,9 @@ void no_openblas_pool(int, char**, char**) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The executable, unlike the library, removes its outputs' temporary files when a signal
+  // ends it (qkv/io.h).
+  qkv::install_output_cleanup_on_signals();
   CLI::App app{
       "qkv: transformer self-attention on the CPU, as the classic explanation of query, key and\n"
       "value describes it: Q = X·W^Q, K = X·W^K, V = X·W^V, O_i = softmax(q_i·K^T·scale)·V."};
