@@ -155,6 +155,13 @@ struct HwyOps {
   static void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t rs,
                    std::int64_t cs, const T* b, std::int64_t ldb, T* c, std::int64_t ldc,
                    bool accumulate) noexcept {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {  // an empty sum (D = 0): A and B may be empty buffers, never to be offset
+      if (!accumulate) {
+        for (std::int64_t r = 0; r < m; ++r) std::fill_n(c + r * ldc, n, T(0));
+      }
+      return;
+    }
     std::int64_t col = 0;
     for (; col + kVectors * kLanes <= n; col += kVectors * kLanes) {
       rows<kVectors>(m, 0, k, a, rs, cs, b + col, ldb, c + col, ldc, accumulate);

@@ -111,6 +111,7 @@ void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std
   const core::Strides4& st = op.strides;
   const bool direct = st.col == 1 && ((std::is_same_v<T, float> && op.dtype == DType::kF32) ||
                                       (std::is_same_v<T, double> && op.dtype == DType::kF64));
+  if (cols == 0) return;  // no columns: nothing to copy (and memcpy must not see a null pointer)
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t at = st.at(b, h, row0 + r, 0);
     T* out = dst + r * ld;
