@@ -66,7 +66,8 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, out_dtype, return_lse, return_weights, threads,
                                 cu_seqlens_q, cu_seqlens_k, kernel, max_memory)
-    out, lse, weights, _, _ = _qkv.attention(as_input(q), as_input(k), as_input(v), options)
+    out, lse, weights, _, _ = _qkv.attention(as_input(q, "q"), as_input(k, "k"), as_input(v, "v"),
+                                             options)
     if return_lse or return_weights:
         return AttentionResult(out, lse, weights)
     return out
@@ -96,6 +97,6 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
                                 sinks, dtype, None, False, False, threads, cu_seqlens_q,
                                 cu_seqlens_k, kernel, max_memory)
     dq, dk, dv, dsinks, _, _ = _qkv.attention_backward(
-        as_input(q), as_input(k), as_input(v), as_input(out), as_input(lse),
-        as_input(grad_out), options)
+        as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), as_input(out, "out"),
+        as_input(lse, "lse"), as_input(grad_out, "grad_out"), options)
     return AttentionGradients(dq, dk, dv, dsinks)

@@ -1,7 +1,7 @@
 """qkv.explain: the walk-through and the attention page."""
 
 from . import _qkv
-from ._arrays import as_input
+from ._arrays import as_input, text
 from ._options import attention_options
 
 Explanation = _qkv.Explanation
@@ -19,7 +19,7 @@ def _labels(labels, name):
         return None
     if isinstance(labels, str):
         raise _qkv.Error(f"{name}: expected one label per row (a list of strings), got a string")
-    return [str(label) for label in labels]
+    return [text(label, f"{name}[{i}]") for i, label in enumerate(labels)]
 
 
 def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=None, window=None,
@@ -62,13 +62,16 @@ def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=No
         raise _qkv.Error(f"{missing}: is needed: q, k and v go together")
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, threads=threads)
-    return _qkv.explain_attention(as_input(q), as_input(k), as_input(v), options,
+    return _qkv.explain_attention(as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), options,
                                   _labels(query_labels, "query_labels"),
-                                  _labels(key_labels, "key_labels"), title, int(batch))
+                                  _labels(key_labels, "key_labels"), text(title, "title"),
+                                  int(batch))
 
 
 def explain_layer(layer, x, memory, options, query_labels, key_labels, title, batch):
     """MultiHeadAttention.explain's call (python/qkv/_layer.py)."""
-    return _qkv.explain_layer(as_input(x), as_input(memory), layer._weights, layer.heads,
-                              layer.kv_heads, options, _labels(query_labels, "query_labels"),
-                              _labels(key_labels, "key_labels"), title, int(batch))
+    return _qkv.explain_layer(as_input(x, "x"), as_input(memory, "memory"), layer._weights,
+                              layer.heads, layer.kv_heads, options,
+                              _labels(query_labels, "query_labels"),
+                              _labels(key_labels, "key_labels"), text(title, "title"),
+                              int(batch))

@@ -39,4 +39,4 @@ def write_npy(path, array, dtype=None):
     a partial file). dtype: "float32", "float64" or "float16" (default: the array's own; a
     bfloat16 torch tensor is written as float32). Problems with the destination raise
     qkv.FileError; an array qkv cannot take raises qkv.Error."""
-    _qkv.write_npy(path, as_input(array), dtype_name(dtype))
+    _qkv.write_npy(path, as_input(array, "array"), dtype_name(dtype))

@@ -3,7 +3,7 @@
 import numbers
 
 from . import _qkv
-from ._arrays import as_input
+from ._arrays import as_input, text
 from ._attention import AttentionResult
 from ._options import attention_options
 
@@ -32,7 +32,7 @@ class KVCache:
 
     def __init__(self, kv_heads, d, dv=None, storage="f32", page_rows=256, max_pages=0,
                  max_bytes=0):
-        self._cache = _qkv.KVCache(kv_heads, d, dv, str(storage), page_rows, max_pages,
+        self._cache = _qkv.KVCache(kv_heads, d, dv, text(storage, "storage"), page_rows, max_pages,
                                    max_bytes)
 
     def __repr__(self):
@@ -82,7 +82,7 @@ class KVCache:
         [n, dv] when kv_heads is 1); float32, float64, float16 or bfloat16, every value finite
         (and within float16's range for an "f16" cache). On any error (qkv.Error naming k, v,
         the sequence or the capacity) the cache is left exactly as it was."""
-        self._cache.append(seq, as_input(k), as_input(v))
+        self._cache.append(seq, as_input(k, "k"), as_input(v, "v"))
 
     def forget_before(self, seq, row):
         """Frees the pages holding only rows before `row` (a sliding window's past); attention
@@ -144,7 +144,7 @@ def attention_cached(q, cache, sequences, is_causal=False, scale=None, window=No
         raise _qkv.Error(f"cache: expected a qkv.KVCache, got {type(cache).__name__}")
     if isinstance(sequences, numbers.Integral):
         sequences = [sequences]
-    q = as_input(q)
+    q = as_input(q, "q")
     options = attention_options(is_causal=is_causal, scale=scale, window=window,
                                 out_dtype=out_dtype, return_lse=return_lse, threads=threads)
     out, lse, _ = _qkv.attention_cached(q, cache._cache, [int(s) for s in sequences], options)

@@ -19,7 +19,7 @@ def linear(x, w, bias=None, threads=None):
     x·Wᵀ + b). float32 when x, w and bias all are float32 (or narrower), float64 otherwise.
     Raises qkv.Error naming the argument on a shape mismatch or a non-finite value.
     """
-    return _qkv.linear(as_input(x), as_input(w), as_input(bias), threads)
+    return _qkv.linear(as_input(x, "x"), as_input(w, "w"), as_input(bias, "bias"), threads)
 
 
 def _shape(array):
@@ -44,7 +44,9 @@ class MultiHeadAttention:
 
     def __init__(self, wq, wk, wv, wo=None, bq=None, bk=None, bv=None, bo=None, *, heads,
                  kv_heads=None):
-        self._weights = tuple(as_input(w) for w in (wq, wk, wv, wo, bq, bk, bv, bo))
+        names = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")
+        weights = (wq, wk, wv, wo, bq, bk, bv, bo)
+        self._weights = tuple(as_input(w, n) for w, n in zip(weights, names))
         self.heads = int(heads)
         self.kv_heads = self.heads if kv_heads is None else int(kv_heads)
         if self.kv_heads < 1:  # the library's 0 ("as many as heads") is None here
@@ -73,8 +75,8 @@ class MultiHeadAttention:
                 f"weights={'/'.join(present)})")
 
     def _call(self, x, memory, options):
-        return _qkv.multi_head_attention(as_input(x), as_input(memory), self._weights,
-                                         self.heads, self.kv_heads, options)
+        return _qkv.multi_head_attention(as_input(x, "x"), as_input(memory, "memory"),
+                                         self._weights, self.heads, self.kv_heads, options)
 
     def __call__(self, x, memory=None, attn_mask=None, is_causal=False, scale=None, window=None,
                  softcap=None, alibi_slopes=None, sinks=None, return_lse=False,

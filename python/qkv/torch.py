@@ -95,10 +95,11 @@ class MultiheadAttention(torch.nn.Module):
             torch.nn.init.uniform_(b, -1 / math.sqrt(rows), 1 / math.sqrt(rows))
             return torch.nn.Parameter(b)
 
-        self.wq, self.bq = weight(embed_dim, num_heads * head_dim), bias_of(embed_dim, num_heads * head_dim)
-        self.wk, self.bk = weight(kdim, kv_heads * head_dim), bias_of(kdim, kv_heads * head_dim)
-        self.wv, self.bv = weight(kdim, kv_heads * head_dim), bias_of(kdim, kv_heads * head_dim)
-        self.wo, self.bo = weight(num_heads * head_dim, embed_dim), bias_of(num_heads * head_dim, embed_dim)
+        width_q, width_kv = num_heads * head_dim, kv_heads * head_dim
+        self.wq, self.bq = weight(embed_dim, width_q), bias_of(embed_dim, width_q)
+        self.wk, self.bk = weight(kdim, width_kv), bias_of(kdim, width_kv)
+        self.wv, self.bv = weight(kdim, width_kv), bias_of(kdim, width_kv)
+        self.wo, self.bo = weight(width_q, embed_dim), bias_of(width_q, embed_dim)
 
     @staticmethod
     def _project(x, w, b):

@@ -105,3 +105,32 @@ def test_defined_answers_have_no_nan():
     out = qkv.attention(huge, K * 1e4, V)
     assert np.isfinite(out).all()
     assert qkv.attention(Q[:, :0], K, V).shape == (2, 0, 4)
+
+
+def _one_line_error(call, subject, words):
+    with pytest.raises(qkv.Error) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(subject + ": "), message
+    assert words in message, message
+
+
+def test_a_sparse_torch_tensor_is_an_error_naming_the_argument():
+    torch = pytest.importorskip("torch")
+    sparse = torch.from_numpy(np.ascontiguousarray(Q)).to_sparse()
+    _one_line_error(lambda: qkv.attention(sparse, K, V), "q", "sparse_coo tensor")
+    _one_line_error(lambda: qkv.attention(Q, K, V, attn_mask=torch.ones(5, 7).to_sparse()),
+                    "attn_mask", "to_dense")
+    _one_line_error(lambda: qkv.MultiHeadAttention(torch.eye(4).to_sparse(), np.eye(4),
+                                                   np.eye(4), heads=1), "wq", "sparse_coo tensor")
+
+
+def test_text_with_a_lone_surrogate_is_an_error_naming_the_argument():
+    q, k, v = np.ones((2, 4)), np.ones((3, 4)), np.ones((3, 2))
+    _one_line_error(lambda: qkv.explain(q, k, v, query_labels=["a", "\udc80"]),
+                    "query_labels[1]", "lone surrogate")
+    _one_line_error(lambda: qkv.explain(q, k, v, key_labels=["\ud800", "b", "c"]),
+                    "key_labels[0]", "lone surrogate")
+    _one_line_error(lambda: qkv.explain(q, k, v, title="film\udcff"), "title", "lone surrogate")
+    _one_line_error(lambda: qkv.KVCache(kv_heads=1, d=4, storage="\udc80"), "storage",
+                    "lone surrogate")
