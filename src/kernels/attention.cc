@@ -7,6 +7,7 @@
 
 #include "core/format_bytes.h"
 #include "core/memory_budget.h"
+#include "core/overlap.h"
 #include "core/parallel_for.h"
 #include "core/progress.h"
 #include "core/validate.h"
@@ -120,6 +121,18 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
 std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionOptions& options, const AttentionOutputs& outputs) {
   core::AttentionCall call = core::validate_attention(q, k, v, options);
+  // An output that shares memory with an input would be read after it was overwritten.
+  std::vector<const TensorView*> inputs = {&q, &k, &v};
+  for (const auto* optional : {&options.mask, &options.alibi_slopes, &options.sinks,
+                               &options.cu_seqlens_q, &options.cu_seqlens_k}) {
+    if (optional->has_value()) inputs.push_back(&**optional);
+  }
+  const TensorView out = outputs.out;
+  std::optional<TensorView> weights, lse;
+  std::vector<const TensorView*> written = {&out};
+  if (outputs.weights) written.push_back(&weights.emplace(*outputs.weights));
+  if (outputs.lse) written.push_back(&lse.emplace(*outputs.lse));
+  core::require_no_overlap(inputs, written);
   if (!call.cu_q.empty() && outputs.weights) {
     throw Error(outputs.weights->name, "the weights output cannot be combined with a packed "
                                        "batch (cu_seqlens)");

@@ -107,3 +107,36 @@ void test_backward(void) {
     forward = NULL;
   }
 }
+
+/* qkv_attention_into with `out` inside V: refused naming both, V untouched (issue 22: it used to
+ * return QKV_OK with a wrong result). Beside V in one wider buffer it is computed as usual. */
+void test_output_overlap(void) {
+  float wide[3 * 4];
+  float before[3 * 4];
+  static const int64_t kShapeWide[] = {3, 2};
+  static const int64_t kStridesWide[] = {4, 1};
+  double expected[6];
+  int r, c;
+  qkv_tensor q = make_tensor((void*)kQ3, QKV_F32, 2, kShape3, "q");
+  qkv_tensor k = make_tensor((void*)kK3, QKV_F32, 2, kShape3, "k");
+  qkv_tensor v, out;
+  for (r = 0; r < 3; ++r) {
+    for (c = 0; c < 2; ++c) wide[r * 4 + c] = kV3[r * 2 + c];
+    wide[r * 4 + 2] = wide[r * 4 + 3] = 0.0f;
+  }
+  memcpy(before, wide, sizeof wide);
+  v = make_tensor(wide, QKV_F32, 2, kShapeWide, "v");
+  v.strides = kStridesWide;
+  out = make_tensor(wide, QKV_F32, 2, kShapeWide, "out"); /* V's own memory */
+  out.strides = kStridesWide;
+  CHECK_ERROR(qkv_attention_into(&q, &k, &v, NULL, &out, NULL, NULL), QKV_ERROR_INVALID_ARGUMENT,
+              "out: output memory overlaps the input v");
+  CHECK(memcmp(wide, before, sizeof wide) == 0);
+  /* The columns beside V: no byte shared, the answer as with separate memory. */
+  out.data = wide + 2;
+  CHECK_OK(qkv_attention_into(&q, &k, &v, NULL, &out, NULL, NULL));
+  naive_head(kQ3, kK3, kV3, 3, 3, 2, 2, 1.0 / sqrt(2.0), 0, NULL, expected, NULL);
+  for (r = 0; r < 3; ++r) {
+    for (c = 0; c < 2; ++c) CHECK_NEAR(wide[r * 4 + 2 + c], expected[r * 2 + c]);
+  }
+}

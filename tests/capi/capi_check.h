@@ -114,5 +114,6 @@ void test_kv_cache(void);
 void test_read_npy(const char* directory);
 /* capi_backward_test.c */
 void test_backward(void);
+void test_output_overlap(void);
 
 #endif /* QKV_TESTS_CAPI_CAPI_CHECK_H_ */

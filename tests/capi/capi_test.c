@@ -345,6 +345,7 @@ int main(int argc, char** argv) {
   test_layer();
   test_kv_cache();
   test_backward();
+  test_output_overlap();
   test_errors();
   test_struct_sizes();
   test_read_npy(directory);
