@@ -11,12 +11,17 @@
 #include "core/parallel_for.h"
 #include "core/validate.h"
 #include "kernels/kernel.h"
+#include "layer/heads.h"
 #include "layer/projection.h"
 #include "qkv/error.h"
 #include "qkv/layer.h"
+#include "qkv/layer_backward.h"
 
 namespace qkv {
 namespace {
+
+using layer::as_matrix;
+using layer::head_view;
 
 std::string str(std::int64_t n) { return std::to_string(n); }
 
@@ -60,35 +65,6 @@ void check_bias(const std::optional<TensorView>& bias, std::int64_t width, const
   }
 }
 
-// A [B, heads, N, width] view (or [heads, N, width] for 2-D input) of column blocks of a
-// [B·N, heads·width] matrix.
-template <typename View, typename Data>
-View head_view(Data data, DType dtype, bool batched, std::int64_t b, std::int64_t n,
-               std::int64_t heads, std::int64_t width, std::string name) {
-  const std::int64_t row = heads * width;
-  View view;
-  view.data = data;
-  view.dtype = dtype;
-  view.name = std::move(name);
-  if (batched) {
-    view.shape = {b, heads, n, width};
-    view.strides = {n * row, width, row, 1};
-  } else {
-    view.shape = {heads, n, width};
-    view.strides = {width, row, 1};
-  }
-  return view;
-}
-
-// A contiguous copy of `t` in `dtype` with all leading dims folded into rows.
-Tensor as_matrix(const TensorView& t, DType dtype) {
-  Tensor m = contiguous_copy(t, dtype);
-  std::int64_t rows = 1;
-  for (int axis = 0; axis + 1 < t.rank(); ++axis) rows *= t.dim(axis);
-  m.reshape({rows, t.dim(-1)});
-  return m;
-}
-
 Tensor as_bias(const std::optional<TensorView>& bias, DType dtype) {
   return bias ? contiguous_copy(*bias, dtype) : Tensor();
 }
@@ -118,9 +94,12 @@ Tensor linear(const TensorView& x, const TensorView& w, const std::optional<Tens
   return out;
 }
 
-LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
-                                 const LayerOptions& options,
-                                 const std::optional<TensorView>& memory) {
+namespace {
+
+// The forward; with `state`, it also keeps what the backward reads (layer_backward.h).
+LayerResult run_layer(const TensorView& x, const LayerWeights& weights,
+                      const LayerOptions& options, const std::optional<TensorView>& memory,
+                      LayerForwardState* state) {
   // Validation: every shape against the contract, every value finite.
   if (x.rank() != 2 && x.rank() != 3) {
     throw Error(x.name, "expected [N, d] or [B, N, d] (one sample per row), got " + str(x.rank()) +
@@ -238,9 +217,9 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
                            const std::optional<TensorView>& bias, const std::string& name) {
     return layer::project(rows, as_matrix(w, compute), as_bias(bias, compute), threads, name);
   };
-  const Tensor q = project(x_rows, weights.wq, weights.bq, q_name);
-  const Tensor k = project(kv_rows, weights.wk, weights.bk, k_name);
-  const Tensor v = project(kv_rows, weights.wv, weights.bv, v_name);
+  Tensor q = project(x_rows, weights.wq, weights.bq, q_name);
+  Tensor k = project(kv_rows, weights.wk, weights.bk, k_name);
+  Tensor v = project(kv_rows, weights.wv, weights.bv, v_name);
 
   // Attention over the heads, written straight into the concatenation.
   LayerResult result;
@@ -254,8 +233,12 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
     result.weights = Tensor(held, score_shape, "weights");
     outputs.weights = result.weights.mutable_view();
   }
-  if (options.attention.return_lse) {
-    result.lse = Tensor(held, Shape(score_shape.begin(), score_shape.end() - 1), "lse");
+  const Shape lse_shape(score_shape.begin(), score_shape.end() - 1);
+  if (state != nullptr) {  // the backward's lse, in the compute type; --lse gets a copy
+    state->lse = Tensor(compute, lse_shape, "lse");
+    outputs.lse = state->lse.mutable_view();
+  } else if (options.attention.return_lse) {
+    result.lse = Tensor(held, lse_shape, "lse");
     outputs.lse = result.lse.mutable_view();
   }
   result.kernel = attention_into(
@@ -264,7 +247,15 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
       head_view<TensorView>(v.data(), compute, batched, batch, nk, kv_heads, dv, v_name),
       options.attention, outputs);
 
-  Tensor out = weights.wo ? project(concat, *weights.wo, weights.bo, "output") : std::move(concat);
+  if (state != nullptr && options.attention.return_lse) result.lse = state->lse.to(held);
+  Tensor out = weights.wo ? project(concat, *weights.wo, weights.bo, "output")
+                          : (state != nullptr ? concat.to(compute) : std::move(concat));
+  if (state != nullptr) {
+    state->q = std::move(q);
+    state->k = std::move(k);
+    state->v = std::move(v);
+    state->concat = std::move(concat);
+  }
   out.reshape(batched ? Shape{batch, nq, d_out} : Shape{nq, d_out});
   result.out = out.dtype() == out_dtype ? std::move(out) : out.to(out_dtype);
   if (held != out_dtype) {
@@ -272,6 +263,21 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
     if (!result.lse.empty()) result.lse = result.lse.to(out_dtype);
   }
   return result;
+}
+
+}  // namespace
+
+LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
+                                 const LayerOptions& options,
+                                 const std::optional<TensorView>& memory) {
+  return run_layer(x, weights, options, memory, nullptr);
+}
+
+LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
+                                 const LayerOptions& options,
+                                 const std::optional<TensorView>& memory,
+                                 LayerForwardState& state) {
+  return run_layer(x, weights, options, memory, &state);
 }
 
 }  // namespace qkv

@@ -1,0 +1,190 @@
+// The layer's backward (layer_backward.h): the chain rule through the output projection, the
+// attention (one attention_backward call over the heads as strided views, as the forward runs
+// them) and the three input projections, every product one CBLAS call on the calling thread
+// and every bias gradient a column sum over rows in order, so the bits do not depend on the
+// thread count (attention_backward's do not either).
+//
+//   dConcat = dY·W^Oᵀ, dW^O = Concatᵀ·dY, db^O = Σ_rows dY        (dConcat = dY without W^O)
+//   dQ, dK, dV = attention_backward(Q_h, K_h, V_h, Concat_h, lse, dConcat_h)
+//   dW^Q = Xᵀ·dQ, db^Q = Σ_rows dQ, dX = dQ·W^Qᵀ
+//   dW^K = Mᵀ·dK, dW^V = Mᵀ·dV, dM = dK·W^Kᵀ + dV·W^Vᵀ            (M = X: added to dX)
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "core/validate.h"
+#include "layer/heads.h"
+#include "qkv/attention_backward.h"
+#include "qkv/error.h"
+#include "qkv/layer_backward.h"
+
+namespace qkv {
+namespace {
+
+using layer::as_matrix;
+using layer::head_view;
+
+// C (+)= op(A)·op(B) for contiguous row-major matrices of one dtype (kF32 or kF64); `rows_a`,
+// `cols_a` are A's stored shape.
+void gemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, Tensor& c, bool add) {
+  const auto dims = [](const Tensor& t) { return std::pair{t.shape()[0], t.shape()[1]}; };
+  const auto [ar, ac] = dims(a);
+  const auto [br, bc] = dims(b);
+  const std::int64_t m = trans_a ? ac : ar, k = trans_a ? ar : ac, n = trans_b ? br : bc;
+  if (m == 0 || n == 0) return;
+  const auto i = [](std::int64_t x) { return static_cast<int>(std::max<std::int64_t>(x, 1)); };
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  if (c.dtype() == DType::kF64) {
+    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0, a.data_as<double>(), i(ac), b.data_as<double>(), i(bc),
+                add ? 1.0 : 0.0, c.data_as<double>(), i(n));
+  } else {
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, a.data_as<float>(), i(ac), b.data_as<float>(), i(bc),
+                add ? 1.0f : 0.0f, c.data_as<float>(), i(n));
+  }
+}
+
+// op(A)·op(B) as a new [m, n] tensor.
+Tensor product(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, std::int64_t m,
+               std::int64_t n, const std::string& name) {
+  Tensor c(a.dtype(), {m, n}, name);
+  gemm(trans_a, trans_b, a, b, c, false);
+  return c;
+}
+
+// The column sums of a [rows, cols] matrix, rows in order.
+template <class T>
+void column_sums(const Tensor& m, Tensor& sums) {
+  const std::int64_t rows = m.shape()[0], cols = m.shape()[1];
+  T* out = sums.data_as<T>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) out[c] += m.data_as<T>()[r * cols + c];
+  }
+}
+Tensor bias_gradient(const Tensor& m, const std::string& name) {
+  Tensor sums(m.dtype(), {m.shape()[1]}, name);
+  if (m.dtype() == DType::kF64) {
+    column_sums<double>(m, sums);
+  } else {
+    column_sums<float>(m, sums);
+  }
+  return sums;
+}
+
+// A [B, heads, N, width] (or [heads, N, width]) gradient as the [B·N, heads·width] rows of the
+// projection it belongs to.
+Tensor heads_to_rows(const Tensor& g, bool batched, std::int64_t b, std::int64_t n,
+                     std::int64_t heads, std::int64_t width, const std::string& name) {
+  Tensor rows(g.dtype(), {b * n, heads * width}, name);
+  const MutableTensorView view =
+      head_view<MutableTensorView>(rows.data(), g.dtype(), batched, b, n, heads, width, name);
+  const auto element = static_cast<std::int64_t>(dtype_size(g.dtype()));
+  const char* src = static_cast<const char*>(g.data());
+  char* dst = static_cast<char*>(view.data);
+  // g is contiguous in [b][h][i][c]; view strides place (b, h, i) rows of `width` elements.
+  const std::int64_t sb = batched ? view.strides[0] : 0, sh = view.strides[batched ? 1 : 0],
+                     si = view.strides[batched ? 2 : 1];
+  for (std::int64_t bi = 0; bi < b; ++bi) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::memcpy(dst + (bi * sb + h * sh + i * si) * element, src,
+                    static_cast<std::size_t>(width * element));
+        src += width * element;
+      }
+    }
+  }
+  return rows;
+}
+
+Tensor shaped(Tensor t, const Shape& shape) {
+  t.reshape(shape);
+  return t;
+}
+
+}  // namespace
+
+LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWeights& weights,
+                                             const LayerOptions& options,
+                                             const TensorView& grad_out,
+                                             const std::optional<TensorView>& memory,
+                                             const LayerForwardState* state) {
+  // Without a state the forward runs here (and validates every input); with one, the inputs
+  // are those its forward validated.
+  LayerForwardState computed;
+  if (state == nullptr) {
+    multi_head_attention(x, weights, options, memory, computed);
+    state = &computed;
+  } else if (state->q.empty() || state->concat.empty() || state->lse.empty()) {
+    throw Error("state", "holds no forward: fill it with multi_head_attention(..., state)");
+  }
+  const std::int64_t heads = options.heads;
+  const std::int64_t kv_heads = options.kv_heads == 0 ? heads : options.kv_heads;
+  Shape out_shape = x.shape;
+  out_shape.back() = weights.wo ? weights.wo->dim(1) : heads * (weights.wv.dim(1) / kv_heads);
+  if (grad_out.shape != out_shape) {
+    throw Error(grad_out.name, "shape " + shape_string(grad_out.shape) + " should be " +
+                                   shape_string(out_shape) + " (the layer's output)");
+  }
+  core::require_view_consistent(grad_out);
+  core::require_finite(grad_out);
+  const DType compute = state->q.dtype();
+  const bool batched = x.rank() == 3;
+  const TensorView& source = memory ? *memory : x;
+  const std::int64_t batch = batched ? x.dim(0) : 1, nq = x.dim(-2), nk = source.dim(-2);
+  const std::int64_t dk = weights.wq.dim(1) / heads, dv = weights.wv.dim(1) / kv_heads;
+
+  LayerGradients g;
+  const Tensor dy = as_matrix(grad_out, compute);
+  Tensor dconcat;
+  if (weights.wo) {
+    const Tensor wo = as_matrix(*weights.wo, compute);
+    dconcat = product(false, true, dy, wo, batch * nq, heads * dv, "dConcat");
+    g.dwo = product(true, false, state->concat, dy, heads * dv, dy.shape()[1], "dwo");
+    if (weights.bo) g.dbo = bias_gradient(dy, "dbo");
+  } else {
+    dconcat = dy.to(compute);
+  }
+
+  AttentionGradients a = attention_backward(
+      head_view<TensorView>(state->q.data(), compute, batched, batch, nq, heads, dk, "Q"),
+      head_view<TensorView>(state->k.data(), compute, batched, batch, nk, kv_heads, dk, "K"),
+      head_view<TensorView>(state->v.data(), compute, batched, batch, nk, kv_heads, dv, "V"),
+      head_view<TensorView>(state->concat.data(), compute, batched, batch, nq, heads, dv,
+                            "concatenated heads"),
+      state->lse.view(),
+      head_view<TensorView>(dconcat.data(), compute, batched, batch, nq, heads, dv, "dConcat"),
+      options.attention);
+  g.kernel = a.kernel;
+  g.dsinks = std::move(a.dsinks);
+  const Tensor dq = heads_to_rows(a.dq, batched, batch, nq, heads, dk, "dQ");
+  const Tensor dk_rows = heads_to_rows(a.dk, batched, batch, nk, kv_heads, dk, "dK");
+  const Tensor dv_rows = heads_to_rows(a.dv, batched, batch, nk, kv_heads, dv, "dV");
+
+  const Tensor x_rows = as_matrix(x, compute);
+  const Tensor m_rows = memory ? as_matrix(*memory, compute) : Tensor();
+  const Tensor& kv_rows = memory ? m_rows : x_rows;
+  const Tensor wq = as_matrix(weights.wq, compute), wk = as_matrix(weights.wk, compute),
+               wv = as_matrix(weights.wv, compute);
+  g.dwq = product(true, false, x_rows, dq, x_rows.shape()[1], heads * dk, "dwq");
+  g.dwk = product(true, false, kv_rows, dk_rows, kv_rows.shape()[1], kv_heads * dk, "dwk");
+  g.dwv = product(true, false, kv_rows, dv_rows, kv_rows.shape()[1], kv_heads * dv, "dwv");
+  if (weights.bq) g.dbq = bias_gradient(dq, "dbq");
+  if (weights.bk) g.dbk = bias_gradient(dk_rows, "dbk");
+  if (weights.bv) g.dbv = bias_gradient(dv_rows, "dbv");
+
+  Tensor dx = product(false, true, dq, wq, batch * nq, x_rows.shape()[1], "dx");
+  Tensor dm = memory ? Tensor(compute, {batch * nk, kv_rows.shape()[1]}, "dmemory") : Tensor();
+  Tensor& dkv = memory ? dm : dx;  // where K's and V's inputs' gradients go
+  gemm(false, true, dk_rows, wk, dkv, true);
+  gemm(false, true, dv_rows, wv, dkv, true);
+  g.dx = shaped(std::move(dx), x.shape);
+  if (memory) g.dmemory = shaped(std::move(dm), memory->shape);
+  return g;
+}
+
+}  // namespace qkv
