@@ -12,6 +12,7 @@
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
 #include "qkv/io.h"
+#include "qkv/layer_backward.h"
 #include "support/command_runner.h"
 #include "support/refusal.h"
 #include "support/test_support.h"
@@ -118,6 +119,81 @@ TEST_F(CliGradients, BadInputIsOneLineAndNothingIsWritten) {
   std::string text;
   kept >> text;
   EXPECT_EQ(text, "keep");
+}
+
+// qkv layer --grad-out ... --grad-*: the library's layer gradients, bit for bit; a weight given
+// in nn.Linear's layout gets its gradient in that layout.
+TEST_F(CliGradients, LayerGradientsAreTheLibrarysInTheLayoutGiven) {
+  const Tensor x = testing::random_tensor(DType::kF32, {2, 5, 6}, 31);
+  const Tensor wq = testing::random_tensor(DType::kF32, {6, 8}, 32);
+  const Tensor wk = testing::random_tensor(DType::kF32, {6, 4}, 33);
+  const Tensor wv = testing::random_tensor(DType::kF32, {6, 4}, 34);
+  const Tensor wo = testing::random_tensor(DType::kF32, {8, 6}, 35);
+  const Tensor bo = testing::random_tensor(DType::kF32, {6}, 36);
+  const Tensor dy = testing::random_tensor(DType::kF32, {2, 5, 6}, 37);
+  for (const auto& [name, t] :
+       {std::pair<const char*, const Tensor*>{"x.npy", &x}, {"wq.npy", &wq}, {"wk.npy", &wk},
+        {"wv.npy", &wv}, {"wo.npy", &wo}, {"bo.npy", &bo}, {"dy.npy", &dy}}) {
+    write_npy(dir_ / name, t->view(), t->dtype());
+  }
+  const std::vector<std::string> layer = {"layer", "--x", "x.npy", "--wq", "wq.npy", "--wk",
+                                          "wk.npy", "--wv", "wv.npy", "--wo", "wo.npy", "--bo",
+                                          "bo.npy", "--heads", "4", "--kv-heads", "2",
+                                          "--causal", "--out", "y.npy"};
+  std::vector<std::string> args = layer;
+  args.insert(args.end(), {"--grad-out", "dy.npy", "--grad-x", "gx.npy", "--grad-wq", "gq.npy",
+                           "--grad-wo", "go.npy", "--grad-bo", "gbo.npy"});
+  const testing::CommandRun r = testing::run_program(QKV_CLI_PATH, dir_.path(), args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  LayerWeights w{wq.view(), wk.view(), wv.view()};
+  w.wo = wo.view();
+  w.bo = bo.view();
+  LayerOptions o;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.attention.causal = true;
+  const LayerGradients g = multi_head_attention_backward(x.view(), w, o, dy.view());
+  EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "gx.npy"), g.dx));
+  EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "gq.npy"), g.dwq));
+  EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "go.npy"), g.dwo));
+  EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "gbo.npy"), g.dbo));
+  // The same W^Q stored transposed ([out, in], --linear-layout): dW^Q comes back transposed.
+  const TensorView wqv = wq.view();
+  const Tensor wq_t = contiguous_copy(
+      TensorView{wqv.data, wqv.dtype, {8, 6}, {1, 8}, "wq_t"}, DType::kF32);
+  const Tensor wk_t = contiguous_copy(
+      TensorView{wk.data(), DType::kF32, {4, 6}, {1, 4}, "wk_t"}, DType::kF32);
+  const Tensor wv_t = contiguous_copy(
+      TensorView{wv.data(), DType::kF32, {4, 6}, {1, 4}, "wv_t"}, DType::kF32);
+  const Tensor wo_t = contiguous_copy(
+      TensorView{wo.data(), DType::kF32, {6, 8}, {1, 6}, "wo_t"}, DType::kF32);
+  write_npy(dir_ / "wq_t.npy", wq_t.view(), DType::kF32);
+  write_npy(dir_ / "wk_t.npy", wk_t.view(), DType::kF32);
+  write_npy(dir_ / "wv_t.npy", wv_t.view(), DType::kF32);
+  write_npy(dir_ / "wo_t.npy", wo_t.view(), DType::kF32);
+  const testing::CommandRun t = testing::run_program(
+      QKV_CLI_PATH, dir_.path(),
+      {"layer", "--x", "x.npy", "--wq", "wq_t.npy", "--wk", "wk_t.npy", "--wv", "wv_t.npy", "--wo",
+       "wo_t.npy", "--bo", "bo.npy", "--heads", "4", "--kv-heads", "2", "--causal",
+       "--linear-layout", "--out", "y2.npy", "--grad-out", "dy.npy", "--grad-wq", "gq_t.npy"});
+  ASSERT_EQ(t.status, 0) << t.err;
+  const Tensor gq_t = read_npy(dir_ / "gq_t.npy");
+  ASSERT_EQ(gq_t.shape(), (Shape{8, 6}));
+  const TensorView back{gq_t.data(), DType::kF32, {6, 8}, {1, 6}, "back"};
+  EXPECT_LT(testing::max_abs_diff(back, g.dwq.view()), 1e-6);
+  // Usage errors: a gradient without --grad-out, --grad-out alone, --grad-wo without --wo.
+  for (const auto& [extra, mentions] :
+       {std::pair<std::vector<std::string>, std::string>{{"--grad-x", "gx2.npy"}, "--grad-out"},
+        {{"--grad-out", "dy.npy"}, "--grad-out"},
+        {{"--grad-out", "dy.npy", "--grad-memory", "gm.npy"}, "--memory"}}) {
+    std::vector<std::string> bad = layer;
+    bad.insert(bad.end(), extra.begin(), extra.end());
+    testing::expect_refused(QKV_CLI_PATH, dir_.path(), bad, mentions, {2, 2});
+  }
+  // A dY of the wrong shape: one line naming it, nothing written.
+  std::vector<std::string> bad = layer;
+  bad.insert(bad.end(), {"--grad-out", "do.npy", "--grad-x", "gx3.npy"});
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(), bad, "do.npy", {1, 1});
 }
 
 // qkv bench --backward: the forward bench's JSON fields (chosen.ms, chosen.gflops, baseline for

@@ -39,9 +39,7 @@ DEFAULT_CASES = os.path.join(HERE, "cases")
 DEFAULT_TOL = 2e-5
 
 # Case-name prefixes of features that have not shipped, and why. A case here is still run.
-PENDING = {
-    "lgrad_": "the layer's gradients, not shipped",
-}
+PENDING = {}
 
 
 def pending_reason(name):

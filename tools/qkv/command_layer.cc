@@ -11,14 +11,27 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
+#include "qkv/layer_backward.h"
 #include "run_report.h"
 
 namespace qkv::cli {
 namespace {
 
+// --grad-out and where each of the layer's gradients goes (docs/interface.md, "Gradients").
+struct LayerGradientFlags {
+  std::string grad_out, x, memory, wq, wk, wv, wo, bq, bk, bv, bo;
+  bool wanted() const {
+    for (const std::string* path : {&x, &memory, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &bo}) {
+      if (!path->empty()) return true;
+    }
+    return false;
+  }
+};
+
 struct LayerCommand {
   std::string x_path, memory_path, out_path;
   WeightFlags weights;
+  LayerGradientFlags gradients;
   AttentionFlags flags;
   ReportFlags report;
 };
@@ -46,8 +59,57 @@ double layer_flops(const Shape& x, const Shape& memory, const LayerWeights& w,
                                  {b, hkv, m[m.size() - 2], dv}, options.attention);
 }
 
+// The gradients the flags ask for, added to `outputs` (written with the others, all or none).
+// A weight given in nn.Linear's layout (--linear-layout) gets its gradient in that layout too.
+void add_gradients(const LayerCommand& command, const LayerGradients& g,
+                   std::vector<Tensor>& transposed, std::vector<OutputFile>& outputs) {
+  const LayerGradientFlags& f = command.gradients;
+  const auto add = [&](const std::string& path, const Tensor& grad, bool matrix) {
+    if (path.empty()) return;
+    if (matrix && command.weights.linear_layout) {
+      const TensorView view = grad.view();
+      const TensorView t{view.data, view.dtype, {view.shape[1], view.shape[0]},
+                         {view.strides[1], view.strides[0]}, view.name};
+      transposed.push_back(contiguous_copy(t, grad.dtype()));
+      outputs.push_back({path, transposed.back().view()});
+    } else {
+      outputs.push_back({path, grad.view()});
+    }
+  };
+  transposed.reserve(4);  // the views above must not move
+  add(f.x, g.dx, false);
+  add(f.memory, g.dmemory, false);
+  add(f.wq, g.dwq, true);
+  add(f.wk, g.dwk, true);
+  add(f.wv, g.dwv, true);
+  add(f.wo, g.dwo, true);
+  add(f.bq, g.dbq, false);
+  add(f.bk, g.dbk, false);
+  add(f.bv, g.dbv, false);
+  add(f.bo, g.dbo, false);
+}
+
+void check_gradient_flags(const LayerCommand& command) {
+  const LayerGradientFlags& f = command.gradients;
+  if (!f.grad_out.empty() && !f.wanted()) {
+    throw CLI::ValidationError("--grad-out", "needs one of --grad-x, --grad-memory, --grad-wq, "
+                                             "--grad-wk, --grad-wv, --grad-wo or a --grad-b*");
+  }
+  const bool fused = !command.weights.wqkv.empty() || !command.weights.bqkv.empty();
+  for (const auto& [path, flag] : {std::pair{&f.wq, "--grad-wq"}, {&f.wk, "--grad-wk"},
+                                   {&f.wv, "--grad-wv"}, {&f.bq, "--grad-bq"},
+                                   {&f.bk, "--grad-bk"}, {&f.bv, "--grad-bv"}}) {
+    if (fused && !path->empty()) {
+      throw CLI::ValidationError(flag, "needs the separate weights (--wq, --wk, --wv and their "
+                                       "biases), not --wqkv/--bqkv");
+    }
+  }
+}
+
 void run_layer(const LayerCommand& command) {
+  check_gradient_flags(command);
   std::vector<std::string> specs = weight_specs(command.weights);
+  specs.push_back(command.gradients.grad_out);
   specs.push_back(command.x_path);
   specs.push_back(command.memory_path);
   check_weight_flags(command.weights);
@@ -78,14 +140,28 @@ void run_layer(const LayerCommand& command) {
   ProgressLine progress(!command.report.quiet, "qkv layer");
   options.attention.progress = progress.callback();
   const auto start = std::chrono::steady_clock::now();
+  const bool gradients = command.gradients.wanted();
+  LayerForwardState state;
   const LayerResult result = within_memory_budget("the layer", [&] {
-    return multi_head_attention(x->view(), weights, options, view_of(memory));
+    return gradients ? multi_head_attention(x->view(), weights, options, view_of(memory), state)
+                     : multi_head_attention(x->view(), weights, options, view_of(memory));
   });
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
   progress.erase();
 
   std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);
+  LayerGradients grads;
+  std::vector<Tensor> transposed;
+  if (gradients) {
+    const Tensor grad_out = read_input(command.gradients.grad_out);
+    options.attention.progress = nullptr;
+    grads = within_memory_budget("the layer's backward", [&] {
+      return multi_head_attention_backward(x->view(), weights, options, grad_out.view(),
+                                           view_of(memory), &state);
+    });
+    add_gradients(command, grads, transposed, outputs);
+  }
   write_outputs(outputs, out_dtype);
   if (command.report.verbose) {
     std::string shapes = tensor_summary("X", x->shape(), x->dtype());
@@ -121,6 +197,26 @@ void register_layer_command(CLI::App& app) {
   add_attention_flags(
       *sub, command->flags,
       FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
+  LayerGradientFlags& g = command->gradients;
+  CLI::Option* grad_out = sub->add_option(
+      "--grad-out", g.grad_out,
+      "dY, the output's gradient: compute the gradients of sum(out * dY) the --grad-* flags ask "
+      "for");
+  const auto gradient = [&](const char* flag, std::string& path, const char* what,
+                            const char* needs = nullptr) {
+    CLI::Option* option = sub->add_option(flag, path, what)->needs(grad_out);
+    if (needs != nullptr) option->needs(sub->get_option(needs));
+  };
+  gradient("--grad-x", g.x, "dX output, X's shape");
+  gradient("--grad-memory", g.memory, "dM output, the memory's shape", "--memory");
+  gradient("--grad-wq", g.wq, "dW^Q output, W^Q's shape (and layout)");
+  gradient("--grad-wk", g.wk, "dW^K output");
+  gradient("--grad-wv", g.wv, "dW^V output");
+  gradient("--grad-wo", g.wo, "dW^O output", "--wo");
+  gradient("--grad-bq", g.bq, "db^Q output", "--bq");
+  gradient("--grad-bk", g.bk, "db^K output", "--bk");
+  gradient("--grad-bv", g.bv, "db^V output", "--bv");
+  gradient("--grad-bo", g.bo, "db^O output", "--bo");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -132,7 +228,9 @@ void register_layer_command(CLI::App& app) {
       "np.savez_compressed); outputs are .npy. A PyTorch nn.Linear weight is the transpose of\n"
       "W here: say --linear-layout. --weights is [B,H,Nq,Nk]. --dtype rounds the projected\n"
       "Q, K, V. Packed batches: X is [total, d] (M [total_m, d_m]); --cu-seqlens-q cuts X's\n"
-      "rows, --cu-seqlens-k those of X (or M) that give K and V; --lse is [H, total].");
+      "rows, --cu-seqlens-k those of X (or M) that give K and V; --lse is [H, total].\n"
+      "Gradients: --grad-out DY.npy with --grad-x, --grad-wq, ... (float32, float64 for\n"
+      "float64 inputs; written in --out-dtype with the other outputs, all or none).");
   sub->callback([command] { run_layer(*command); });
 }
 
