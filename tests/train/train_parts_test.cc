@@ -51,7 +51,8 @@ TEST(TrainTask, RecallQueriesAskKeysThatAppeared) {
     EXPECT_EQ(s.value[ut], -1);
     int found = -1;
     for (int i = 0; i < 8; ++i)
-      if (s.key[static_cast<std::size_t>(i)] == s.key[ut]) found = s.value[static_cast<std::size_t>(i)];
+      if (s.key[static_cast<std::size_t>(i)] == s.key[ut])
+        found = s.value[static_cast<std::size_t>(i)];
     EXPECT_EQ(s.target[ut], found);
   }
 }
