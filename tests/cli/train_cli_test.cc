@@ -3,6 +3,7 @@
 // one stderr line and exit 2, and qkv layer reads the saved weights.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
