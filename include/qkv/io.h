@@ -113,6 +113,12 @@ std::vector<std::pair<std::string, Tensor>> read_safetensors(const std::filesyst
 // header alone (same errors).
 TensorInfo inspect_safetensors_tensor(const std::filesystem::path& path, const std::string& name);
 
+// The bytes of a .safetensors file holding `tensors` (name, view) in the order given, each in its
+// own dtype (little-endian, as this machine stores it). A name given twice, empty, or
+// "__metadata__" throws qkv::Error. Write them with OutputFiles::stage.
+std::vector<char> encode_safetensors(
+    const std::vector<std::pair<std::string, TensorView>>& tensors);
+
 // The arrays of an .npz archive (np.savez, np.savez_compressed), by the names they are read by:
 // "q" for the member "q.npy" (a member named without .npy keeps its name). Members whose names
 // hold '/' or '\' are left out: they are never read. The archive is opened as

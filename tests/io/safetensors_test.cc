@@ -395,5 +395,28 @@ TEST(SafetensorsHostile, LongHeaderIsReadWithinItsBound) {
   EXPECT_THROW(list_safetensors(dir / "big.safetensors"), Error);
 }
 
+// encode_safetensors writes what read_safetensors reads back, bit for bit and in order.
+TEST(Safetensors, EncodeRoundTrips) {
+  ScratchDir dir;
+  const Tensor a = testing::random_tensor(DType::kF32, {3, 5}, 11);
+  const Tensor b = testing::random_tensor(DType::kF64, {2, 3}, 12);
+  const Tensor c = testing::random_tensor(DType::kF32, {7}, 13);
+  OutputFiles out;
+  out.stage(dir / "w.safetensors",
+            encode_safetensors({{"layer0.wq", a.view()}, {"b", b.view()}, {"c", c.view()}}));
+  out.commit();
+  const auto back = read_safetensors(dir / "w.safetensors");
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_EQ(back[0].first, "layer0.wq");
+  EXPECT_EQ(back[1].first, "b");
+  const Tensor* want[] = {&a, &b, &c};
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(back[i].second.shape(), want[i]->shape());
+    EXPECT_EQ(back[i].second.dtype(), want[i]->dtype());
+    EXPECT_EQ(std::memcmp(back[i].second.data(), want[i]->data(), want[i]->nbytes()), 0);
+  }
+  EXPECT_THROW(encode_safetensors({{"x", a.view()}, {"x", c.view()}}), Error);
+}
+
 }  // namespace
 }  // namespace qkv

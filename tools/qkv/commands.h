@@ -11,5 +11,6 @@ void register_layer_command(CLI::App& app);
 void register_explain_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
 void register_decode_command(CLI::App& app);
+void register_train_command(CLI::App& app);
 
 }  // namespace qkv::cli
