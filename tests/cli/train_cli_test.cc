@@ -60,7 +60,7 @@ TEST(TrainCli, SameSeedSameWeightsForAnyThreadCount) {
 
 TEST(TrainCli, BadFlagsGiveOneLineAndStatusTwo) {
   testing::ScratchDir dir;
-  for (const std::vector<std::string> args :
+  for (const std::vector<std::string>& args :
        {std::vector<std::string>{"train", "--task", "nope"}, {"train", "--steps", "-1"},
         {"train", "--lr", "0"}, {"train", "--heads", "zero"}, {"train", "--frobnicate"}}) {
     const auto r = run(dir, args);

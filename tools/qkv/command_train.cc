@@ -9,7 +9,9 @@
 
 #include "commands.h"
 #include "qkv/error.h"
+#include "qkv/explain.h"
 #include "qkv/io.h"
+#include "qkv/layer.h"
 #include "train/trainer.h"
 
 namespace qkv::cli {
@@ -22,6 +24,48 @@ struct TrainCommand {
   std::string out_path, html_path;
   bool json = false, quiet = false;
 };
+
+// The explain page of the trained model's first layer on the first held-out sequence: each
+// query's row of weights should sit on the key it asks about.
+std::string explain_page(const train::TrainResult& result, const train::TrainConfig& c) {
+  const train::Sequence s = train::heldout_sequence(c, 0);
+  const std::int64_t n = s.length(), d = result.model.d;
+  const std::vector<float> input = train::layer_input(result.model, c, s, 0);
+  Tensor x(DType::kF32, {n, d}, "x");
+  std::copy(input.begin(), input.end(), x.data_as<float>());
+  const auto matrix = [&](const std::vector<float>& w, const char* name) {
+    Tensor t(DType::kF32, {d, d}, name);
+    std::copy(w.begin(), w.end(), t.data_as<float>());
+    return t;
+  };
+  const Tensor wq = matrix(result.model.wq[0], "layer0.wq"), wk = matrix(result.model.wk[0], "layer0.wk"),
+               wv = matrix(result.model.wv[0], "layer0.wv");
+  LayerOptions options;
+  options.heads = c.heads;
+  options.attention.causal = true;
+  options.attention.threads = c.threads;
+  ExplainSetup setup;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const std::string label =
+        train::token_label(s, c.task.task, c.task.vocab, static_cast<int>(t));
+    setup.query_labels.push_back(label);
+    setup.key_labels.push_back(label);
+  }
+  setup.title = "qkv train: what the trained layer attends to on a held-out sequence";
+  setup.story =
+      "This layer was trained by qkv train on sequences it never saw like this one. Each query "
+      "token ?k asks for the value paired with key k. Attention is retrieval, as the seed "
+      "explains it: the query is matched against the keys to fetch their values. Open a query "
+      "row (labelled ?k): its weight sits on the token that holds key k, and the value it "
+      "fetches is the answer.";
+  const Explanation e = explain_layer(x.view(), LayerWeights{wq.view(), wk.view(), wv.view()},
+                                      options, std::nullopt, setup);
+  std::vector<HeadScan> scans;
+  for (std::int64_t h = 0; h < e.heads; ++h) scans.push_back(scan_head(e, h));
+  PageView open;
+  open.row = n - 1;  // the last query
+  return html_page({e}, {scans}, open);
+}
 
 void run_train(TrainCommand& command) {
   train::TrainConfig& c = command.config;
@@ -37,25 +81,42 @@ void run_train(TrainCommand& command) {
     }
   });
   if (line) std::fputs("\r\033[K", stderr);
+  // Both files, or neither (OutputFiles: staged, then renamed together).
+  OutputFiles out;
   if (!command.out_path.empty()) {
     const auto tensors = train::model_tensors(result.model);
     std::vector<std::pair<std::string, TensorView>> views;
     for (const auto& [name, t] : tensors) views.emplace_back(name, t.view());
-    OutputFiles out;
     out.stage(command.out_path, encode_safetensors(views));
-    out.commit();
   }
+  if (!command.html_path.empty()) {
+    const std::string page = explain_page(result, c);
+    out.stage(command.html_path, std::vector<char>(page.begin(), page.end()));
+  }
+  out.commit();
   if (command.json) {
     nlohmann::ordered_json j;
     j["heldout_accuracy"] = result.heldout_accuracy;
     j["loss"] = result.loss;
     j["steps"] = c.steps;
     j["seconds"] = result.seconds;
+    nlohmann::ordered_json curve = nlohmann::ordered_json::array();
+    for (const train::CurvePoint& p : result.curve) {
+      curve.push_back({{"step", p.step}, {"loss", p.loss}, {"heldout_accuracy", p.heldout_accuracy}});
+    }
+    j["curve"] = curve;
     std::printf("%s\n", j.dump().c_str());
   } else if (!command.quiet) {
     std::fprintf(stderr, "qkv train: %s, %d steps in %.1f s: loss %.4f, held-out accuracy %.2f%%\n",
                  command.task.c_str(), c.steps, result.seconds, result.loss,
                  100.0 * result.heldout_accuracy);
+    std::string curve = "curve (step: held-out accuracy):";
+    for (const train::CurvePoint& p : result.curve) {
+      char point[48];
+      std::snprintf(point, sizeof point, " %d: %.1f%%", p.step, 100.0 * p.heldout_accuracy);
+      curve += point;
+    }
+    std::fprintf(stderr, "%s\n", curve.c_str());
   }
 }
 

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   qkv::cli::register_explain_command(app);
   qkv::cli::register_bench_command(app);
   qkv::cli::register_decode_command(app);
+  qkv::cli::register_train_command(app);
 
   // CLI11 would only say that a subcommand is required; name the word it did not know.
   if (argc > 1 && argv[1][0] != '-') {
