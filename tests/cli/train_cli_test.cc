@@ -26,11 +26,16 @@ testing::CommandRun run(const testing::ScratchDir& dir, std::vector<std::string>
 TEST(TrainCli, SmallRunLearnsAndSavesWhatQkvLayerReads) {
   testing::ScratchDir dir;
   auto args = kSmall;
-  args.insert(args.end(), {"--out", "m.safetensors", "--threads", "1"});
+  args.insert(args.end(), {"--out", "m.safetensors", "--threads", "1", "--html", "p.html"});
   const auto r = run(dir, args);
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_GE(j["heldout_accuracy"].get<double>(), 0.9);  // chance is 1/8
+  EXPECT_FALSE(j["curve"].empty());
+  // The page of the trained layer, its tokens labelled as pairs and queries.
+  const std::string page = testing::slurp(dir / "p.html");
+  EXPECT_NE(page.find("?k"), std::string::npos);
+  EXPECT_NE(page.find("matched against the keys to fetch their values"), std::string::npos);
   EXPECT_LT(j["loss"].get<double>(), 0.5);              // ln 8 = 2.08 at the start
   EXPECT_EQ(j["steps"].get<int>(), 300);
 
