@@ -13,6 +13,7 @@
 #include "core/validate.h"
 #include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
+#include "kernels/kernel_choice.h"
 #include "qkv/error.h"
 
 namespace qkv {
@@ -20,24 +21,7 @@ namespace {
 
 const kernels::AttentionKernel& choose_kernel(const core::AttentionParams& params,
                                               const std::string& requested) {
-  const auto list = kernels::attention_kernels();
-  if (!requested.empty()) {
-    for (const auto& kernel : list) {
-      if (kernel.name != requested) continue;
-      const std::string reason = kernel.declines(params);
-      if (!reason.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
-      return kernel;
-    }
-    std::string names;
-    for (const auto& kernel : list) names += (names.empty() ? "" : ", ") + std::string(kernel.name);
-    throw Error("kernel " + requested, "no such kernel (available: " + names + ")");
-  }
-  for (const auto& kernel : list) {
-    if (kernel.declines(params).empty() && (kernel.passes == nullptr || kernel.passes(params).empty())) {
-      return kernel;
-    }
-  }
-  return list.back();  // the reference supports every call
+  return kernels::choose_from(kernels::attention_kernels(), params, requested, "kernel");
 }
 
 std::uint64_t workspace_bytes(const core::AttentionCall& call, const AttentionOptions& options) {

@@ -11,6 +11,7 @@
 #include "kernels/backward_kernel.h"
 #include "kernels/blas_threads.h"
 #include "kernels/bwd_fused_driver.h"
+#include "kernels/kernel_choice.h"
 #include "qkv/error.h"
 
 namespace qkv {
@@ -18,22 +19,7 @@ namespace {
 
 const kernels::BackwardKernel& choose_backward_kernel(const core::BackwardParams& params,
                                                       const std::string& requested) {
-  const auto list = kernels::backward_kernels();
-  if (!requested.empty()) {
-    for (const auto& kernel : list) {
-      if (kernel.name != requested) continue;
-      const std::string reason = kernel.declines(params);
-      if (!reason.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
-      return kernel;
-    }
-    std::string names;
-    for (const auto& kernel : list) names += (names.empty() ? "" : ", ") + std::string(kernel.name);
-    throw Error("kernel " + requested, "no such backward kernel (available: " + names + ")");
-  }
-  for (const auto& kernel : list) {
-    if (kernel.declines(params).empty()) return kernel;
-  }
-  return list.back();
+  return kernels::choose_from(kernels::backward_kernels(), params, requested, "backward kernel");
 }
 
 // The output and workspace bytes a backward call allocates: the gradients, the per-row lse and
