@@ -132,10 +132,10 @@ TEST_P(BackwardKernels, BitwiseIdenticalForThreads1238) {
     for (int threads : {2, 3, 8}) {
       SCOPED_TRACE("threads " + std::to_string(threads));
       const AttentionGradients many = backward(c, in, kernel, threads);
-      EXPECT_TRUE(bitwise_equal(one.dq, many.dq));
-      EXPECT_TRUE(bitwise_equal(one.dk, many.dk));
-      EXPECT_TRUE(bitwise_equal(one.dv, many.dv));
-      EXPECT_TRUE(bitwise_equal(one.dsinks, many.dsinks));
+      EXPECT_TRUE(testing::same_bytes(one.dq, many.dq));
+      EXPECT_TRUE(testing::same_bytes(one.dk, many.dk));
+      EXPECT_TRUE(testing::same_bytes(one.dv, many.dv));
+      EXPECT_TRUE(testing::same_bytes(one.dsinks, many.dsinks));
     }
   }
 }
