@@ -46,8 +46,8 @@ Rows rows_of(const TensorView& v) {
   std::uintptr_t pitch = 0;
   for (std::size_t axis = 0; axis + 1 < v.shape.size(); ++axis) {
     if (v.shape[axis] <= 1) continue;
-    const auto stride = static_cast<std::uintptr_t>(v.strides[axis] < 0 ? -v.strides[axis]
-                                                                         : v.strides[axis]);
+    const auto stride =
+        static_cast<std::uintptr_t>(v.strides[axis] < 0 ? -v.strides[axis] : v.strides[axis]);
     pitch = std::gcd(pitch, stride * element);
   }
   r.width = static_cast<std::uintptr_t>(v.shape.back()) * element;

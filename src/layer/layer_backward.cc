@@ -8,6 +8,8 @@
 //   dQ, dK, dV = attention_backward(Q_h, K_h, V_h, Concat_h, lse, dConcat_h)
 //   dW^Q = Xᵀ·dQ, db^Q = Σ_rows dQ, dX = dQ·W^Qᵀ
 //   dW^K = Mᵀ·dK, dW^V = Mᵀ·dV, dM = dK·W^Kᵀ + dV·W^Vᵀ            (M = X: added to dX)
+#include "qkv/layer_backward.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -20,7 +22,6 @@
 #include "layer/heads.h"
 #include "qkv/attention_backward.h"
 #include "qkv/error.h"
-#include "qkv/layer_backward.h"
 
 namespace qkv {
 namespace {

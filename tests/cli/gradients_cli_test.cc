@@ -131,15 +131,19 @@ TEST_F(CliGradients, LayerGradientsAreTheLibrarysInTheLayoutGiven) {
   const Tensor wo = testing::random_tensor(DType::kF32, {8, 6}, 35);
   const Tensor bo = testing::random_tensor(DType::kF32, {6}, 36);
   const Tensor dy = testing::random_tensor(DType::kF32, {2, 5, 6}, 37);
-  for (const auto& [name, t] :
-       {std::pair<const char*, const Tensor*>{"x.npy", &x}, {"wq.npy", &wq}, {"wk.npy", &wk},
-        {"wv.npy", &wv}, {"wo.npy", &wo}, {"bo.npy", &bo}, {"dy.npy", &dy}}) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x.npy", &x},
+                                {"wq.npy", &wq},
+                                {"wk.npy", &wk},
+                                {"wv.npy", &wv},
+                                {"wo.npy", &wo},
+                                {"bo.npy", &bo},
+                                {"dy.npy", &dy}}) {
     write_npy(dir_ / name, t->view(), t->dtype());
   }
-  const std::vector<std::string> layer = {"layer", "--x", "x.npy", "--wq", "wq.npy", "--wk",
-                                          "wk.npy", "--wv", "wv.npy", "--wo", "wo.npy", "--bo",
-                                          "bo.npy", "--heads", "4", "--kv-heads", "2",
-                                          "--causal", "--out", "y.npy"};
+  const std::vector<std::string> layer = {"layer",      "--x",    "x.npy",    "--wq",    "wq.npy",
+                                          "--wk",       "wk.npy", "--wv",     "wv.npy",  "--wo",
+                                          "wo.npy",     "--bo",   "bo.npy",   "--heads", "4",
+                                          "--kv-heads", "2",      "--causal", "--out",   "y.npy"};
   std::vector<std::string> args = layer;
   args.insert(args.end(), {"--grad-out", "dy.npy", "--grad-x", "gx.npy", "--grad-wq", "gq.npy",
                            "--grad-wo", "go.npy", "--grad-bo", "gbo.npy"});
@@ -159,23 +163,25 @@ TEST_F(CliGradients, LayerGradientsAreTheLibrarysInTheLayoutGiven) {
   EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "gbo.npy"), g.dbo));
   // The same W^Q stored transposed ([out, in], --linear-layout): dW^Q comes back transposed.
   const TensorView wqv = wq.view();
-  const Tensor wq_t = contiguous_copy(
-      TensorView{wqv.data, wqv.dtype, {8, 6}, {1, 8}, "wq_t"}, DType::kF32);
-  const Tensor wk_t = contiguous_copy(
-      TensorView{wk.data(), DType::kF32, {4, 6}, {1, 4}, "wk_t"}, DType::kF32);
-  const Tensor wv_t = contiguous_copy(
-      TensorView{wv.data(), DType::kF32, {4, 6}, {1, 4}, "wv_t"}, DType::kF32);
-  const Tensor wo_t = contiguous_copy(
-      TensorView{wo.data(), DType::kF32, {6, 8}, {1, 6}, "wo_t"}, DType::kF32);
+  const Tensor wq_t =
+      contiguous_copy(TensorView{wqv.data, wqv.dtype, {8, 6}, {1, 8}, "wq_t"}, DType::kF32);
+  const Tensor wk_t =
+      contiguous_copy(TensorView{wk.data(), DType::kF32, {4, 6}, {1, 4}, "wk_t"}, DType::kF32);
+  const Tensor wv_t =
+      contiguous_copy(TensorView{wv.data(), DType::kF32, {4, 6}, {1, 4}, "wv_t"}, DType::kF32);
+  const Tensor wo_t =
+      contiguous_copy(TensorView{wo.data(), DType::kF32, {6, 8}, {1, 6}, "wo_t"}, DType::kF32);
   write_npy(dir_ / "wq_t.npy", wq_t.view(), DType::kF32);
   write_npy(dir_ / "wk_t.npy", wk_t.view(), DType::kF32);
   write_npy(dir_ / "wv_t.npy", wv_t.view(), DType::kF32);
   write_npy(dir_ / "wo_t.npy", wo_t.view(), DType::kF32);
   const testing::CommandRun t = testing::run_program(
       QKV_CLI_PATH, dir_.path(),
-      {"layer", "--x", "x.npy", "--wq", "wq_t.npy", "--wk", "wk_t.npy", "--wv", "wv_t.npy", "--wo",
-       "wo_t.npy", "--bo", "bo.npy", "--heads", "4", "--kv-heads", "2", "--causal",
-       "--linear-layout", "--out", "y2.npy", "--grad-out", "dy.npy", "--grad-wq", "gq_t.npy"});
+      {"layer",           "--x",     "x.npy",    "--wq",       "wq_t.npy", "--wk",
+       "wk_t.npy",        "--wv",    "wv_t.npy", "--wo",       "wo_t.npy", "--bo",
+       "bo.npy",          "--heads", "4",        "--kv-heads", "2",        "--causal",
+       "--linear-layout", "--out",   "y2.npy",   "--grad-out", "dy.npy",   "--grad-wq",
+       "gq_t.npy"});
   ASSERT_EQ(t.status, 0) << t.err;
   const Tensor gq_t = read_npy(dir_ / "gq_t.npy");
   ASSERT_EQ(gq_t.shape(), (Shape{8, 6}));

@@ -5,7 +5,6 @@
 // started copy of this test program (the "threadsafe" death-test style re-executes it), so no
 // earlier test's writes can have changed the dispositions it starts from.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -46,7 +45,8 @@ void install_on_request_and_exit() {
   ::sigaction(SIGUSR1, &ignore, nullptr);  // the program's own choice for one signal
   install_output_cleanup_on_signals();
   install_output_cleanup_on_signals();  // idempotent
-  struct sigaction term {}, usr1 {};
+  struct sigaction term {
+  }, usr1{};
   ::sigaction(SIGTERM, nullptr, &term);
   ::sigaction(SIGUSR1, nullptr, &usr1);
   ::_exit(term.sa_handler != SIG_DFL && usr1.sa_handler == SIG_IGN ? 0 : 1);

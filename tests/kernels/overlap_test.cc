@@ -2,12 +2,13 @@
 // 22, item 1: `out` pointing into V returned OK with a result off by 0.02), in one line naming
 // both tensors, before writing anything; outputs that only sit beside inputs in one wider
 // matrix (column blocks, other rows) are accepted and computed exactly as with separate memory.
+#include "core/overlap.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 
-#include "core/overlap.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "support/test_support.h"
@@ -21,8 +22,8 @@ TensorView block(Tensor& m, std::int64_t col0, std::int64_t rows, std::int64_t c
   const std::int64_t width = m.shape()[1];
   return TensorView{m.data_as<float>() + col0, DType::kF32, {rows, cols}, {width, 1}, name};
 }
-MutableTensorView mutable_block(Tensor& m, std::int64_t col0, std::int64_t rows,
-                                std::int64_t cols, const std::string& name) {
+MutableTensorView mutable_block(Tensor& m, std::int64_t col0, std::int64_t rows, std::int64_t cols,
+                                const std::string& name) {
   const std::int64_t width = m.shape()[1];
   return MutableTensorView{m.data_as<float>() + col0, DType::kF32, {rows, cols}, {width, 1}, name};
 }
@@ -55,8 +56,9 @@ TEST(OutputOverlap, AnOutputInsideAnInputIsRefusedNamingBoth) {
             std::string::npos);
   Tensor o(DType::kF32, {6, 4});
   MutableTensorView lse{k.data(), DType::kF32, {6}, {1}, "lse"};
-  EXPECT_NE(refusal(qv, kv, vv, {o.mutable_view(), std::nullopt, lse}).find("lse: output memory "
-                                                                          "overlaps the input k"),
+  EXPECT_NE(refusal(qv, kv, vv, {o.mutable_view(), std::nullopt, lse})
+                .find("lse: output memory "
+                      "overlaps the input k"),
             std::string::npos);
 }
 
@@ -65,8 +67,7 @@ TEST(OutputOverlap, TwoOutputsSharingMemoryAreRefused) {
   Tensor o(DType::kF32, {6, 6});
   MutableTensorView out{o.data(), DType::kF32, {6, 4}, {6, 1}, "out"};
   MutableTensorView weights{o.data_as<float>() + 2, DType::kF32, {6, 6}, {6, 1}, "weights"};
-  const std::string message =
-      refusal(q.view(), q.view(), q.view(), {out, weights, std::nullopt});
+  const std::string message = refusal(q.view(), q.view(), q.view(), {out, weights, std::nullopt});
   EXPECT_NE(message.find("overlaps the output weights"), std::string::npos) << message;
 }
 
@@ -82,9 +83,9 @@ TEST(OutputOverlap, ColumnBlocksOfOneMatrixAreAcceptedAndExact) {
   ASSERT_NO_THROW(attention_into(q, k, v, AttentionOptions{}, {out, std::nullopt, std::nullopt}));
   EXPECT_EQ(testing::max_abs_diff(TensorView(out), expected.out.view()), 0.0);
   // The same columns in other rows are disjoint too; the same rows and columns are not.
-  EXPECT_FALSE(core::may_overlap(block(m, 0, 3, 5, "a"),
-                                 TensorView{m.data_as<float>() + 4 * 21, DType::kF32, {3, 5},
-                                            {21, 1}, "b"}));
+  EXPECT_FALSE(core::may_overlap(
+      block(m, 0, 3, 5, "a"),
+      TensorView{m.data_as<float>() + 4 * 21, DType::kF32, {3, 5}, {21, 1}, "b"}));
   EXPECT_TRUE(core::may_overlap(block(m, 0, 7, 5, "a"), block(m, 4, 7, 5, "b")));
   EXPECT_TRUE(core::may_overlap(block(m, 3, 7, 5, "a"), block(m, 0, 7, 5, "b")));
 }

@@ -2,6 +2,8 @@
 // (self- and cross-attention, with and without W^O and biases, grouped-query heads, causal,
 // sinks), float32 against float64, the same bits for 1, 2 and 3 threads and with or without
 // the forward's state, and a dY of the wrong shape refused naming it.
+#include "qkv/layer_backward.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "qkv/error.h"
-#include "qkv/layer_backward.h"
 #include "support/test_support.h"
 
 namespace qkv {
@@ -44,7 +45,9 @@ LayerInputs make(const LayerCase& c, DType dtype) {
   LayerInputs in;
   const std::int64_t kv = c.kv_heads == 0 ? c.heads : c.kv_heads;
   const std::int64_t dm = c.cross ? kDm : kD;
-  const auto r = [&](Shape s, std::uint64_t seed) { return testing::random_tensor(dtype, s, seed); };
+  const auto r = [&](Shape s, std::uint64_t seed) {
+    return testing::random_tensor(dtype, s, seed);
+  };
   in.x = c.batched ? r({kB, kN, kD}, 1) : r({kN, kD}, 1);
   if (c.cross) in.m = c.batched ? r({kB, kNm, dm}, 2) : r({kNm, dm}, 2);
   in.wq = r({kD, c.heads * kDk}, 3);
@@ -90,9 +93,8 @@ class LayerBackward : public ::testing::TestWithParam<LayerCase> {};
 TEST_P(LayerBackward, EveryGradientMatchesCentralDifferences) {
   const LayerCase c = GetParam();
   LayerInputs in = make(c, DType::kF64);
-  const LayerGradients g = multi_head_attention_backward(in.x.view(), in.weights(),
-                                                         options_of(c, in), in.dy.view(),
-                                                         in.memory());
+  const LayerGradients g = multi_head_attention_backward(
+      in.x.view(), in.weights(), options_of(c, in), in.dy.view(), in.memory());
   const auto check = [&](Tensor& t, const Tensor& grad, const char* what) {
     if (t.empty()) {
       EXPECT_TRUE(grad.empty()) << what;
@@ -135,9 +137,9 @@ TEST_P(LayerBackward, Float32AgreesAndTheBitsDoNotDependOnThreadsOrState) {
   LayerForwardState state;
   multi_head_attention(in.x.view(), in.weights(), options_of(c, in, 3), in.memory(), state);
   for (int threads : {2, 3}) {
-    const LayerGradients many = multi_head_attention_backward(
-        in.x.view(), in.weights(), options_of(c, in, threads), in.dy.view(), in.memory(),
-        threads == 3 ? &state : nullptr);
+    const LayerGradients many =
+        multi_head_attention_backward(in.x.view(), in.weights(), options_of(c, in, threads),
+                                      in.dy.view(), in.memory(), threads == 3 ? &state : nullptr);
     EXPECT_TRUE(testing::same_bytes(one.dx, many.dx));
     EXPECT_TRUE(testing::same_bytes(one.dwq, many.dwq));
     EXPECT_TRUE(testing::same_bytes(one.dwk, many.dwk));
@@ -166,8 +168,7 @@ TEST(LayerBackwardErrors, AGradientOfTheWrongShapeIsRefusedNamingIt) {
   TensorView view = wrong.view();
   view.name = "DY.npy";
   try {
-    multi_head_attention_backward(in.x.view(), in.weights(), options_of(c, in), view,
-                                  in.memory());
+    multi_head_attention_backward(in.x.view(), in.weights(), options_of(c, in), view, in.memory());
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("DY.npy: shape [2, 5, 5] should be [2, 5, 4]"),

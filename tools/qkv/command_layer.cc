@@ -68,8 +68,11 @@ void add_gradients(const LayerCommand& command, const LayerGradients& g,
     if (path.empty()) return;
     if (matrix && command.weights.linear_layout) {
       const TensorView view = grad.view();
-      const TensorView t{view.data, view.dtype, {view.shape[1], view.shape[0]},
-                         {view.strides[1], view.strides[0]}, view.name};
+      const TensorView t{view.data,
+                         view.dtype,
+                         {view.shape[1], view.shape[0]},
+                         {view.strides[1], view.strides[0]},
+                         view.name};
       transposed.push_back(contiguous_copy(t, grad.dtype()));
       outputs.push_back({path, transposed.back().view()});
     } else {
@@ -92,16 +95,21 @@ void add_gradients(const LayerCommand& command, const LayerGradients& g,
 void check_gradient_flags(const LayerCommand& command) {
   const LayerGradientFlags& f = command.gradients;
   if (!f.grad_out.empty() && !f.wanted()) {
-    throw CLI::ValidationError("--grad-out", "needs one of --grad-x, --grad-memory, --grad-wq, "
-                                             "--grad-wk, --grad-wv, --grad-wo or a --grad-b*");
+    throw CLI::ValidationError("--grad-out",
+                               "needs one of --grad-x, --grad-memory, --grad-wq, "
+                               "--grad-wk, --grad-wv, --grad-wo or a --grad-b*");
   }
   const bool fused = !command.weights.wqkv.empty() || !command.weights.bqkv.empty();
-  for (const auto& [path, flag] : {std::pair{&f.wq, "--grad-wq"}, {&f.wk, "--grad-wk"},
-                                   {&f.wv, "--grad-wv"}, {&f.bq, "--grad-bq"},
-                                   {&f.bk, "--grad-bk"}, {&f.bv, "--grad-bv"}}) {
+  for (const auto& [path, flag] : {std::pair{&f.wq, "--grad-wq"},
+                                   {&f.wk, "--grad-wk"},
+                                   {&f.wv, "--grad-wv"},
+                                   {&f.bq, "--grad-bq"},
+                                   {&f.bk, "--grad-bk"},
+                                   {&f.bv, "--grad-bv"}}) {
     if (fused && !path->empty()) {
-      throw CLI::ValidationError(flag, "needs the separate weights (--wq, --wk, --wv and their "
-                                       "biases), not --wqkv/--bqkv");
+      throw CLI::ValidationError(flag,
+                                 "needs the separate weights (--wq, --wk, --wv and their "
+                                 "biases), not --wqkv/--bqkv");
     }
   }
 }

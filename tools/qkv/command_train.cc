@@ -38,7 +38,8 @@ std::string explain_page(const train::TrainResult& result, const train::TrainCon
     std::copy(w.begin(), w.end(), t.data_as<float>());
     return t;
   };
-  const Tensor wq = matrix(result.model.wq[0], "layer0.wq"), wk = matrix(result.model.wk[0], "layer0.wk"),
+  const Tensor wq = matrix(result.model.wq[0], "layer0.wq"),
+               wk = matrix(result.model.wk[0], "layer0.wk"),
                wv = matrix(result.model.wv[0], "layer0.wv");
   LayerOptions options;
   options.heads = c.heads;
@@ -46,8 +47,7 @@ std::string explain_page(const train::TrainResult& result, const train::TrainCon
   options.attention.threads = c.threads;
   ExplainSetup setup;
   for (std::int64_t t = 0; t < n; ++t) {
-    const std::string label =
-        train::token_label(s, c.task.task, c.task.vocab, static_cast<int>(t));
+    const std::string label = train::token_label(s, c.task.task, c.task.vocab, static_cast<int>(t));
     setup.query_labels.push_back(label);
     setup.key_labels.push_back(label);
   }
@@ -75,9 +75,10 @@ void run_train(TrainCommand& command) {
   const bool line = !command.quiet && isatty(fileno(stderr)) != 0;
   const train::TrainResult result = train::train(c, [&](const train::CurvePoint& p) {
     if (line) {
-      std::fprintf(stderr, "\r\033[Kqkv train: step %d/%d, loss %.4f, held-out accuracy %.1f%%, "
-                   "%.1f steps/s", p.step, c.steps, p.loss, 100.0 * p.heldout_accuracy,
-                   p.steps_per_second);
+      std::fprintf(stderr,
+                   "\r\033[Kqkv train: step %d/%d, loss %.4f, held-out accuracy %.1f%%, "
+                   "%.1f steps/s",
+                   p.step, c.steps, p.loss, 100.0 * p.heldout_accuracy, p.steps_per_second);
     }
   });
   if (line) std::fputs("\r\033[K", stderr);
@@ -102,7 +103,8 @@ void run_train(TrainCommand& command) {
     j["seconds"] = result.seconds;
     nlohmann::ordered_json curve = nlohmann::ordered_json::array();
     for (const train::CurvePoint& p : result.curve) {
-      curve.push_back({{"step", p.step}, {"loss", p.loss}, {"heldout_accuracy", p.heldout_accuracy}});
+      curve.push_back(
+          {{"step", p.step}, {"loss", p.loss}, {"heldout_accuracy", p.heldout_accuracy}});
     }
     j["curve"] = curve;
     std::printf("%s\n", j.dump().c_str());
@@ -126,39 +128,55 @@ void register_train_command(CLI::App& app) {
   auto command = std::make_shared<TrainCommand>();
   train::TrainConfig& c = command->config;
   CLI::App* sub = app.add_subcommand(
-      "train", "teach a small attention model retrieval: a query matched against keys to fetch "
-               "values");
-  sub->add_option("--task", command->task, "recall (pair tokens E_key[k]+E_val[v], then query "
+      "train",
+      "teach a small attention model retrieval: a query matched against keys to fetch "
+      "values");
+  sub->add_option("--task", command->task,
+                  "recall (pair tokens E_key[k]+E_val[v], then query "
                   "keys) or mqar (k1 v1 k2 v2 ... then keys; Zoology's multi-query recall)")
-      ->check(CLI::IsMember({"recall", "mqar"}))->capture_default_str();
-  sub->add_option("--layers", c.layers, "attention layers (residual; mqar needs 2)")
-      ->check(CLI::Range(1, 8))->capture_default_str();
-  sub->add_option("--d-model", c.d_model, "model width")->check(CLI::Range(1, 1024))
+      ->check(CLI::IsMember({"recall", "mqar"}))
       ->capture_default_str();
-  sub->add_option("--heads", c.heads, "heads (must divide --d-model)")->check(CLI::Range(1, 64))
+  sub->add_option("--layers", c.layers, "attention layers (residual; mqar needs 2)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  sub->add_option("--d-model", c.d_model, "model width")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  sub->add_option("--heads", c.heads, "heads (must divide --d-model)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   sub->add_option("--pairs", c.task.pairs, "(key, value) pairs per sequence")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   sub->add_option("--queries", c.task.queries, "recall: query tokens per sequence")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   sub->add_option("--vocab", c.task.vocab, "number of keys (and of values)")
-      ->check(CLI::Range(2, 65536))->capture_default_str();
+      ->check(CLI::Range(2, 65536))
+      ->capture_default_str();
   sub->add_option("--seq-len", c.task.seq_len, "mqar: sequence length (0: 2·pairs + queries)")
-      ->check(CLI::Range(0, 65536))->capture_default_str();
-  sub->add_option("--steps", c.steps, "Adam steps")->check(CLI::Range(0, 10000000))
+      ->check(CLI::Range(0, 65536))
       ->capture_default_str();
-  sub->add_option("--batch", c.batch, "sequences per step")->check(CLI::Range(1, 65536))
+  sub->add_option("--steps", c.steps, "Adam steps")
+      ->check(CLI::Range(0, 10000000))
       ->capture_default_str();
-  sub->add_option("--lr", command->lr, "Adam learning rate")->check(CLI::PositiveNumber)
+  sub->add_option("--batch", c.batch, "sequences per step")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  sub->add_option("--lr", command->lr, "Adam learning rate")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--seed", c.seed, "seed of initialisation, training and held-out streams")
       ->capture_default_str();
   sub->add_option("--threads", c.threads, "threads (0: all); results do not depend on it")
-      ->check(CLI::Range(0, 4096))->capture_default_str();
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   sub->add_option("--eval-every", c.eval_every, "steps between held-out evaluations")
-      ->check(CLI::Range(1, 10000000))->capture_default_str();
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
   sub->add_option("--heldout", c.heldout, "held-out sequences per evaluation")
-      ->check(CLI::Range(1, 1000000))->capture_default_str();
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   sub->add_option("--out", command->out_path,
                   "write the weights as .safetensors: embed.a, embed.b, layer{l}.wq/.wk/.wv/.wo "
                   "([d,d], the X·W convention of qkv layer), readout.w [d,vocab], readout.b");
