@@ -207,9 +207,11 @@ TEST_F(CliGradients, LayerGradientsAreTheLibrarysInTheLayoutGiven) {
 TEST_F(CliGradients, BenchBackwardReportsTheForwardBenchsFields) {
   const testing::CommandRun r = testing::run_program(
       QKV_CLI_PATH, dir_.path(),
-      {"bench", "--backward", "--n", "40",        "--d",       "8",     "--heads",
-       "2",     "--kv-heads", "1",   "--causal",  "--threads", "2",     "--peak-gflops",
-       "100",   "--warmup",   "0",   "--repeats", "2",         "--json"});
+      // --kernel fused_scalar, in every build, so that unfused_blas is the baseline (the
+      // portable build's default backward kernel is unfused_blas itself)
+      {"bench", "--backward", "--n", "40", "--d", "8", "--heads", "2", "--kv-heads", "1",
+       "--causal", "--threads", "2", "--peak-gflops", "100", "--warmup", "0", "--repeats", "2",
+       "--json", "--kernel", "fused_scalar"});
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* field :
        {"\"backward\": true", "\"chosen\": {\"kernel\": \"",
