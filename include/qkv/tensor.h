@@ -68,15 +68,21 @@ class Tensor {
   DType dtype() const noexcept { return dtype_; }
   const Shape& shape() const noexcept { return shape_; }
   std::int64_t numel() const noexcept { return numel_; }
-  std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
+  std::size_t nbytes() const noexcept {
+    return static_cast<std::size_t>(numel_) * dtype_size(dtype_);
+  }
   const std::string& name() const noexcept { return name_; }
 
   void* data() noexcept { return storage_.get(); }
   const void* data() const noexcept { return storage_.get(); }
   template <typename T>
-  T* data_as() noexcept { return static_cast<T*>(data()); }
+  T* data_as() noexcept {
+    return static_cast<T*>(data());
+  }
   template <typename T>
-  const T* data_as() const noexcept { return static_cast<const T*>(data()); }
+  const T* data_as() const noexcept {
+    return static_cast<const T*>(data());
+  }
 
   TensorView view() const;
   MutableTensorView mutable_view();
@@ -92,6 +98,10 @@ class Tensor {
 
  private:
   struct AlignedFree {
+    // Nonzero: the memory is a mapping of this many bytes. (No default member initializer: the
+    // deleter must be default-constructible while Tensor is still incomplete; unique_ptr
+    // value-initialises it to 0.)
+    std::size_t mapped_bytes;
     void operator()(std::byte* p) const noexcept;
   };
   std::unique_ptr<std::byte[], AlignedFree> storage_;
