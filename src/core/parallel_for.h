@@ -24,17 +24,13 @@ class Team {
   void sync() { barrier_.arrive_and_wait(); }
 
  private:
-  friend int run_team(int, const std::function<void(int, Team&)>&);
-  // Before any member has started: the members that could not be created leave the barrier.
-  void shrink_to(int members) {
-    for (; members_ > members; --members_) barrier_.arrive_and_drop();
-  }
-
   int members_;
   std::barrier<> barrier_;
 };
 
-// Runs body(member, team) on up to `wanted` threads, the calling thread being member 0, and
+// Runs body(member, team) on up to `wanted` threads, the calling thread being member 0 (the
+// others from a persistent pool, parked between calls; or, when the pool is taken by another
+// call, threads started for this one), and
 // returns the team's size: `wanted` (at least 1), or fewer when the system refused to create
 // threads. Every member starts only once the team is complete.
 int run_team(int wanted, const std::function<void(int member, Team& team)>& body);
@@ -57,6 +53,10 @@ inline constexpr double kMultiplyAddsPerThread = 4194304.0;  // 2^22
 // calling thread alone. An explicit request is honoured as given. Either way the results are
 // the same bits (tasks own their outputs).
 int threads_for_work(int requested, double multiply_adds) noexcept;
+
+// The threads of the persistent team this process has started (parked between calls, using no
+// CPU time), for tests and QKV_VERBOSE.
+int pool_threads() noexcept;
 
 // How many threads this process asked run_team for and could not create, since it started.
 std::int64_t threads_not_started() noexcept;

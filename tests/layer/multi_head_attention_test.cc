@@ -1,13 +1,15 @@
 // The layer against the composition of its pieces: linear(), attention() per head on copied
 // column blocks, concatenation, and the output projection.
-#include "qkv/layer.h"
-
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
+#include "core/parallel_for.h"
 #include "qkv/error.h"
 #include "qkv/layer.h"
 #include "support/test_support.h"
@@ -28,8 +30,11 @@ Tensor rnd(Shape shape, std::uint64_t seed, const char* name, DType dtype = DTyp
 // Columns [first, first + width) of a 2-D tensor, copied.
 Tensor columns(const Tensor& m, std::int64_t first, std::int64_t width) {
   const std::int64_t cols = m.shape()[1];
-  const TensorView block{static_cast<const double*>(m.data()) + first, DType::kF64,
-                         {m.shape()[0], width}, {cols, 1}, "block"};
+  const TensorView block{static_cast<const double*>(m.data()) + first,
+                         DType::kF64,
+                         {m.shape()[0], width},
+                         {cols, 1},
+                         "block"};
   return contiguous_copy(block, DType::kF64);
 }
 
@@ -195,8 +200,9 @@ TEST(MultiHeadAttention, Float16OutputsAndV2OptionsReachTheHeads) {
   const LayerResult f32 = multi_head_attention(x.view(), w, o);
   o.attention.out_dtype = DType::kF16;
   const LayerResult f16 = multi_head_attention(x.view(), w, o);
-  for (const auto& [got, want] : {std::pair{&f16.out, &f32.out}, std::pair{&f16.weights, &f32.weights},
-                                  std::pair{&f16.lse, &f32.lse}}) {
+  for (const auto& [got, want] :
+       {std::pair{&f16.out, &f32.out}, std::pair{&f16.weights, &f32.weights},
+        std::pair{&f16.lse, &f32.lse}}) {
     ASSERT_EQ(got->dtype(), DType::kF16);
     EXPECT_EQ(testing::max_abs_diff(got->view(), want->to(DType::kF16).view()), 0.0);
   }
@@ -224,11 +230,19 @@ int process_threads() {
   return count;
 }
 
-TEST(MultiHeadAttention, LeavesNoThreadBehindNotEvenOpenBlasPool) {
+// CPU time of the whole process (every thread), in seconds.
+double process_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+TEST(MultiHeadAttention, LeavesNoThreadBehindButItsParkedTeamNotEvenOpenBlasPool) {
   // The layer's projections (CBLAS) and both BLAS-free and BLAS kernels on 2 threads: when the
-  // call returns, only this thread is left. OpenBLAS's pthread build keeps a pool of one
-  // thread per core that spins after each threaded call (kernels/blas_threads.h), which would
-  // show here as a second thread on any machine with more than one core.
+  // call returns, only this thread and qkv's own parked team (core/parallel_for.cc) are left.
+  // OpenBLAS's pthread build keeps a pool of one thread per core that spins after each
+  // threaded call (kernels/blas_threads.h), which would show here as one thread more on any
+  // machine with more than one core.
   const Tensor x = rnd({600, 32}, 30, "x", DType::kF32);
   const Tensor wq = rnd({32, 32}, 31, "wq", DType::kF32);
   const Tensor wk = rnd({32, 32}, 32, "wk", DType::kF32);
@@ -240,16 +254,24 @@ TEST(MultiHeadAttention, LeavesNoThreadBehindNotEvenOpenBlasPool) {
     o.attention.threads = 2;
     o.attention.kernel = kernel;
     const LayerResult r = multi_head_attention(x.view(), w, o);
-    EXPECT_EQ(process_threads(), 1) << "after the layer with kernel '" << kernel << "'";
+    EXPECT_GE(core::pool_threads(), 1) << "the layer ran on 2 threads";
+    EXPECT_EQ(process_threads(), 1 + core::pool_threads())
+        << "after the layer with kernel '" << kernel << "'";
     const Tensor y = linear(x.view(), wq.view(), std::nullopt);
-    EXPECT_EQ(process_threads(), 1) << "after linear()";
+    EXPECT_EQ(process_threads(), 1 + core::pool_threads()) << "after linear()";
   }
+  // Parked means no CPU time: 100 ms asleep costs the process (nearly) none. A spinning
+  // thread would take ~100 ms.
+  const double before = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_LT(process_cpu_seconds() - before, 0.02) << "a thread kept running while idle";
   // A program that asks OpenBLAS for threads of its own in between gets its pool back; qkv's
   // next call stops it again.
   if (openblas_set_num_threads != nullptr) {
     openblas_set_num_threads(2);
     const Tensor y = linear(x.view(), wq.view(), std::nullopt);
-    EXPECT_EQ(process_threads(), 1) << "after linear(), OpenBLAS set to 2 threads before it";
+    EXPECT_EQ(process_threads(), 1 + core::pool_threads())
+        << "after linear(), OpenBLAS set to 2 threads before it";
   }
 }
 
@@ -296,8 +318,8 @@ TEST(MultiHeadAttention, ShapeErrorsNameTheFile) {
 }
 
 TEST(Linear, ProjectsRowsWithBias) {
-  const double x[] = {1, 2, 3, 4};             // [2, 2]
-  const double w[] = {1, 0, 1, 0, 1, 1};       // [2, 3]
+  const double x[] = {1, 2, 3, 4};        // [2, 2]
+  const double w[] = {1, 0, 1, 0, 1, 1};  // [2, 3]
   const double b[] = {10, 20, 30};
   const TensorView xv{x, DType::kF64, {2, 2}, {2, 1}, "x"};
   const TensorView wv{w, DType::kF64, {2, 3}, {3, 1}, "w"};
