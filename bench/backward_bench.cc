@@ -8,21 +8,13 @@
 #include <cstdint>
 #include <string>
 
+#include "bench_pattern.h"
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
 
 namespace {
 
-qkv::Tensor pattern(const qkv::Shape& shape, std::uint64_t seed) {
-  qkv::Tensor t(qkv::DType::kF32, shape);
-  float* x = t.data_as<float>();
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = static_cast<float>(static_cast<double>(state >> 40) / 16777216.0) * 2.0f - 1.0f;
-  }
-  return t;
-}
+using qkv::bench::pattern;
 
 // kernel empty: the forward (the default kernel), else that backward kernel.
 void backward_benchmark(benchmark::State& state, const std::string& kernel) {

@@ -12,27 +12,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "bench_pattern.h"
 #include "qkv/attention.h"
 
 namespace {
 
 constexpr std::int64_t kHeads = 8;
 
-qkv::Tensor pattern(const qkv::Shape& shape, std::uint64_t seed) {
-  qkv::Tensor t(qkv::DType::kF32, shape);
-  float* x = t.data_as<float>();
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = static_cast<float>(static_cast<double>(state >> 40) / 16777216.0) * 2.0f - 1.0f;
-  }
-  return t;
-}
+using qkv::bench::pattern;
 
 double pairs(std::int64_t n, bool causal) {
   const auto x = static_cast<double>(n);
@@ -87,8 +79,8 @@ void storage(benchmark::State& state, qkv::DType dtype) {
 }
 
 // Twelve sequences between 64 and 2048 rows (about 1000 on average).
-const std::vector<std::int64_t> kLengths = {64, 1900, 300, 2048, 128, 1000,
-                                            700, 1500, 90, 2048, 500, 1200};
+const std::vector<std::int64_t> kLengths = {64,  1900, 300, 2048, 128, 1000,
+                                            700, 1500, 90,  2048, 500, 1200};
 
 enum class Packing { kPacked, kOneByOne, kPadded };
 
@@ -156,10 +148,10 @@ void packed(benchmark::State& state, Packing how) {
       for (std::int64_t b = 0; b < count; ++b) {
         const std::int64_t row0 = cu.data_as<std::int64_t>()[b];
         const std::int64_t rows = kLengths[static_cast<std::size_t>(b)];
-        qkv::attention_into(rows_of(q.view(), row0, rows, d), rows_of(k.view(), row0, rows, d),
-                            rows_of(v.view(), row0, rows, d), options,
-                            {rows_of(out.mutable_view(), row0, rows, d), std::nullopt,
-                             std::nullopt});
+        qkv::attention_into(
+            rows_of(q.view(), row0, rows, d), rows_of(k.view(), row0, rows, d),
+            rows_of(v.view(), row0, rows, d), options,
+            {rows_of(out.mutable_view(), row0, rows, d), std::nullopt, std::nullopt});
       }
     }
     benchmark::ClobberMemory();

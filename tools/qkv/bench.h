@@ -5,7 +5,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include "qkv/tensor.h"
 
 namespace qkv::cli {
 
@@ -35,6 +38,29 @@ struct BenchCommand {
 // Median process CPU time per run and the process's peak RSS, as every bench line reports them.
 double process_cpu_ms();
 double peak_rss_mib();
+
+// One timed call, as every bench line reports it.
+struct Timing {
+  std::string kernel;  // the kernel that ran
+  double ms = 0.0;     // median
+  double min_ms = 0.0;
+  double cpu_ms = 0.0;  // median process CPU time per run, all threads (robust to a busy host)
+  int runs = 0;
+  double gflops = 0.0;        // `flops` over the median time (0 when not given)
+  double peak_rss_mib = 0.0;  // process peak RSS after these runs
+};
+
+// `warmup` untimed calls, then `repeats` timed ones (0: at least 3 and about a second, at most
+// 50); `call` returns the name of the kernel that ran.
+Timing time_calls(int repeats, int warmup, const std::function<std::string()>& call,
+                  double flops = 0.0);
+
+// "  "KEY": {"kernel": ..., "ms": ..., ...}" without a newline; fraction_of_peak against `peak`.
+void print_json_timing(const char* key, const Timing& t, double peak);
+
+// A tensor of `dtype` (f64, f32, bf16 or f16) holding a cheap deterministic pattern in [-1, 1),
+// written straight in that type: a 16-bit run never holds a float32 copy of its inputs.
+Tensor pattern_tensor(DType dtype, const Shape& shape, std::uint64_t seed, const char* name);
 
 // The OpenBLAS variables some hosts export, which can make OpenBLAS pick slow kernels for the
 // baselines; bench reports them but never unsets them itself.

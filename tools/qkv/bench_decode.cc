@@ -28,41 +28,6 @@
 namespace qkv::cli {
 namespace {
 
-struct CallTiming {
-  std::string kernel;
-  double ms = 0.0;  // median
-  double min_ms = 0.0;
-  double cpu_ms = 0.0;  // median process CPU time per call, all threads
-  int runs = 0;
-};
-
-// `warmup` untimed calls, then `repeats` timed ones (0: at least 3 and about a second, at most
-// 50); `call` returns the name of the kernel that ran.
-CallTiming time_calls(int repeats, int warmup, const std::function<std::string()>& call) {
-  CallTiming t;
-  for (int w = 0; w < warmup; ++w) t.kernel = call();
-  std::vector<double> ms, cpu;
-  double total = 0.0;
-  const int max_runs = repeats > 0 ? repeats : 50;
-  while (static_cast<int>(ms.size()) < max_runs &&
-         (repeats > 0 || ms.size() < 3 || total < 1000.0)) {
-    const double cpu_start = process_cpu_ms();
-    const auto start = std::chrono::steady_clock::now();
-    t.kernel = call();
-    cpu.push_back(process_cpu_ms() - cpu_start);
-    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
-    ms.push_back(took.count());
-    total += took.count();
-  }
-  std::sort(ms.begin(), ms.end());
-  std::sort(cpu.begin(), cpu.end());
-  t.runs = static_cast<int>(ms.size());
-  t.ms = ms[ms.size() / 2];
-  t.min_ms = ms.front();
-  t.cpu_ms = cpu[cpu.size() / 2];
-  return t;
-}
-
 // Log-uniform lengths in [lo, hi], one per sequence, from a fixed seed: the same on every run.
 std::vector<std::int64_t> mixed_lengths(std::int64_t lo, std::int64_t hi, std::int64_t count) {
   UniformFloats random(7);
@@ -172,11 +137,11 @@ void check_decode_flags(BenchCommand& c) {
 
 struct Baseline {
   std::string kernel;
-  std::optional<CallTiming> timing;
+  std::optional<Timing> timing;
   std::string note;  // why it did not run
 };
 
-void print_json_timing(const CallTiming& t, const char* ratio_key, double ratio) {
+void print_json_call(const Timing& t, const char* ratio_key, double ratio) {
   std::printf(
       "{\"kernel\": \"%s\", \"ms\": %.4f, \"min_ms\": %.4f, \"cpu_ms\": %.4f, \"runs\": %d, "
       "\"%s\": %.4f}",
@@ -229,7 +194,7 @@ void run_decode_bench(BenchCommand c) {
   options.threads = threads;
   options.kernel = c.kernel;
   options.max_memory = budget_left(memory, budget);
-  const CallTiming cached = time_calls(
+  const Timing cached = time_calls(
       c.repeats, c.warmup, [&] { return attention_cached(q.view(), cache, ids, options).kernel; });
   const double gbs = kv_bytes / (cached.ms * 1e-3) * 1e-9;
   const double best_gbs = kv_bytes / (cached.min_ms * 1e-3) * 1e-9;
@@ -297,7 +262,7 @@ void run_decode_bench(BenchCommand c) {
     for (const Baseline& b : baselines) {
       std::printf(",\n  \"baseline_%s\": ", b.kernel.c_str());
       if (b.timing) {
-        print_json_timing(*b.timing, "ratio_to_cached", b.timing->ms / cached.ms);
+        print_json_call(*b.timing, "ratio_to_cached", b.timing->ms / cached.ms);
       } else {
         std::printf("{\"kernel\": \"%s\", \"not_run\": \"%s\"}", b.kernel.c_str(),
                     json_escape(b.note).c_str());

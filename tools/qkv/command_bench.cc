@@ -41,20 +41,6 @@ bool openblas_env_set() {
   return std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("OPENBLAS_L2_SIZE") != nullptr;
 }
 
-namespace {
-
-struct Timing {
-  std::string kernel;
-  double ms = 0.0;      // median
-  double cpu_ms = 0.0;  // median process CPU time per run, all threads (robust to a busy host)
-  double min_ms = 0.0;
-  int runs = 0;
-  double gflops = 0.0;
-  double peak_rss_mib = 0.0;  // process peak RSS after this kernel's runs
-};
-
-// Fills a tensor of `dtype` (f64, f32, bf16 or f16) with a cheap deterministic pattern in
-// [-1, 1), written straight in that type: a 16-bit run never holds a float32 copy of its inputs.
 Tensor pattern_tensor(DType dtype, const Shape& shape, std::uint64_t seed, const char* name) {
   Tensor t(dtype, shape, name);
   std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -75,6 +61,43 @@ Tensor pattern_tensor(DType dtype, const Shape& shape, std::uint64_t seed, const
   }
   return t;
 }
+
+Timing time_calls(int repeats, int warmup, const std::function<std::string()>& call, double flops) {
+  Timing t;
+  for (int w = 0; w < warmup; ++w) t.kernel = call();
+  std::vector<double> ms, cpu;
+  double total = 0.0;
+  const int max_runs = repeats > 0 ? repeats : 50;
+  while (static_cast<int>(ms.size()) < max_runs &&
+         (repeats > 0 || ms.size() < 3 || total < 1000.0)) {
+    const double cpu_start = process_cpu_ms();
+    const auto start = std::chrono::steady_clock::now();
+    t.kernel = call();
+    cpu.push_back(process_cpu_ms() - cpu_start);
+    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+    ms.push_back(took.count());
+    total += took.count();
+  }
+  std::sort(ms.begin(), ms.end());
+  std::sort(cpu.begin(), cpu.end());
+  t.runs = static_cast<int>(ms.size());
+  t.ms = ms[ms.size() / 2];
+  t.min_ms = ms.front();
+  t.cpu_ms = cpu[cpu.size() / 2];
+  t.gflops = flops > 0.0 ? flops / (t.ms * 1e-3) * 1e-9 : 0.0;
+  t.peak_rss_mib = peak_rss_mib();
+  return t;
+}
+
+void print_json_timing(const char* key, const Timing& t, double peak) {
+  std::printf(
+      "  \"%s\": {\"kernel\": \"%s\", \"ms\": %.4f, \"min_ms\": %.4f, \"cpu_ms\": %.4f, "
+      "\"runs\": %d, \"gflops\": %.2f, \"fraction_of_peak\": %.4f, \"peak_rss_mib\": %.1f}",
+      key, t.kernel.c_str(), t.ms, t.min_ms, t.cpu_ms, t.runs, t.gflops,
+      peak > 0 ? t.gflops / peak : 0.0, t.peak_rss_mib);
+}
+
+namespace {
 
 // --dtype of a prefill bench: the storage of Q, K, V and the computation's type.
 DType prefill_dtype(const std::string& name) {
@@ -105,38 +128,8 @@ Timing time_kernel(const BenchCommand& c, const TensorView& q, const TensorView&
   Tensor out(q.dtype == DType::kF64 ? DType::kF64 : DType::kF32, {c.batch, c.heads, c.n, c.dv},
              "out");
   const AttentionOutputs outputs{out.mutable_view(), std::nullopt, std::nullopt};
-  Timing t;
-  for (int w = 0; w < c.warmup; ++w) t.kernel = attention_into(q, k, v, options, outputs);
-  std::vector<double> ms, cpu;
-  double total = 0.0;
-  const int max_runs = c.repeats > 0 ? c.repeats : 50;
-  while (static_cast<int>(ms.size()) < max_runs &&
-         (c.repeats > 0 || ms.size() < 3 || total < 1000.0)) {
-    const double cpu_start = process_cpu_ms();
-    const auto start = std::chrono::steady_clock::now();
-    t.kernel = attention_into(q, k, v, options, outputs);
-    cpu.push_back(process_cpu_ms() - cpu_start);
-    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
-    ms.push_back(took.count());
-    total += took.count();
-  }
-  std::sort(ms.begin(), ms.end());
-  std::sort(cpu.begin(), cpu.end());
-  t.cpu_ms = cpu[cpu.size() / 2];
-  t.runs = static_cast<int>(ms.size());
-  t.ms = ms[ms.size() / 2];
-  t.min_ms = ms.front();
-  t.gflops = flops / (t.ms * 1e-3) * 1e-9;
-  t.peak_rss_mib = peak_rss_mib();
-  return t;
-}
-
-void print_json_timing(const char* key, const Timing& t, double peak) {
-  std::printf(
-      "  \"%s\": {\"kernel\": \"%s\", \"ms\": %.4f, \"min_ms\": %.4f, \"cpu_ms\": %.4f, "
-      "\"runs\": %d, \"gflops\": %.2f, \"fraction_of_peak\": %.4f, \"peak_rss_mib\": %.1f}",
-      key, t.kernel.c_str(), t.ms, t.min_ms, t.cpu_ms, t.runs, t.gflops,
-      peak > 0 ? t.gflops / peak : 0.0, t.peak_rss_mib);
+  return time_calls(
+      c.repeats, c.warmup, [&] { return attention_into(q, k, v, options, outputs); }, flops);
 }
 
 // OpenBLAS 0.3.21 runs its SSE3 "Prescott" kernels on x86 CPUs newer than it knows (seen here
