@@ -6,6 +6,7 @@
 // wider matrix are all strides, never copies.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -19,8 +20,8 @@ struct AttentionShape {
   std::int64_t hkv = 1;  // key/value heads; h % hkv == 0
   std::int64_t nq = 0;
   std::int64_t nk = 0;
-  std::int64_t d = 0;    // q and k head dimension
-  std::int64_t dv = 0;   // v head dimension
+  std::int64_t d = 0;   // q and k head dimension
+  std::int64_t dv = 0;  // v head dimension
 
   // Query heads per kv head: query head h reads kv head h / group(). 0 when there are no heads
   // (validation allows hkv == 0 only with h == 0).
@@ -53,15 +54,13 @@ struct OutputOperand {
 
 struct Masking {
   bool causal = false;
-  std::int64_t window_left = -1;   // -1: unbounded
-  std::int64_t window_right = -1;  // -1: unbounded
-  const void* mask = nullptr;      // nullptr: no explicit mask
-  DType mask_dtype = DType::kBool; // kBool (true = allowed) or kF32/kF64 (additive)
-  Strides4 mask_strides;           // broadcast dims have stride 0; h indexes query heads
+  std::int64_t window_left = -1;    // -1: unbounded
+  std::int64_t window_right = -1;   // -1: unbounded
+  const void* mask = nullptr;       // nullptr: no explicit mask
+  DType mask_dtype = DType::kBool;  // kBool (true = allowed) or kF32/kF64 (additive)
+  Strides4 mask_strides;            // broadcast dims have stride 0; h indexes query heads
 
-  bool has_structure() const noexcept {
-    return causal || window_left >= 0 || window_right >= 0;
-  }
+  bool has_structure() const noexcept { return causal || window_left >= 0 || window_right >= 0; }
 };
 
 // What the softmax sees beyond scale · q·k and the mask (attention.h):
@@ -107,6 +106,11 @@ struct AttentionParams {
   int threads = 1;        // exactly this many threads, >= 1
   // Where kernels report finished query rows (core::report_rows); nullptr: nobody listens.
   Progress* progress = nullptr;
+  // Non-null when validation left K and V unscanned (validate_attention's defer_kv_scan) and
+  // the kernel reads every element of both (attention_fwd_decode_hwy): the kernel sets it when
+  // an element it read is a NaN, an infinity or of magnitude 2^32 or more, which the bounds in
+  // `magnitudes` assumed away; the entry point then scans, and refuses or reruns.
+  std::atomic<bool>* kv_unchecked = nullptr;
 };
 
 }  // namespace qkv::core

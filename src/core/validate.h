@@ -15,6 +15,10 @@ namespace qkv::core {
 // Q's rank ([.., Nq, Dv], [.., Nq, Nk], [.., Nq]).
 struct AttentionCall {
   AttentionParams params;
+  // K and V were not scanned (defer_kv_scan): their magnitudes are the bounds of a view with
+  // nothing large (2^32, float16's largest), to be made true by scan_deferred_kv or by a kernel
+  // that checks what it reads (AttentionParams::kv_unchecked).
+  bool kv_scan_deferred = false;
   Shape out_shape;
   Shape weights_shape;
   Shape lse_shape;
@@ -28,9 +32,15 @@ struct AttentionCall {
 // positions counted from its own start.
 AttentionParams sequence_params(const AttentionCall& call, std::size_t s);
 
-// Throws qkv::Error naming the offending tensor or option.
+// Throws qkv::Error naming the offending tensor or option. With defer_kv_scan, K and V are not
+// scanned for NaN, infinity and large values (see AttentionCall::kv_scan_deferred).
 AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const AttentionOptions& options);
+                                 const AttentionOptions& options, bool defer_kv_scan = false);
+
+// The scan validate_attention deferred: throws the error it would have thrown for K or V, or
+// sets their magnitudes (and the storage-type check that depends on them).
+void scan_deferred_kv(AttentionCall& call, const TensorView& k, const TensorView& v,
+                      const AttentionOptions& options);
 
 // The options every attention call shares (scale, its default from the head dimension d,
 // causal, window, threads), checked and set in p; throws qkv::Error naming the option.

@@ -1,8 +1,10 @@
 // The public attention entry points: validate once, choose a kernel once, run it.
 #include "qkv/attention.h"
 
+#include <atomic>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/format_bytes.h"
@@ -29,13 +31,44 @@ std::uint64_t workspace_bytes(const core::AttentionCall& call, const AttentionOp
                                             call.params.compute);
 }
 
+// Whether `kernel` reads every element of K and V, so that it can check them as it reads them
+// instead of validation scanning them first: the decode kernel (few query rows, where the scan
+// was a second pass over all of K and V, as long as the kernel's own) on a call whose rows
+// together see every key (no window; a causal row set ends with a row that sees them all) and
+// that is not a packed batch.
+bool checks_kv_as_it_reads(const core::AttentionCall& call,
+                           const kernels::AttentionKernel& kernel) {
+  const core::AttentionParams& p = call.params;
+  return std::string_view(kernel.name) == "decode_hwy" && call.cu_q.empty() && p.shape.nq > 0 &&
+         p.masking.window_left < 0 && p.masking.window_right < 0;
+}
+
+// K and V of a call validated with defer_kv_scan, and the flag a kernel that checks them as it
+// reads them sets.
+struct DeferredScan {
+  const TensorView* k = nullptr;
+  const TensorView* v = nullptr;
+  std::atomic<bool>* flag = nullptr;
+};
+
 std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& options,
-                         const AttentionOutputs& outputs) {
+                         const AttentionOutputs& outputs, const DeferredScan& deferred = {}) {
   core::AttentionParams& params = call.params;
   core::bind_output(params.out, outputs.out, call.out_shape);
   if (outputs.weights) core::bind_output(params.weights, *outputs.weights, call.weights_shape);
   if (outputs.lse) core::bind_output(params.lse, *outputs.lse, call.lse_shape, false);
-  const kernels::AttentionKernel& kernel = choose_kernel(params, options.kernel);
+  const kernels::AttentionKernel* chosen = &choose_kernel(params, options.kernel);
+  params.kv_unchecked = nullptr;
+  if (call.kv_scan_deferred) {
+    if (checks_kv_as_it_reads(call, *chosen)) {
+      params.kv_unchecked = deferred.flag;
+    } else {
+      // The scan this kernel does not do; its true bounds may change the choice.
+      core::scan_deferred_kv(call, *deferred.k, *deferred.v, options);
+      chosen = &choose_kernel(params, options.kernel);
+    }
+  }
+  const kernels::AttentionKernel& kernel = *chosen;
   // Whichever kernel runs: unfused_blas needs one-thread BLAS calls on its threads, and an
   // idle OpenBLAS pool spins beside any kernel.
   kernels::single_threaded_blas();
@@ -56,21 +89,36 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
     }
   }
   if (status == core::KernelStatus::kOutOfMemory) {
-    throw Error("attention", "out of memory: kernel " + std::string(kernel.name) +
-                                 " could not allocate its workspace (about " +
-                                 core::format_bytes(kernels::attention_workspace_bytes(
-                                     params.shape, params.threads, std::string(kernel.name),
-                                     params.compute)) +
-                                 ")");
+    throw Error("attention",
+                "out of memory: kernel " + std::string(kernel.name) +
+                    " could not allocate its workspace (about " +
+                    core::format_bytes(kernels::attention_workspace_bytes(
+                        params.shape, params.threads, std::string(kernel.name), params.compute)) +
+                    ")");
   }
   return std::string(kernel.name);
+}
+
+// bind_and_run on a call validated with defer_kv_scan. When the kernel checked K and V as it
+// read them and found an element not below 2^32 in magnitude (or not finite), the scan names a
+// bad element as it always did, or sets the true bounds, and the call runs again with them
+// (every kernel writes all of its outputs, so the first run leaves nothing behind).
+std::string run_checking_kv(core::AttentionCall& call, const AttentionOptions& options,
+                            const AttentionOutputs& outputs, const TensorView& k,
+                            const TensorView& v) {
+  std::atomic<bool> kv_unchecked{false};
+  const std::string kernel =
+      bind_and_run(call, options, outputs, DeferredScan{&k, &v, &kv_unchecked});
+  if (!kv_unchecked.load(std::memory_order_relaxed)) return kernel;
+  core::scan_deferred_kv(call, k, v, options);
+  return bind_and_run(call, options, outputs);
 }
 
 }  // namespace
 
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options) {
-  core::AttentionCall call = core::validate_attention(q, k, v, options);
+  core::AttentionCall call = core::validate_attention(q, k, v, options, true);
   if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64 &&
       options.out_dtype != DType::kF16) {
     throw Error("out_dtype", "must be float32, float64 or float16");
@@ -91,7 +139,7 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
     result.lse = Tensor(computed, call.lse_shape, "lse");
     outputs.lse = result.lse.mutable_view();
   }
-  result.kernel = bind_and_run(call, options, outputs);
+  result.kernel = run_checking_kv(call, options, outputs, k, v);
   result.compute = call.params.compute;
   result.threads = call.params.threads;
   if (computed != options.out_dtype) {
@@ -104,7 +152,7 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
 
 std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionOptions& options, const AttentionOutputs& outputs) {
-  core::AttentionCall call = core::validate_attention(q, k, v, options);
+  core::AttentionCall call = core::validate_attention(q, k, v, options, true);
   // An output that shares memory with an input would be read after it was overwritten.
   std::vector<const TensorView*> inputs = {&q, &k, &v};
   for (const auto* optional : {&options.mask, &options.alibi_slopes, &options.sinks,
@@ -118,13 +166,14 @@ std::string attention_into(const TensorView& q, const TensorView& k, const Tenso
   if (outputs.lse) written.push_back(&lse.emplace(*outputs.lse));
   core::require_no_overlap(inputs, written);
   if (!call.cu_q.empty() && outputs.weights) {
-    throw Error(outputs.weights->name, "the weights output cannot be combined with a packed "
-                                       "batch (cu_seqlens)");
+    throw Error(outputs.weights->name,
+                "the weights output cannot be combined with a packed "
+                "batch (cu_seqlens)");
   }
   core::check_memory_budget(
       core::attention_memory(call, options, false, workspace_bytes(call, options)),
       options.max_memory, "attention");
-  return bind_and_run(call, options, outputs);
+  return run_checking_kv(call, options, outputs, k, v);
 }
 
 std::string explain_kernel_choice(const TensorView& q, const TensorView& k, const TensorView& v,

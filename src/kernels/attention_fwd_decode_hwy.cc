@@ -125,6 +125,23 @@ HWY_INLINE void widen_any(KVType type, const void* src, const float* scales, std
   }
 }
 
+// Whether any of rows[0, count), each `width` floats (a whole number of vectors), holds a NaN,
+// an infinity or a magnitude of 2^32 or more: the largest |x| as bits (sign cleared), where
+// NaN > infinity > every finite value, against 2^32's bits. What validation's scan asks of
+// plain K and V, asked here of the rows the kernel has just read.
+HWY_INLINE bool any_large(const float* const* rows, std::int64_t count, std::int64_t width) {
+  const D df;
+  const hn::RebindToSigned<D> di;
+  const auto magnitude = hn::Set(di, 0x7fffffff);
+  auto largest = hn::Zero(di);
+  for (std::int64_t x = 0; x < count; ++x) {
+    for (std::int64_t c = 0; c < width; c += kLanes) {
+      largest = hn::Max(largest, hn::And(hn::BitCast(di, hn::LoadU(df, rows[x] + c)), magnitude));
+    }
+  }
+  return hn::GetLane(hn::MaxOfLanes(di, largest)) >= 0x4f800000;  // 2^32
+}
+
 // s[x · kBlockKeys + j] = scale · q_x·k_j for G rows, one K vector load shared by all G.
 template <int G>
 HWY_INLINE void dot_rows(const float* HWY_RESTRICT q, std::int64_t dp, std::int64_t dl,
@@ -312,6 +329,10 @@ class Chunk {
                       run.v_col, dvp_, scratch_.v + x * dvp_);
             values_[x] = scratch_.v + x * dvp_;
           }
+        }
+        if (need_values && call_.kv_unchecked != nullptr &&
+            (any_large(keys_, bk, dl_) || any_large(values_, bk, dvl_))) {
+          call_.kv_unchecked->store(true, std::memory_order_relaxed);
         }
         std::int64_t r = 0;
 #if HWY_TARGET <= HWY_AVX3

@@ -5,6 +5,7 @@
 // through in attention_fwd_decode_hwy.cc.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -32,7 +33,9 @@ constexpr std::int64_t kPadLanes = 16;
 // more than it saves.
 constexpr std::int64_t kMaxPlainRows = 16;
 
-inline std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept { return (n + m - 1) / m * m; }
+inline std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept {
+  return (n + m - 1) / m * m;
+}
 
 inline std::int64_t chunk_keys(std::int64_t nk) noexcept {
   const std::int64_t spread = round_up((nk + kMaxChunks - 1) / kMaxChunks, kMinChunkKeys);
@@ -68,11 +71,14 @@ struct DecodeCall {
   std::vector<std::int64_t> nk;  // per batch entry
   double scale = 1.0;
   core::ScoreModifiers modifiers;  // softcap, ALiBi, sinks
-  core::Masking masking;  // an explicit mask only for plain tensors
+  core::Masking masking;           // an explicit mask only for plain tensors
   core::OutputOperand out, lse;
   core::OutputOperand weights;  // plain tensors only
   int threads = 1;
   core::Progress* progress = nullptr;  // told each (b, kv head)'s rows once they are merged
+  // Plain tensors left unscanned (AttentionParams::kv_unchecked): set when an element of K or V
+  // read is not finite or reaches 2^32 in magnitude. Only the SIMD kernel is given one.
+  std::atomic<bool>* kv_unchecked = nullptr;
 
   std::int64_t group() const noexcept { return hkv == 0 ? 0 : h / hkv; }
   std::int64_t rows() const noexcept { return group() * nq; }  // query rows per task
@@ -83,11 +89,15 @@ struct DecodeCall {
 
 inline std::int64_t storage_bytes(KVType type) noexcept {
   switch (type) {
-    case KVType::kF32: return 4;
+    case KVType::kF32:
+      return 4;
     case KVType::kBF16:
-    case KVType::kF16: return 2;
-    case KVType::kInt8: return 1;
-    case KVType::kF64: return 8;
+    case KVType::kF16:
+      return 2;
+    case KVType::kInt8:
+      return 1;
+    case KVType::kF64:
+      return 8;
   }
   return 4;
 }
@@ -109,11 +119,11 @@ struct Partial {
 // and V rows when they cannot be read in place, the block's scores.
 struct Scratch {
   std::int64_t* ranges = nullptr;  // 2 x rows: each row's first and one-past-last key
-  float* q = nullptr;   // rows x dp
-  float* k = nullptr;   // kBlockKeys x dp
-  float* v = nullptr;   // kBlockKeys x dvp
-  float* s = nullptr;   // rows x kBlockKeys
-  float* alpha = nullptr;  // rows: each row's rescale factor for the block
+  float* q = nullptr;              // rows x dp
+  float* k = nullptr;              // kBlockKeys x dp
+  float* v = nullptr;              // kBlockKeys x dvp
+  float* s = nullptr;              // rows x kBlockKeys
+  float* alpha = nullptr;          // rows: each row's rescale factor for the block
 };
 
 // The per-target chunk loop. With finals == nullptr it fills `out` for `task`; else finals

@@ -290,6 +290,7 @@ DecodeCall plain_call(const core::AttentionParams& p) noexcept {
   call.weights = p.weights;
   call.threads = p.threads;
   call.progress = p.progress;
+  call.kv_unchecked = p.kv_unchecked;
   return call;
 }
 

@@ -1,0 +1,170 @@
+// attention() on few query rows checks K and V in the decode kernel's own pass instead of a
+// scan before it (kernels/attention.cc, checks_kv_as_it_reads). Held against the same call
+// written with an unbounded window, which still scans first: the same error, word for word, for a
+// NaN, an infinity or a value past float16's range anywhere in K or V; the same bits when the
+// inputs are fine, and when they are finite but large (2^32 and more: the kernel flags them and the
+// call reruns with the scan's true bounds).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qkv/attention.h"
+#include "qkv/error.h"
+#include "support/test_support.h"
+
+namespace qkv {
+namespace {
+
+using testing::random_tensor;
+using testing::same_bytes;
+
+struct Case {
+  const char* name;
+  std::int64_t nq;
+  bool causal;
+  std::optional<Window> window;
+  DType kv_dtype;
+  std::int64_t d;
+};
+
+// attention() as asked (the kernel checks K and V) and the same call with an unbounded window
+// in place of "no window" (every key allowed, or causal's keys: the same scores, the same kernel
+// and bits), which validation scans first: attention() defers the scan only without a window.
+struct Both {
+  std::string error_plain, error_into;  // error_into: the scanned call's
+  Tensor out_plain, out_into;
+  std::string kernel_plain, kernel_into;
+};
+
+Both run_both(const Tensor& q, const Tensor& k, const Tensor& v, const Case& c) {
+  AttentionOptions options;
+  options.causal = c.causal;
+  options.window = c.window;
+  options.threads = 2;
+  options.return_lse = true;
+  AttentionOptions scanned = options;
+  if (!c.window) {
+    constexpr std::int64_t kAll = std::int64_t{1} << 40;
+    scanned.window = Window{kAll, c.causal ? 0 : kAll};
+    scanned.causal = false;
+  }
+  Both both;
+  try {
+    AttentionResult r = attention(q.view(), k.view(), v.view(), options);
+    both.out_plain = std::move(r.out);
+    both.kernel_plain = r.kernel;
+  } catch (const Error& e) {
+    both.error_plain = e.what();
+  }
+  try {
+    AttentionResult r = attention(q.view(), k.view(), v.view(), scanned);
+    both.out_into = std::move(r.out);
+    both.kernel_into = r.kernel;
+  } catch (const Error& e) {
+    both.error_into = e.what();
+  }
+  return both;
+}
+
+void set(Tensor& t, std::int64_t flat, double value) {
+  if (t.dtype() == DType::kF32) {
+    t.data_as<float>()[flat] = static_cast<float>(value);
+  } else {
+    t.data_as<double>()[flat] = value;
+  }
+}
+
+// The SIMD decode kernel runs in this build (the portable build has none: every call is then
+// scanned first, and these tests hold that path too).
+bool has_simd_decode() {
+  const Tensor q = random_tensor(DType::kF32, {1, 1, 1, 16}, 1);
+  const Tensor k = random_tensor(DType::kF32, {1, 1, 64, 16}, 2);
+  try {
+    return explain_kernel_choice(q.view(), k.view(), k.view(), AttentionOptions{})
+               .find("decode_hwy: chosen") != std::string::npos;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+const Case kCases[] = {
+    {"one row, GQA", 1, false, std::nullopt, DType::kF32, 64},
+    {"three causal rows", 3, true, std::nullopt, DType::kF32, 64},
+    {"d not a whole vector", 1, false, std::nullopt, DType::kF32, 40},
+    {"float64 K and V", 2, false, std::nullopt, DType::kF64, 32},
+    {"a window (scanned first)", 1, false, Window{8, 0}, DType::kF32, 64},
+};
+
+TEST(DecodeInputCheck, FineInputsGiveTheBitsOfTheScannedCall) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
+    const Tensor k = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 2);
+    const Tensor v = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 3);
+    const Both both = run_both(q, k, v, c);
+    ASSERT_EQ(both.error_plain, "");
+    ASSERT_EQ(both.error_into, "");
+    EXPECT_EQ(both.kernel_plain, both.kernel_into);
+    EXPECT_TRUE(same_bytes(both.out_plain, both.out_into));
+    if (!c.window && has_simd_decode()) {
+      EXPECT_EQ(both.kernel_plain, "decode_hwy") << "the path under test was not taken";
+    }
+  }
+}
+
+TEST(DecodeInputCheck, ABadElementAnywhereIsNamedAsTheScanNamesIt) {
+  const double kBad[] = {std::numeric_limits<double>::quiet_NaN(),
+                         std::numeric_limits<double>::infinity(),
+                         -std::numeric_limits<double>::infinity()};
+  for (const Case& c : kCases) {
+    for (const bool in_v : {false, true}) {
+      // The first key, one in the middle, the very last element (past the window of every row
+      // but the last's, and in the last block of the last chunk).
+      for (const std::int64_t at : {std::int64_t{0}, 2 * 350 * c.d / 2 + 7, 2 * 700 * c.d - 1}) {
+        for (const double bad : kBad) {
+          SCOPED_TRACE(std::string(c.name) + (in_v ? ", V" : ", K") + " at " + std::to_string(at) +
+                       " = " + std::to_string(bad));
+          const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
+          Tensor k = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 2);
+          Tensor v = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 3);
+          set(in_v ? v : k, at, bad);
+          const Both both = run_both(q, k, v, c);
+          EXPECT_NE(both.error_into, "");
+          EXPECT_EQ(both.error_plain, both.error_into);
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeInputCheck, LargeFiniteValuesRunAgainWithTheirTrueBounds) {
+  // 2^32 and beyond: the kernel flags them; the rerun has the scan's magnitudes and so the
+  // kernel choice and the bits of the scanned call. 1e30 in K makes float32 scores overflow:
+  // that call must leave the decode kernel for the float64 reference, on both paths.
+  for (const double large : {4294967296.0, 1e12, -3e20, 1e30}) {
+    for (const Case& c : kCases) {
+      for (const bool in_v : {false, true}) {
+        SCOPED_TRACE(std::string(c.name) + (in_v ? ", V" : ", K") + " = " + std::to_string(large));
+        const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
+        Tensor k = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 2);
+        Tensor v = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 3);
+        set(in_v ? v : k, 2 * 700 * c.d - 3, large);
+        const Both both = run_both(q, k, v, c);
+        ASSERT_EQ(both.error_plain, both.error_into);
+        if (!both.error_into.empty()) continue;
+        EXPECT_EQ(both.kernel_plain, both.kernel_into);
+        EXPECT_TRUE(same_bytes(both.out_plain, both.out_into)) << "kernel " << both.kernel_plain;
+        for (std::int64_t i = 0; i < both.out_plain.numel(); ++i) {
+          ASSERT_FALSE(std::isnan(both.out_plain.data_as<float>()[i])) << "element " << i;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qkv
