@@ -107,17 +107,20 @@ struct RingTimes {
 struct RingResult {
   Tensor out;          // this rank's rows of O, [.., n_local, Dv] in Q's rank, options.out_dtype
   Tensor lse;          // this rank's rows of the lse, [.., n_local] (only with options.return_lse)
-  std::int64_t n = 0;  // the global sequence length: the sum of every rank's rows
-  std::string kernel;  // the kernel that computed the blocks
+  std::int64_t n = 0;  // the whole problem's query rows: the sum of every rank's rows of Q
+  std::int64_t n_k = 0;  // and its key rows (of K and V)
+  std::string kernel;    // the kernel that computed the blocks
   DType compute = DType::kF32;
   int threads = 1;
   RingTimes times;
 };
 
-// Collective over `comm`: self-attention over a sequence of n rows spread over comm's ranks by
-// ring.layout (rank_rows). Each rank passes its own rows of Q [.., H, n_local, D], K
-// [.., Hkv, n_local, D] and V [.., Hkv, n_local, Dv] (the same n_local for all three) and gets
-// its rows of O and the lse; equal to attention() on the whole sequence within the kernels'
+// Collective over `comm`: attention over Q's nq rows and K's and V's nk rows (nq = nk for
+// self-attention), each spread over comm's ranks by ring.layout (rank_rows(nq, ...) and
+// rank_rows(nk, ...)). Each rank passes its own rows of Q [.., H, nq_local, D], K
+// [.., Hkv, nk_local, D] and V [.., Hkv, nk_local, Dv] and gets its rows of O and the lse
+// (causal and window bottom-right aligned on the whole problem, as attention() aligns them);
+// equal to attention() on the whole inputs within the kernels'
 // tolerance, and bitwise repeatable for a given rank count and thread count. Every option of
 // attention() but a mask, the weights output and packed batches (cu_seqlens), which throw:
 // causal, window and ALiBi on global positions, softcap, sinks, GQA (only the kv heads travel),

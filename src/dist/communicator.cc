@@ -29,8 +29,10 @@ void require_mpi() {
 bool mpi_available() noexcept { return true; }
 
 MpiSession::MpiSession(int* argc, char*** argv) {
-  int initialised = 0;
+  int initialised = 0, finalised = 0;
   MPI_Initialized(&initialised);
+  MPI_Finalized(&finalised);
+  if (finalised != 0) throw Error("ring", "MPI was finalised in this process and cannot restart");
   if (initialised != 0) return;
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);

@@ -1,13 +1,14 @@
 // Ring attention over MPI (qkv/dist.h).
 //
-// P ranks, rank r holding rows R_r of one sequence of n rows (rank_rows: one contiguous range, or
-// two zig-zag chunks). Step s = 0 .. P-1: rank r holds the K/V block of rank src = (r - s) mod P
-// and computes its own queries against it while, in the background, it sends that block on to
-// rank r+1 and receives the next one (rank r-s-1's) from rank r-1 into the other of two buffers
-// (MPI_Isend / MPI_Irecv, completed by MPI_Waitall at the end of the step). Each (query range,
-// key range) pair of the block is one call of a fused kernel with the masking's position offsets
-// set (core/params.h), so that causal, window and ALiBi see global positions; a pair no query of
-// the range can see is not computed, and a block with no visible pair is only forwarded.
+// P ranks, rank r holding its rows of Q (of nq) and of K and V (of nk) by one layout (rank_rows:
+// one contiguous range, or two zig-zag chunks; nq = nk for self-attention). Step s = 0 .. P-1: rank
+// r holds the K/V block of rank src = (r - s) mod P and computes its own queries against it while,
+// in the background, it sends that block on to rank r+1 and receives the next one (rank r-s-1's)
+// from rank r-1 into the other of two buffers (MPI_Isend / MPI_Irecv, completed by MPI_Waitall at
+// the end of the step). Each (query range, key range) pair of the block is one call of a fused
+// kernel with the masking's position offsets set (core/params.h), so that causal, window and ALiBi
+// see global positions; a pair no query of the range can see is not computed, and a block with no
+// visible pair is only forwarded.
 //
 // A kernel call gives each of its rows a normalised partial output o and its lse; as a partial
 // softmax state that is max = lse, sum = 1, accumulator = o (online_softmax.h). The states merge
@@ -31,6 +32,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -130,7 +132,7 @@ kernels::BasicSoftmaxState<F> state_of(double lse) {
 // Everything one rank's ring run needs, fixed before the first step.
 struct Plan {
   int ranks = 1, me = 0;
-  std::int64_t n = 0;
+  std::int64_t nq = 0, nk = 0;  // the whole problem's rows of Q and of K/V
   RowLayout layout = RowLayout::kContiguous;
   core::AttentionParams base;  // the local call: sinks removed, outputs unbound
   std::vector<double> sinks;
@@ -153,12 +155,14 @@ std::int64_t block_bytes(const Plan& plan, std::int64_t rows) {
          s.b * s.hkv * rows * s.dv * static_cast<std::int64_t>(plan.v_elem);
 }
 
-// Whether any query of [q.first, q.last) may see any key of [k.first, k.last) (global rows of
-// one sequence: the diagonal of query i is key i).
-bool visible(const core::Masking& m, std::int64_t n, const RowRange& q, const RowRange& k) {
+// Whether any query of [q.first, q.last) may see any key of [k.first, k.last) (global rows: the
+// diagonal of query i is key i + nk - nq, bottom-right alignment).
+bool visible(const Plan& plan, const RowRange& q, const RowRange& k) {
+  const core::Masking& m = plan.base.masking;
   if (!m.has_structure()) return true;
-  const std::int64_t first = core::allowed_key_range(m, n, q.first).first;
-  const std::int64_t last = core::allowed_key_range(m, n, q.last - 1).last;
+  const std::int64_t shift = plan.nk - plan.nq;
+  const std::int64_t first = core::allowed_key_range(m, plan.nk, q.first + shift).first;
+  const std::int64_t last = core::allowed_key_range(m, plan.nk, q.last - 1 + shift).last;
   return std::max(first, k.first) < std::min(last, k.last);
 }
 
@@ -179,7 +183,7 @@ class RingRun {
   bool compute(int src, const char* block, core::KernelStatus& status) {
     const Plan& plan = plan_;
     const core::AttentionShape& s = plan.base.shape;
-    const std::vector<RowRange> theirs = rank_rows(plan.n, plan.ranks, src, plan.layout);
+    const std::vector<RowRange> theirs = rank_rows(plan.nk, plan.ranks, src, plan.layout);
     std::int64_t block_rows = 0;
     for (const RowRange& r : theirs) block_rows += r.size();
     const std::int64_t v_at = align64(k_bytes(plan, block_rows));
@@ -188,7 +192,7 @@ class RingRun {
     for (const RowRange& q : plan.mine) {
       std::int64_t lk = 0;
       for (const RowRange& k : theirs) {
-        if (visible(plan.base.masking, plan.n, q, k)) {
+        if (visible(plan, q, k)) {
           any = true;
           core::AttentionParams p = plan.base;
           p.shape.nq = q.size();
@@ -199,9 +203,9 @@ class RingRun {
                  core::Strides4{block_rows * s.d * s.hkv, block_rows * s.d, s.d, 1}};
           p.v = {block + v_at + lk * s.dv * static_cast<std::int64_t>(plan.v_elem), p.v.dtype,
                  core::Strides4{block_rows * s.dv * s.hkv, block_rows * s.dv, s.dv, 1}};
-          // Global positions: query row i at q.first + i, key row j at k.first + j, the call's
-          // own alignment nk - nq taken back on the query side.
-          p.masking.q_offset = q.first - (k.size() - q.size());
+          // Global positions: query row i at q.first + i, key row j at k.first + j, aligned as
+          // the whole problem is (nk - nq), the call's own alignment taken back.
+          p.masking.q_offset = q.first + (plan.nk - plan.nq) - (k.size() - q.size());
           p.masking.k_offset = k.first;
           const std::int64_t nl = plan.n_local;
           p.out = {part_out_.data() + lq * s.dv,
@@ -269,7 +273,7 @@ void run_ring(const Plan& plan, MPI_Comm comm, const TensorView& k, const Tensor
               Tensor& out, Tensor& lse, RingTimes& times, std::string& problem) {
   std::int64_t max_rows = 0;
   for (int p = 0; p < plan.ranks; ++p) {
-    max_rows = std::max(max_rows, rank_row_count(plan.n, plan.ranks, p, plan.layout));
+    max_rows = std::max(max_rows, rank_row_count(plan.nk, plan.ranks, p, plan.layout));
   }
   // Every rank sees the same largest block: all refuse an oversized one here, before any step.
   const auto capacity =
@@ -281,7 +285,7 @@ void run_ring(const Plan& plan, MPI_Comm comm, const TensorView& k, const Tensor
     const Tensor vc = contiguous_copy(v, v.dtype);
     if (kc.nbytes() > 0) std::memcpy(buffers[0].data(), kc.data(), kc.nbytes());
     if (vc.nbytes() > 0) {
-      std::memcpy(buffers[0].data() + align64(k_bytes(plan, plan.n_local)), vc.data(), vc.nbytes());
+      std::memcpy(buffers[0].data() + align64(k_bytes(plan, k.dim(-2))), vc.data(), vc.nbytes());
     }
   }
   RingRun<F> run(plan);
@@ -298,9 +302,9 @@ void run_ring(const Plan& plan, MPI_Comm comm, const TensorView& k, const Tensor
     if (moving) {
       const int from = (plan.me - step - 1 + 2 * plan.ranks) % plan.ranks;
       const int receive = mpi_count(
-          block_bytes(plan, rank_row_count(plan.n, plan.ranks, from, plan.layout)), "a K/V block");
+          block_bytes(plan, rank_row_count(plan.nk, plan.ranks, from, plan.layout)), "a K/V block");
       const int send = mpi_count(
-          block_bytes(plan, rank_row_count(plan.n, plan.ranks, src, plan.layout)), "a K/V block");
+          block_bytes(plan, rank_row_count(plan.nk, plan.ranks, src, plan.layout)), "a K/V block");
       MPI_Irecv(coming.data(), receive, MPI_BYTE, prev, step, comm, &requests[0]);
       MPI_Isend(hand.data(), send, MPI_BYTE, next, step, comm, &requests[1]);
       times.bytes_sent += send;
@@ -347,12 +351,6 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
       throw Error("out_dtype", "must be float32, float64 or float16");
     }
     call = core::validate_attention(q, k, v, options);
-    if (q.dim(-2) != k.dim(-2)) {
-      throw Error(k.name, "has " + std::to_string(k.dim(-2)) + " rows but " + q.name + " has " +
-                              std::to_string(q.dim(-2)) +
-                              " (the ring splits one sequence: each rank holds the same rows of "
-                              "Q, K and V)");
-    }
   } catch (const std::exception& e) {
     problem = problem_of(e);
   }
@@ -369,14 +367,21 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   }
   agree(comm, problem);
   plan.n_local = q.dim(-2);
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(plan.ranks));
-  MPI_Allgather(&plan.n_local, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, c);
-  for (const std::int64_t rows : counts) plan.n += rows;
-  const std::int64_t expected = rank_row_count(plan.n, plan.ranks, plan.me, plan.layout);
-  if (plan.n_local != expected) {
-    problem = "holds " + std::to_string(plan.n_local) + " rows; the " + layout_name(plan.layout) +
-              " layout gives it " + std::to_string(expected) + " of n = " + std::to_string(plan.n) +
-              " over " + std::to_string(plan.ranks) + " ranks";
+  const std::array<std::int64_t, 2> local = {q.dim(-2), k.dim(-2)};
+  std::vector<std::int64_t> counts(2 * static_cast<std::size_t>(plan.ranks));
+  MPI_Allgather(local.data(), 2, MPI_INT64_T, counts.data(), 2, MPI_INT64_T, c);
+  for (std::size_t r = 0; r < counts.size(); r += 2) {
+    plan.nq += counts[r];
+    plan.nk += counts[r + 1];
+  }
+  for (const auto& [name, rows, total] :
+       {std::tuple{q.name, local[0], plan.nq}, std::tuple{k.name, local[1], plan.nk}}) {
+    const std::int64_t expected = rank_row_count(total, plan.ranks, plan.me, plan.layout);
+    if (rows != expected && problem.empty()) {
+      problem = name + ": holds " + std::to_string(rows) + " rows; the " +
+                layout_name(plan.layout) + " layout gives this rank " + std::to_string(expected) +
+                " of " + std::to_string(total) + " over " + std::to_string(plan.ranks) + " ranks";
+    }
   }
   agree(comm, problem);
 
@@ -391,14 +396,15 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   base.modifiers.sinks.clear();
   base.magnitudes.sink = 0;
   base.progress = nullptr;
-  plan.mine = rank_rows(plan.n, plan.ranks, plan.me, plan.layout);
+  plan.mine = rank_rows(plan.nq, plan.ranks, plan.me, plan.layout);
   plan.k_elem = dtype_size(k.dtype);
   plan.v_elem = dtype_size(v.dtype);
   plan.base = base;
   try {
     // The choice sees the whole sequence's length, which bounds ALiBi's distances.
     core::AttentionParams whole = base;
-    whole.shape.nq = whole.shape.nk = plan.n;
+    whole.shape.nq = plan.nq;
+    whole.shape.nk = plan.nk;
     plan.kernel = &ring_kernel(whole, options.kernel);
   } catch (const std::exception& e) {
     problem = problem_of(e);
@@ -407,7 +413,8 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   kernels::single_threaded_blas();
 
   RingResult result;
-  result.n = plan.n;
+  result.n = plan.nq;
+  result.n_k = plan.nk;
   result.kernel = std::string(plan.kernel->name);
   result.compute = base.compute;
   result.threads = base.threads;

@@ -19,8 +19,9 @@ import numpy as np
 TOL = 2e-5
 
 
-def case_inputs(rng, shape_q, hkv, dv, dtype=np.float32):
+def case_inputs(rng, shape_q, hkv, dv, dtype=np.float32, nk=None):
     *lead, _, n, d = shape_q if len(shape_q) >= 3 else (1, shape_q[0], shape_q[1])
+    n = n if nk is None else nk
     q = rng.standard_normal(shape_q).astype(dtype)
     if len(shape_q) == 2:
         k = rng.standard_normal((n, d)).astype(dtype)
@@ -31,8 +32,9 @@ def case_inputs(rng, shape_q, hkv, dv, dtype=np.float32):
     return q, k, v
 
 
-# (name, Q shape, Hkv, Dv, flags, dtype)
+# (name, Q shape, Hkv, Dv, flags, dtype[, Nk when it differs from Nq])
 CASES = [
+    ("causal_nq_below_nk", (2, 13, 8), 1, 8, ["--causal", "--alibi"], np.float32, 21),
     ("causal_gqa", (4, 37, 16), 2, 8, ["--causal"], np.float32),
     ("window_batch", (2, 2, 29, 8), 1, 12, ["--window", "5,2"], np.float32),
     ("modifiers", (4, 23, 16), 2, 16, ["--causal", "--alibi", "--softcap", "3", "--sinks", "S"],
@@ -63,8 +65,8 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as work:
         os.chdir(work)
-        for name, shape_q, hkv, dv, flags, dtype in CASES:
-            q, k, v = case_inputs(rng, shape_q, hkv, dv, dtype)
+        for name, shape_q, hkv, dv, flags, dtype, *nk in CASES:
+            q, k, v = case_inputs(rng, shape_q, hkv, dv, dtype, *nk)
             np.save("q.npy", q)
             np.save("k.npy", k)
             np.save("v.npy", v)
@@ -77,7 +79,9 @@ def main():
                 failures.append("%s: single process failed: %s" % (name, r.stderr))
                 continue
             want_o, want_l = np.load("o1.npy"), np.load("l1.npy")
-            for p in (1, 2, 3, 4):
+            # P = 1 under mpirun for the first cases only: each launch costs most of a second.
+            first_cases = [c[0] for c in CASES[:3]]
+            for p in (1, 2, 3, 4) if name in first_cases else (2, 3, 4):
                 out, lse = "o_%d.npy" % p, "l_%d.npy" % p
                 r = run(launcher + ["-np", str(p), qkv] + base + ["--ring", "--out", out, "--lse", lse])
                 try:
@@ -90,7 +94,10 @@ def main():
                     close("lse", got_l.astype(np.float64), want_l.astype(np.float64))
                 except AssertionError as e:
                     failures.append("%s P=%d: %s" % (name, p, e))
-            # Bitwise repeatable for a given P and thread count.
+            # Bitwise repeatable for a given P and thread count (two cases: each run costs).
+            if name not in ("causal_gqa", "modifiers"):
+                print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
+                continue
             r = run(launcher + ["-np", "3", qkv] + base + ["--ring", "--out", "again.npy"])
             if r.returncode != 0 or open("again.npy", "rb").read() != open("o_3.npy", "rb").read():
                 failures.append("%s: P=3 twice gave different bits" % name)
