@@ -178,9 +178,11 @@ class RingRun {
     part_lse_.resize(states_.size());
   }
 
-  // The queries of this rank against the block of rank `src`, held in `block`.
-  // Returns false when no pair of the block was visible (nothing computed).
-  bool compute(int src, const char* block, core::KernelStatus& status) {
+  // The queries of this rank against the block of rank `src`, held in `block`; `poll` runs
+  // after each kernel call (MPI progress for the transfers in flight). Returns false when no
+  // pair of the block was visible (nothing computed).
+  template <class Poll>
+  bool compute(int src, const char* block, core::KernelStatus& status, Poll&& poll) {
     const Plan& plan = plan_;
     const core::AttentionShape& s = plan.base.shape;
     const std::vector<RowRange> theirs = rank_rows(plan.nk, plan.ranks, src, plan.layout);
@@ -217,6 +219,7 @@ class RingRun {
           } else {
             merge_rows(lq, q.size());
           }
+          poll();
         }
         lk += k.size();
       }
@@ -310,7 +313,13 @@ void run_ring(const Plan& plan, MPI_Comm comm, const TensorView& k, const Tensor
       times.bytes_sent += send;
     }
     const Clock::time_point start = Clock::now();
-    const bool computed = run.compute(src, hand.data(), status);
+    // An MPI library without a progress thread moves a large message only inside MPI calls:
+    // a test between kernel calls lets the transfer advance during the step.
+    const bool computed = run.compute(src, hand.data(), status, [&] {
+      if (!moving) return;
+      int done = 0;
+      MPI_Testall(2, requests.data(), &done, MPI_STATUSES_IGNORE);
+    });
     times.compute += since(start);
     (computed ? times.blocks_computed : times.blocks_skipped) += 1;
     if (moving) {

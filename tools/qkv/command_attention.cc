@@ -128,8 +128,8 @@ std::string ring_refusals(const AttentionCommand& c) {
 
 void run_attention(const AttentionCommand& command) {
   if (command.ring) {
-    run_ring_attention(RingCommand{command.q_path, command.k_path, command.v_path,
-                                   command.out_path, &command.flags, command.report.verbose},
+    run_ring_attention(RingCommand{command.q_path, command.k_path, command.v_path, command.out_path,
+                                   &command.flags, command.report.verbose},
                        ring_refusals(command));
     return;
   }
