@@ -122,7 +122,8 @@ struct RingResult {
 // (causal and window bottom-right aligned on the whole problem, as attention() aligns them);
 // equal to attention() on the whole inputs within the kernels'
 // tolerance, and bitwise repeatable for a given rank count and thread count. Every option of
-// attention() but a mask, the weights output and packed batches (cu_seqlens), which throw:
+// attention() but the weights output and packed batches (cu_seqlens), which throw; a mask
+// covers this rank's query rows and every key ([.., nq_local, nk] after broadcasting):
 // causal, window and ALiBi on global positions, softcap, sinks, GQA (only the kv heads travel),
 // dtype, out_dtype, scale, threads (per rank), kernel (fused_hwy, fused_scalar or reference).
 // An error on any rank (bad input, shapes that disagree between ranks, a failed allocation)

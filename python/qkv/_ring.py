@@ -35,7 +35,8 @@ def ring_attention(q, k, v, comm=None, attn_mask=None, is_causal=False, scale=No
     k [.., Hkv, n_local, D], v [.., Hkv, n_local, Dv], the rows ring_rows(n, comm.size,
     comm.rank, layout) gives) and gets its rows of the output (and of the lse with
     return_lse). layout: "contiguous" or "zigzag"; default ring_layout(is_causal, window).
-    The keyword arguments mean what they mean for qkv.attention; a mask, the weights and packed
+    The keyword arguments mean what they mean for qkv.attention; attn_mask covers this rank's
+    query rows and every key ([.., n_local, Nk] after broadcasting). The weights and packed
     batches are not offered. An error on any rank raises the same qkv.Error on every rank,
     naming the rank.
     """

@@ -80,6 +80,26 @@ const kernels::AttentionKernel& ring_kernel(const core::AttentionParams& p,
 
 std::string problem_of(const std::exception& e) { return e.what(); }
 
+// A mask for this rank's query rows and all nk keys ([.., nq_local, nk] after broadcasting),
+// checked as attention() checks one: by validating the call against K and V of nk rows that
+// read nothing (zero strides over one zero element), whose mask settings `base` then takes.
+void apply_mask(const TensorView& q, const TensorView& k, const TensorView& v,
+                const AttentionOptions& options, std::int64_t nk, core::AttentionParams& base) {
+  static const double kZero = 0.0;  // zero in every input dtype
+  const auto nothing = [&](const TensorView& t) {
+    TensorView z{&kZero, t.dtype, t.shape, Shape(t.shape.size(), 0), t.name};
+    z.shape[z.shape.size() - 2] = nk;
+    return z;
+  };
+  AttentionOptions checked = options;
+  checked.threads = 1;
+  const core::AttentionCall call = core::validate_attention(q, nothing(k), nothing(v), checked);
+  base.masking.mask = call.params.masking.mask;
+  base.masking.mask_dtype = call.params.masking.mask_dtype;
+  base.masking.mask_strides = call.params.masking.mask_strides;
+  base.magnitudes.mask = call.params.magnitudes.mask;
+}
+
 // What every rank must agree on: Q's rank, the heads and dims, the dtypes, the compute type.
 std::array<std::int64_t, 10> call_signature(const TensorView& q, const TensorView& k,
                                             const TensorView& v, const core::AttentionParams& p) {
@@ -209,6 +229,12 @@ class RingRun {
           // the whole problem is (nk - nq), the call's own alignment taken back.
           p.masking.q_offset = q.first + (plan.nk - plan.nq) - (k.size() - q.size());
           p.masking.k_offset = k.first;
+          if (p.masking.mask != nullptr) {
+            // The mask's rows are this rank's query rows, its columns every key.
+            p.masking.mask = static_cast<const char*>(p.masking.mask) +
+                             p.masking.mask_strides.at(0, 0, lq, k.first) *
+                                 static_cast<std::int64_t>(dtype_size(p.masking.mask_dtype));
+          }
           const std::int64_t nl = plan.n_local;
           p.out = {part_out_.data() + lq * s.dv,
                    std::is_same_v<F, double> ? DType::kF64 : DType::kF32,
@@ -350,7 +376,6 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   std::string problem;
   core::AttentionCall call;
   try {
-    if (options.mask) throw Error("mask", "ring attention takes no mask (not supported yet)");
     if (options.return_weights) throw Error("weights", "ring attention returns no weights");
     if (options.cu_seqlens_q || options.cu_seqlens_k) {
       throw Error("cu_seqlens", "ring attention splits one sequence, not a packed batch");
@@ -359,7 +384,11 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
         options.out_dtype != DType::kF16) {
       throw Error("out_dtype", "must be float32, float64 or float16");
     }
-    call = core::validate_attention(q, k, v, options);
+    // The mask spans this rank's query rows and every key: it is checked below, once the
+    // key count is known.
+    AttentionOptions unmasked = options;
+    unmasked.mask.reset();
+    call = core::validate_attention(q, k, v, unmasked);
   } catch (const std::exception& e) {
     problem = problem_of(e);
   }
@@ -394,8 +423,16 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   }
   agree(comm, problem);
 
-  // The float32 kernels bound their scores by the inputs' magnitudes: those of every rank.
   core::AttentionParams& base = call.params;
+  if (options.mask) {
+    try {
+      apply_mask(q, k, v, options, plan.nk, base);
+    } catch (const std::exception& e) {
+      problem = problem_of(e);
+    }
+    agree(comm, problem);
+  }
+  // The float32 kernels bound their scores by the inputs' magnitudes: those of every rank.
   std::array<double, 3> magnitudes = {base.magnitudes.q, base.magnitudes.k, base.magnitudes.v};
   MPI_Allreduce(MPI_IN_PLACE, magnitudes.data(), 3, MPI_DOUBLE, MPI_MAX, c);
   base.magnitudes.q = magnitudes[0];

@@ -42,6 +42,10 @@ CASES = [
     ("tiny_n_below_p", (3, 4), 1, 5, [], np.float32),
     ("left_window_alibi", (2, 31, 8), 2, 8, ["--window", "3,-1", "--alibi"], np.float32),
     ("causal_f64", (2, 19, 8), 1, 4, ["--causal"], np.float64),
+    # Masks: each rank reads its query rows, every key; MB a bool [H, Nq, Nk] (some rows fully
+    # masked), MF a float [1, Nk] whose query axis broadcasts.
+    ("bool_mask_causal", (2, 22, 8), 1, 8, ["--causal", "--mask", "MB"], np.float32),
+    ("float_mask_rows_broadcast", (2, 17, 8), 2, 8, ["--mask", "MF"], np.float32, 25),
 ]
 
 
@@ -60,7 +64,7 @@ def close(name, got, want):
 
 
 def main():
-    qkv, launcher = sys.argv[1], sys.argv[2:]
+    qkv, launcher = os.path.abspath(sys.argv[1]), sys.argv[2:]
     rng = np.random.default_rng(25)
     failures = []
     with tempfile.TemporaryDirectory() as work:
@@ -72,7 +76,13 @@ def main():
             np.save("v.npy", v)
             h = shape_q[-3] if len(shape_q) >= 3 else 1
             np.save("s.npy", rng.standard_normal(h).astype(np.float32))
-            flags = ["s.npy" if f == "S" else f for f in flags]
+            nq, nkk = q.shape[-2], k.shape[-2]
+            np.save("mb.npy", rng.random((h, nq, nkk)) < 0.7)
+            mf = rng.standard_normal((1, nkk)).astype(np.float32)
+            mf[0, ::5] = -np.inf
+            np.save("mf.npy", mf)
+            names = {"S": "s.npy", "MB": "mb.npy", "MF": "mf.npy"}
+            flags = [names.get(f, f) for f in flags]
             base = ["attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy"] + flags
             r = run([qkv] + base + ["--out", "o1.npy", "--lse", "l1.npy"])
             if r.returncode != 0:

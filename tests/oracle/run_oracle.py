@@ -17,7 +17,7 @@ a fresh scratch folder holding only its input files, as `QKV <arguments of cmd>`
                 naming one of the listed files (or flags), and no file created.
 
 --ring "mpirun -np 2 ..." runs the `qkv attention` success cases whose flags the ring takes
-(not --weights, --mask, --cu-seqlens-*, --check, --grad-*) as `LAUNCHER QKV ... --ring`,
+(not --weights, --cu-seqlens-*, --check, --grad-*) as `LAUNCHER QKV ... --ring`,
 attention across processes, against the same expected outputs; the other cases are counted as
 not for the ring.
 
@@ -113,7 +113,7 @@ def names_one_of(line, names):
 
 
 # The flags qkv attention --ring refuses (docs/interface.md, "Attention across processes").
-RING_REFUSES = ("--weights", "--mask", "--cu-seqlens-q", "--cu-seqlens-k", "--check",
+RING_REFUSES = ("--weights", "--cu-seqlens-q", "--cu-seqlens-k", "--check",
                 "--grad-out", "--backward-kernel")
 
 

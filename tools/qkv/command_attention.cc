@@ -114,7 +114,6 @@ std::string ring_refusals(const AttentionCommand& c) {
   refuse(!f.weights_path.empty(), "--weights");
   refuse(!f.cu_seqlens_q_path.empty(), "--cu-seqlens-q");
   refuse(!f.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
-  refuse(!f.mask_path.empty(), "--mask");
   refuse(c.check, "--check");
   const GradientFlags& g = c.gradients;
   refuse(!g.grad_out.empty(), "--grad-out");
@@ -225,7 +224,7 @@ void register_attention_command(CLI::App& app) {
       ->needs(grad_out);
   sub->add_flag("--ring", command->ring,
                 "attention across the processes of mpirun -np P (ring attention over MPI): rank "
-                "0 writes --out and --lse; not with --weights, --mask, --cu-seqlens-*, --grad-*");
+                "0 writes --out and --lse; not with --weights, --cu-seqlens-*, --check, --grad-*");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"

@@ -49,20 +49,30 @@ void run_ring_attention(const RingCommand& command, const std::string& refused) 
   try {
     tensors = load_attention_tensors(flags);
     options = attention_options(flags, tensors);
-    options.return_lse = !flags.lse_path.empty();
-    options.max_memory = 0;  // the ring's memory is per rank; no budget yet
     layout = dist::default_layout(options);
     // Each rank reads the whole input and keeps its rows: simple, not yet frugal.
+    std::int64_t nq = 0;
     const auto rows_of = [&](const std::string& path) {
       const Tensor whole = read_input(path);
       if (whole.shape().size() < 2) {
         throw Error(path, "expected 2, 3 or 4 dims, got " + shape_string(whole.shape()));
       }
+      if (nq == 0) nq = whole.shape()[whole.shape().size() - 2];
       return dist::slice_rows(whole.view(), -2, ranks, me, layout);
     };
     q = rows_of(command.q_path);
     k = rows_of(command.k_path);
     v = rows_of(command.v_path);
+    // The mask: this rank's query rows (unless that axis broadcasts), every key.
+    if (tensors.mask && tensors.mask->shape().size() >= 2) {
+      const Shape& shape = tensors.mask->shape();
+      if (shape[shape.size() - 2] == nq && nq != 1) {
+        tensors.mask = dist::slice_rows(tensors.mask->view(), -2, ranks, me, layout);
+      }
+    }
+    options = attention_options(flags, tensors);
+    options.return_lse = !flags.lse_path.empty();
+    options.max_memory = 0;  // the ring's memory is per rank; no budget yet
   } catch (const std::exception& e) {
     problem = e.what();
   }
