@@ -1,14 +1,18 @@
-// qkv attention --ring: each rank reads the inputs, keeps its own rows (dist::slice_rows), and
-// runs its part of the ring; rank 0 gathers O and the lse and writes them through the usual
-// all-or-nothing output path. Every rank agrees on success before the ring and after writing.
+// qkv attention --ring: each rank reads its own rows of the inputs (of an .npy file, by offsets
+// into it; any other tensor file whole, then sliced) and runs its part of the ring; rank 0 gathers
+// O and the lse and writes them through the usual all-or-nothing output path. Every rank agrees on
+// success before the ring and after writing.
 #include "command_ring.h"
 
+#include <array>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "qkv/dist.h"
 #include "qkv/error.h"
+#include "qkv/io.h"
 
 namespace qkv::cli {
 namespace {
@@ -24,6 +28,59 @@ void print_times(const dist::RingResult& r, int rank, int ranks, std::int64_t ro
                t.wait, t.transfer, static_cast<long long>(t.bytes_sent),
                static_cast<long long>(t.blocks_computed), static_cast<long long>(t.blocks_skipped),
                seconds);
+}
+
+// Where an .npy file's data starts: after the preamble (magic, version, header length) and the
+// header, which inspect_npy has validated.
+std::uint64_t npy_data_offset(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::array<unsigned char, 12> pre{};
+  file.read(reinterpret_cast<char*>(pre.data()), pre.size());
+  if (!file) throw Error(path, "cannot read its .npy preamble");
+  if (pre[6] == 1) return 10 + (std::uint64_t{pre[8]} | std::uint64_t{pre[9]} << 8);
+  return 12 + (std::uint64_t{pre[8]} | std::uint64_t{pre[9]} << 8 | std::uint64_t{pre[10]} << 16 |
+               std::uint64_t{pre[11]} << 24);
+}
+
+// This rank's rows (axis -2) of the tensor `spec` names, and the file's row count in `rows`.
+// An .npy file is read run by run at its rows' offsets, never whole.
+Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout layout,
+                 std::int64_t& rows) {
+  const bool npy = spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".npy") == 0;
+  if (!npy) {
+    const Tensor whole = read_input(spec);
+    if (whole.shape().size() < 2) {
+      throw Error(spec, "expected 2, 3 or 4 dims, got " + shape_string(whole.shape()));
+    }
+    rows = whole.shape()[whole.shape().size() - 2];
+    return dist::slice_rows(whole.view(), -2, ranks, rank, layout);
+  }
+  const TensorInfo info = inspect_npy(spec);
+  const std::size_t r = info.shape.size();
+  if (r < 2) throw Error(spec, "expected 2, 3 or 4 dims, got " + shape_string(info.shape));
+  rows = info.shape[r - 2];
+  const std::vector<dist::RowRange> mine = dist::rank_rows(rows, ranks, rank, layout);
+  Shape shape = info.shape;
+  shape[r - 2] = dist::rank_row_count(rows, ranks, rank, layout);
+  Tensor part(info.dtype, shape, spec);
+  std::int64_t outer = 1;
+  for (std::size_t i = 0; i + 2 < r; ++i) outer *= info.shape[i];
+  const auto row_bytes = static_cast<std::int64_t>(dtype_size(info.dtype)) * info.shape[r - 1];
+  const std::uint64_t start = npy_data_offset(spec);
+  std::ifstream file(spec, std::ios::binary);
+  auto* to = static_cast<char*>(part.data());
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (const dist::RowRange& range : mine) {
+      const std::int64_t bytes = range.size() * row_bytes;
+      file.seekg(static_cast<std::streamoff>(start) + (o * rows + range.first) * row_bytes);
+      file.read(to, bytes);
+      if (!file)
+        throw Error(spec, "cannot read rows " + std::to_string(range.first) + ".." +
+                              std::to_string(range.last - 1));
+      to += bytes;
+    }
+  }
+  return part;
 }
 
 }  // namespace
@@ -50,19 +107,10 @@ void run_ring_attention(const RingCommand& command, const std::string& refused) 
     tensors = load_attention_tensors(flags);
     options = attention_options(flags, tensors);
     layout = dist::default_layout(options);
-    // Each rank reads the whole input and keeps its rows: simple, not yet frugal.
-    std::int64_t nq = 0;
-    const auto rows_of = [&](const std::string& path) {
-      const Tensor whole = read_input(path);
-      if (whole.shape().size() < 2) {
-        throw Error(path, "expected 2, 3 or 4 dims, got " + shape_string(whole.shape()));
-      }
-      if (nq == 0) nq = whole.shape()[whole.shape().size() - 2];
-      return dist::slice_rows(whole.view(), -2, ranks, me, layout);
-    };
-    q = rows_of(command.q_path);
-    k = rows_of(command.k_path);
-    v = rows_of(command.v_path);
+    std::int64_t nq = 0, nk = 0;
+    q = read_rows(command.q_path, ranks, me, layout, nq);
+    k = read_rows(command.k_path, ranks, me, layout, nk);
+    v = read_rows(command.v_path, ranks, me, layout, nk);
     // The mask: this rank's query rows (unless that axis broadcasts), every key.
     if (tensors.mask && tensors.mask->shape().size() >= 2) {
       const Shape& shape = tensors.mask->shape();
