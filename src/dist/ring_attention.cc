@@ -30,6 +30,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -297,27 +299,40 @@ class RingRun {
 };
 
 // The ring itself: P steps, each computing on the block in hand while the next travels.
+// `problem` comes in holding this rank's problem so far (empty: none); the ranks agree on it,
+// and on their allocations, before the first step, so that no rank waits in the ring for one
+// that has left it. A kernel that fails inside the ring leaves its problem there for the
+// caller's agreement at the end (the rank keeps forwarding blocks meanwhile).
 template <class F>
-void run_ring(const Plan& plan, MPI_Comm comm, const TensorView& k, const TensorView& v,
-              Tensor& out, Tensor& lse, RingTimes& times, std::string& problem) {
-  std::int64_t max_rows = 0;
-  for (int p = 0; p < plan.ranks; ++p) {
-    max_rows = std::max(max_rows, rank_row_count(plan.nk, plan.ranks, p, plan.layout));
-  }
-  // Every rank sees the same largest block: all refuse an oversized one here, before any step.
-  const auto capacity =
-      static_cast<std::size_t>(mpi_count(block_bytes(plan, max_rows), "a K/V block"));
-  std::array<std::vector<char>, 2> buffers = {std::vector<char>(capacity),
-                                              std::vector<char>(capacity)};
-  {
+void run_ring(const Plan& plan, const Communicator& communicator, const TensorView& k,
+              const TensorView& v, Tensor& out, Tensor& lse, RingTimes& times,
+              std::string& problem) {
+  const MPI_Comm comm = mpi_comm(communicator);
+  std::array<std::vector<char>, 2> buffers;
+  std::unique_ptr<RingRun<F>> guarded;
+  try {
+    std::int64_t max_rows = 0;
+    for (int p = 0; p < plan.ranks; ++p) {
+      max_rows = std::max(max_rows, rank_row_count(plan.nk, plan.ranks, p, plan.layout));
+    }
+    // Every rank sees the same largest block: all refuse an oversized one alike.
+    const auto capacity =
+        static_cast<std::size_t>(mpi_count(block_bytes(plan, max_rows), "a K/V block"));
+    buffers = {std::vector<char>(capacity), std::vector<char>(capacity)};
     const Tensor kc = contiguous_copy(k, k.dtype);
     const Tensor vc = contiguous_copy(v, v.dtype);
     if (kc.nbytes() > 0) std::memcpy(buffers[0].data(), kc.data(), kc.nbytes());
     if (vc.nbytes() > 0) {
       std::memcpy(buffers[0].data() + align64(k_bytes(plan, k.dim(-2))), vc.data(), vc.nbytes());
     }
+    guarded = std::make_unique<RingRun<F>>(plan);
+  } catch (const std::bad_alloc&) {
+    if (problem.empty()) problem = "ring: out of memory allocating its K/V blocks and state";
+  } catch (const std::exception& e) {
+    if (problem.empty()) problem = problem_of(e);
   }
-  RingRun<F> run(plan);
+  agree(communicator, problem);
+  RingRun<F>& run = *guarded;
   core::KernelStatus status = core::KernelStatus::kOk;
   const int next = (plan.me + 1) % plan.ranks;
   const int prev = (plan.me - 1 + plan.ranks) % plan.ranks;
@@ -469,14 +484,14 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   try {
     out = Tensor(wide ? DType::kF64 : DType::kF32, call.out_shape, "output");
     if (options.return_lse) lse = Tensor(DType::kF64, call.lse_shape, "lse");
-    if (wide) {
-      run_ring<double>(plan, c, k, v, out, lse, result.times, problem);
-    } else {
-      run_ring<float>(plan, c, k, v, out, lse, result.times, problem);
-    }
   } catch (const std::exception& e) {
-    // Only before the first step (allocations): every rank still reaches the agreement.
     problem = problem_of(e);
+  }
+  // run_ring agrees on `problem` before its first step, and throws if any rank has one.
+  if (wide) {
+    run_ring<double>(plan, comm, k, v, out, lse, result.times, problem);
+  } else {
+    run_ring<float>(plan, comm, k, v, out, lse, result.times, problem);
   }
   agree(comm, problem);
   result.out = out.dtype() == options.out_dtype ? std::move(out) : out.to(options.out_dtype);
