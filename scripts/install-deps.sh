@@ -9,9 +9,12 @@ packages=(
   python3-numpy python3-dev pybind11-dev python3-pytest python3-torch
   chromium nodejs
   clang libclang-rt-14-dev
+  openmpi-bin libopenmpi-dev python3-mpi4py
 )
 # The Python module builds with pybind11 for Debian's python3; its tests (tests/python) use pytest
 # and compare with PyTorch (python3-torch).
+# OpenMPI builds and runs ring attention across processes (src/dist, `mpirun -np P qkv attention
+# --ring`); python3-mpi4py gives qkv.ring_attention its communicator.
 # clang and its runtime libraries (libFuzzer, the sanitizers) build the fuzz targets (make fuzz).
 # The browser test (tests/browser) drives Debian's chromium with playwright-core from npm. Some
 # machines have Node.js from elsewhere with its own npm, which Debian's npm package would clash

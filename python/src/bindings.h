@@ -54,5 +54,6 @@ void register_explain(py::module_& m);
 void register_io(py::module_& m);
 void register_kv_cache(py::module_& m);
 void register_timing(py::module_& m);
+void register_ring(py::module_& m);
 
 }  // namespace qkv::python

@@ -71,4 +71,5 @@ PYBIND11_MODULE(_qkv, m) {
   qkv::python::register_io(m);
   qkv::python::register_kv_cache(m);
   qkv::python::register_timing(m);
+  qkv::python::register_ring(m);
 }

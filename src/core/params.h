@@ -59,9 +59,22 @@ struct Masking {
   const void* mask = nullptr;       // nullptr: no explicit mask
   DType mask_dtype = DType::kBool;  // kBool (true = allowed) or kF32/kF64 (additive)
   Strides4 mask_strides;            // broadcast dims have stride 0; h indexes query heads
+  // Position offsets for a call that is one block of a longer sequence (the ring, src/dist):
+  // causal, window and ALiBi see query row i at position q_offset + i and key row j at
+  // k_offset + j, so the diagonal moves by q_offset - k_offset (diagonal_offset below). Both 0:
+  // the call's own bottom-right alignment. Only the fused forward kernels and the reference
+  // honour them; src/dist runs no other kernel with them set.
+  std::int64_t q_offset = 0;
+  std::int64_t k_offset = 0;
 
   bool has_structure() const noexcept { return causal || window_left >= 0 || window_right >= 0; }
 };
+
+// Query row i lines up with key row i + diagonal_offset(s, m): the shape's bottom-right
+// alignment moved by the masking's position offsets.
+inline std::int64_t diagonal_offset(const AttentionShape& s, const Masking& m) noexcept {
+  return s.diagonal_offset() + m.q_offset - m.k_offset;
+}
 
 // What the softmax sees beyond scale · q·k and the mask (attention.h):
 //   s_ij = softcap(scale · q_i·k_j) + alibi_ij + float mask_ij, and the sinks' extra logits.

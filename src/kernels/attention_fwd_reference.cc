@@ -43,7 +43,7 @@ void reference_row(const AttentionParams& p, std::int64_t b, std::int64_t h, std
   const core::AttentionShape& s = p.shape;
   const core::ScoreModifiers& mod = p.modifiers;
   const std::int64_t hk = h / s.group();
-  const std::int64_t diag = i + s.diagonal_offset();
+  const std::int64_t diag = i + core::diagonal_offset(s, p.masking);
   const auto load = [&](const core::InputOperand& op, std::int64_t at) {
     return core::round_to_storage(core::load_real(op.data, op.dtype, at), p.compute);
   };

@@ -137,8 +137,9 @@ inline Task task_at(const Plan& plan, const core::AttentionShape& s, std::int64_
 // row's end.
 inline core::KeyRange task_key_range(const core::Masking& m, const core::AttentionShape& s,
                                      std::int64_t i0, std::int64_t i1) noexcept {
-  const core::KeyRange first = core::allowed_key_range(m, s.nk, i0 + s.diagonal_offset());
-  const core::KeyRange last = core::allowed_key_range(m, s.nk, i1 - 1 + s.diagonal_offset());
+  const std::int64_t offset = core::diagonal_offset(s, m);
+  const core::KeyRange first = core::allowed_key_range(m, s.nk, i0 + offset);
+  const core::KeyRange last = core::allowed_key_range(m, s.nk, i1 - 1 + offset);
   if (last.last <= first.first) return {0, 0};
   return {first.first, last.last};
 }
@@ -149,8 +150,9 @@ inline bool tile_fully_allowed(const core::Masking& m, const core::AttentionShap
                                std::int64_t i0, std::int64_t i1, std::int64_t j0,
                                std::int64_t j1) noexcept {
   if (!m.has_structure()) return true;
-  const core::KeyRange top = core::allowed_key_range(m, s.nk, i0 + s.diagonal_offset());
-  const core::KeyRange bottom = core::allowed_key_range(m, s.nk, i1 - 1 + s.diagonal_offset());
+  const std::int64_t offset = core::diagonal_offset(s, m);
+  const core::KeyRange top = core::allowed_key_range(m, s.nk, i0 + offset);
+  const core::KeyRange bottom = core::allowed_key_range(m, s.nk, i1 - 1 + offset);
   return bottom.first <= j0 && j1 <= top.last;
 }
 
@@ -273,7 +275,8 @@ inline void mask_row(const core::AttentionParams& p, std::int64_t b, std::int64_
   std::int64_t lo = 0;
   std::int64_t hi = count;
   if (check_structure) {
-    const core::KeyRange r = core::allowed_key_range(m, p.shape.nk, i + p.shape.diagonal_offset());
+    const core::KeyRange r =
+        core::allowed_key_range(m, p.shape.nk, i + core::diagonal_offset(p.shape, m));
     lo = std::clamp<std::int64_t>(r.first - j0, 0, count);
     hi = std::clamp<std::int64_t>(r.last - j0, lo, count);
   }

@@ -279,7 +279,7 @@ class FusedWorker {
                           ? F{0}
                           : static_cast<F>(mod.alibi_slopes[static_cast<std::size_t>(h)]);
       const F max = Micro::modify_scores(s, static_cast<F>(mod.softcap), slope,
-                                         i + p_.shape.diagonal_offset() - j0);
+                                         i + core::diagonal_offset(p_.shape, p_.masking) - j0);
       if (full) return max;
     }
     fused::mask_row(p_, t.b, h, i, j0, bk, p_.masking.has_structure(), s);

@@ -3,6 +3,7 @@
 with the expected ones.
 
 usage: run_oracle.py QKV [--cases DIR] [--only SUBSTR] [--timeout S] [--keep] [-v]
+                       [--ring LAUNCHER]
 
 A case is a folder with `cmd` (the qkv arguments), `expect.json` (what must hold), its input
 files and, for a case that succeeds, `expected/` (outputs computed in float64). Each case runs in
@@ -14,6 +15,11 @@ a fresh scratch folder holding only its input files, as `QKV <arguments of cmd>`
                 (tol from the case, 2e-5 by default).
   kind "error": exit status 1..127 (no signal, no timeout), exactly one non-empty line on stderr
                 naming one of the listed files (or flags), and no file created.
+
+--ring "mpirun -np 2 ..." runs the `qkv attention` success cases whose flags the ring takes
+(not --weights, --cu-seqlens-*, --check, --grad-*) as `LAUNCHER QKV ... --ring`,
+attention across processes, against the same expected outputs; the other cases are counted as
+not for the ring.
 
 Cases of features that have not shipped are listed in PENDING: they run, and are reported and
 counted as pending, never skipped in silence, and do not decide the exit status; one that passes
@@ -106,12 +112,32 @@ def names_one_of(line, names):
     return any(re.search(r"(?<![A-Za-z0-9_])" + re.escape(n), line) for n in names)
 
 
-def run_case(qkv, case, timeout, keep):
-    """(ok, note) for one case."""
+# The flags qkv attention --ring refuses (docs/interface.md, "Attention across processes").
+RING_REFUSES = ("--weights", "--cu-seqlens-q", "--cu-seqlens-k", "--check",
+                "--grad-out", "--backward-kernel")
+
+
+def ring_command(args, expect, launcher):
+    """The case's command under `launcher` with --ring, or None when it is not for the ring."""
+    if expect["kind"] != "ok" or not args or args[0] != "attention":
+        return None
+    if any(a in RING_REFUSES or a.startswith("--grad-") for a in args):
+        return None
+    return shlex.split(launcher) + args + ["--ring"]
+
+
+def run_case(qkv, case, timeout, keep, ring=None):
+    """(ok, note) for one case; (None, note) when --ring does not apply to it."""
     with open(os.path.join(case, "expect.json")) as f:
         expect = json.load(f)
     with open(os.path.join(case, "cmd")) as f:
         args = shlex.split(f.read())
+    command = [qkv] + args
+    if ring is not None:
+        ringed = ring_command(args, expect, ring)
+        if ringed is None:
+            return None, "not for --ring"
+        command = ringed[:len(ringed) - len(args) - 1] + [qkv] + args + ["--ring"]
     work = tempfile.mkdtemp(prefix="qkv_oracle_")
     try:
         for name in os.listdir(case):
@@ -120,7 +146,7 @@ def run_case(qkv, case, timeout, keep):
                 shutil.copyfile(source, os.path.join(work, name))
         before = set(os.listdir(work))
         try:
-            run = subprocess.run([qkv] + args, cwd=work, stdin=subprocess.DEVNULL,
+            run = subprocess.run(command, cwd=work, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
         except subprocess.TimeoutExpired:
             return False, "no answer after %g s" % timeout
@@ -173,6 +199,8 @@ def main():
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folders")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each case's desc")
+    parser.add_argument("--ring", default=None, metavar="LAUNCHER",
+                        help="run the attention cases the ring takes as LAUNCHER QKV ... --ring")
     a = parser.parse_args()
 
     qkv = os.path.abspath(a.qkv)
@@ -187,12 +215,15 @@ def main():
         return 1
 
     root = os.path.abspath(a.cases)
-    passed = failed = 0
+    passed = failed = not_ring = 0
     pending = {}  # reason -> [cases, of which passing]
     for case in cases:
         name = os.path.basename(case)
         shown = os.path.relpath(case, root) if case != root else name
-        ok, note = run_case(qkv, case, a.timeout, a.keep)
+        ok, note = run_case(qkv, case, a.timeout, a.keep, a.ring)
+        if ok is None:
+            not_ring += 1
+            continue
         reason = pending_reason(name)
         if reason is None:
             status = "PASS" if ok else "FAIL"
@@ -208,6 +239,8 @@ def main():
             with open(os.path.join(case, "expect.json")) as f:
                 print("    %s" % json.load(f).get("desc", ""))
     summary = "%d passed, %d failed" % (passed, failed)
+    if a.ring is not None:
+        summary += ", %d not for --ring" % not_ring
     for reason, (count, passing) in sorted(pending.items()):
         summary += ", %d pending (%s; %d of them pass)" % (count, reason, passing)
     print(summary)

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli_common.h"
+#include "command_ring.h"
 #include "commands.h"
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
@@ -26,6 +27,7 @@ struct GradientFlags {
 struct AttentionCommand {
   std::string q_path, k_path, v_path, out_path;
   bool check = false;
+  bool ring = false;
   AttentionFlags flags;
   GradientFlags gradients;
   ReportFlags report;
@@ -102,7 +104,34 @@ void print_accuracy(const AccuracyReport& report) {
   if (report.lse) print_errors("lse", *report.lse);
 }
 
+// The flags --ring refuses, as the user spelled them: "--weights, --grad-out".
+std::string ring_refusals(const AttentionCommand& c) {
+  std::string refused;
+  const auto refuse = [&](bool given, const char* flag) {
+    if (given) refused += (refused.empty() ? "" : ", ") + std::string(flag);
+  };
+  const AttentionFlags& f = c.flags;
+  refuse(!f.weights_path.empty(), "--weights");
+  refuse(!f.cu_seqlens_q_path.empty(), "--cu-seqlens-q");
+  refuse(!f.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
+  refuse(c.check, "--check");
+  const GradientFlags& g = c.gradients;
+  refuse(!g.grad_out.empty(), "--grad-out");
+  refuse(!g.grad_q.empty(), "--grad-q");
+  refuse(!g.grad_k.empty(), "--grad-k");
+  refuse(!g.grad_v.empty(), "--grad-v");
+  refuse(!g.grad_sinks.empty(), "--grad-sinks");
+  refuse(!g.backward_kernel.empty(), "--backward-kernel");
+  return refused;
+}
+
 void run_attention(const AttentionCommand& command) {
+  if (command.ring) {
+    run_ring_attention(RingCommand{command.q_path, command.k_path, command.v_path, command.out_path,
+                                   &command.flags, command.report.verbose},
+                       ring_refusals(command));
+    return;
+  }
   if (!command.gradients.grad_out.empty() && !command.gradients.wanted()) {
     throw CLI::ValidationError("--grad-out",
                                "needs one of --grad-q, --grad-k, --grad-v or --grad-sinks");
@@ -193,6 +222,9 @@ void register_attention_command(CLI::App& app) {
                   "force a backward kernel: fused_hwy, unfused_blas, fused_scalar or reference "
                   "(default: the fastest that supports the call)")
       ->needs(grad_out);
+  sub->add_flag("--ring", command->ring,
+                "attention across the processes of mpirun -np P (ring attention over MPI): rank "
+                "0 writes --out and --lse; not with --weights, --cu-seqlens-*, --check, --grad-*");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -209,6 +241,10 @@ void register_attention_command(CLI::App& app) {
       "Outputs are always written as .npy (no .npz).\n"
       "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in float32 (float64 for\n"
       "float64 inputs) and written in --out-dtype; a bf16 or f16 --dtype is refused with them.\n"
+      "Across processes: mpirun -np P qkv attention --ring --q q.npy --k k.npy --v v.npy\n"
+      "--causal --out o.npy splits the sequence over P ranks (zig-zag under --causal or\n"
+      "--window, else contiguous blocks) and passes K/V around a ring; -v prints each rank's\n"
+      "compute, wait and transfer times. Without mpirun it runs as one rank.\n"
       "QKV_VERBOSE=1 prints which kernel ran and why the others declined or were passed over, "
       "and whether the system refused threads (stderr). Every dimension may be 0.");
   sub->callback([command] { run_attention(*command); });

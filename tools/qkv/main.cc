@@ -31,6 +31,16 @@ std::string one_line(std::string text) {
   return text;
 }
 
+// Under mpirun (qkv attention --ring) every rank ends with the same error; rank 0 says it, the
+// others stay silent so that the error is one line. OpenMPI, MPICH and PMIx name the rank.
+bool silent_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    const char* rank = std::getenv(name);
+    if (rank != nullptr && std::strcmp(rank, "0") != 0) return true;
+  }
+  return false;
+}
+
 // OpenBLAS starts its thread pool as it is loaded, before main, and when the system refuses a
 // thread (a process limit, a small address space) it prints two lines and raises SIGINT. qkv
 // never needs that pool: it runs every BLAS call single-threaded on its own threads
@@ -90,11 +100,12 @@ int main(int argc, char** argv) {
     // --Q (see 'qkv attention --help')".
     std::string command = "qkv";
     if (argc > 1 && argv[1][0] != '-') command += std::string(" ") + argv[1];
+    if (silent_rank()) return kExitUsage;
     std::fprintf(stderr, "%s: %s (see '%s --help')\n", command.c_str(),
                  one_line(qkv::cli::usage_problem(app, e)).c_str(), command.c_str());
     return kExitUsage;
   } catch (const qkv::Error& e) {
-    std::fprintf(stderr, "%s\n", one_line(e.what()).c_str());
+    if (!silent_rank()) std::fprintf(stderr, "%s\n", one_line(e.what()).c_str());
     return kExitBadInput;
   } catch (const std::bad_alloc&) {
     // The last resort: the commands name what they were reading, computing or writing when an

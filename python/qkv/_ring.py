@@ -1,0 +1,55 @@
+"""qkv.ring_attention: attention across the processes of an MPI communicator (mpi4py)."""
+
+from . import _qkv
+from ._arrays import as_input
+from ._attention import AttentionResult
+from ._options import attention_options
+
+__all__ = ["ring_attention", "ring_rows", "ring_layout", "mpi_available"]
+
+
+def mpi_available():
+    """Whether this build of qkv has MPI (ring attention)."""
+    return _qkv.mpi_available()
+
+
+def ring_layout(is_causal=False, window=None):
+    """The layout qkv's CLI uses: "zigzag" under is_causal or a window (every rank then does
+    the same work), else "contiguous"."""
+    return "zigzag" if is_causal or window is not None else "contiguous"
+
+
+def ring_rows(n, ranks, rank, layout="contiguous"):
+    """The global rows [(first, last), ...] rank `rank` of `ranks` holds of a sequence of n rows,
+    in local order. "contiguous": rows [rank·n/P, (rank+1)·n/P); "zigzag": n cut into 2P
+    chunks, the rank holding chunks rank and 2P-1-rank. Empty ranges are left out."""
+    return _qkv.ring_rows(int(n), int(ranks), int(rank), str(layout))
+
+
+def ring_attention(q, k, v, comm=None, attn_mask=None, is_causal=False, scale=None, window=None,
+                   softcap=None, alibi_slopes=None, sinks=None, dtype=None, return_lse=False,
+                   threads=None, *, layout=None, out_dtype=None, kernel=None):
+    """qkv.attention over the ranks of `comm` (an mpi4py communicator; COMM_WORLD by default).
+
+    Collective: every rank calls it with its own rows of one sequence (q [.., H, n_local, D],
+    k [.., Hkv, n_local, D], v [.., Hkv, n_local, Dv], the rows ring_rows(n, comm.size,
+    comm.rank, layout) gives) and gets its rows of the output (and of the lse with
+    return_lse). layout: "contiguous" or "zigzag"; default ring_layout(is_causal, window).
+    The keyword arguments mean what they mean for qkv.attention; attn_mask covers this rank's
+    query rows and every key ([.., n_local, Nk] after broadcasting). The weights and packed
+    batches are not offered. An error on any rank raises the same qkv.Error on every rank,
+    naming the rank.
+    """
+    if comm is None:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    if layout is None:
+        layout = ring_layout(is_causal, window)
+    options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
+                                sinks, dtype, out_dtype, return_lse, False, threads, None, None,
+                                kernel, None)
+    out, lse, _, _, _, _ = _qkv.ring_attention(as_input(q, "q"), as_input(k, "k"),
+                                               as_input(v, "v"), options, comm.py2f(), layout)
+    if return_lse:
+        return AttentionResult(out, lse, None)
+    return out

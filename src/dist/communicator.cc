@@ -1,0 +1,133 @@
+// MPI sessions, communicators, the error agreement and the gather of rows (qkv/dist.h).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dist/mpi_comm.h"
+#include "qkv/dist.h"
+#include "qkv/error.h"
+
+namespace qkv::dist {
+namespace {
+
+bool mpi_initialised() {
+  int initialised = 0, finalised = 0;
+  MPI_Initialized(&initialised);
+  MPI_Finalized(&finalised);
+  return initialised != 0 && finalised == 0;
+}
+
+void require_mpi() {
+  if (!mpi_initialised()) throw Error("ring", "MPI is not initialised (MPI_Init)");
+}
+
+}  // namespace
+
+bool mpi_available() noexcept { return true; }
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int initialised = 0, finalised = 0;
+  MPI_Initialized(&initialised);
+  MPI_Finalized(&finalised);
+  if (finalised != 0) throw Error("ring", "MPI was finalised in this process and cannot restart");
+  if (initialised != 0) return;
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  owns_ = true;
+}
+
+MpiSession::~MpiSession() {
+  if (owns_ && mpi_initialised()) MPI_Finalize();
+}
+
+Communicator Communicator::world() {
+  require_mpi();
+  return Communicator(static_cast<int>(MPI_Comm_c2f(MPI_COMM_WORLD)));
+}
+
+Communicator Communicator::from_fortran(int handle) {
+  require_mpi();
+  if (MPI_Comm_f2c(static_cast<MPI_Fint>(handle)) == MPI_COMM_NULL) {
+    throw Error("ring", "the communicator handle " + std::to_string(handle) + " is MPI_COMM_NULL");
+  }
+  return Communicator(handle);
+}
+
+int Communicator::rank() const {
+  int r = 0;
+  MPI_Comm_rank(mpi_comm(*this), &r);
+  return r;
+}
+
+int Communicator::size() const {
+  int s = 1;
+  MPI_Comm_size(mpi_comm(*this), &s);
+  return s;
+}
+
+// Two collectives: the lowest failing rank (MPI_Allreduce of MIN), then its problem broadcast
+// from it, so that every rank throws the same error.
+void agree(const Communicator& comm, const std::string& problem) {
+  const MPI_Comm c = mpi_comm(comm);
+  const int ranks = comm.size();
+  const int mine = problem.empty() ? ranks : comm.rank();
+  int first = ranks;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c);
+  if (first == ranks) return;
+  // One line: the problem's first line, at most 1000 bytes.
+  std::string text = problem.substr(0, std::min(problem.find('\n'), std::size_t{1000}));
+  int length = static_cast<int>(text.size());
+  MPI_Bcast(&length, 1, MPI_INT, first, c);
+  text.resize(static_cast<std::size_t>(length));
+  MPI_Bcast(text.data(), length, MPI_CHAR, first, c);
+  throw Error("rank " + std::to_string(first), text);
+}
+
+Tensor gather_rows(const TensorView& local, int axis, std::int64_t n, RowLayout layout,
+                   const Communicator& comm) {
+  const MPI_Comm c = mpi_comm(comm);
+  const int ranks = comm.size();
+  const int me = comm.rank();
+  const int r = local.rank();
+  const int a = axis < 0 ? axis + r : axis;
+  if (a < 0 || a >= r) throw Error(local.name, "has no row axis " + std::to_string(axis));
+  const auto ua = static_cast<std::size_t>(a);
+  const Tensor mine = contiguous_copy(local, local.dtype);
+  std::vector<int> counts(static_cast<std::size_t>(ranks)), displs(counts.size());
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < ua; ++i) outer *= local.shape[i];
+  for (std::size_t i = ua + 1; i < local.shape.size(); ++i) inner *= local.shape[i];
+  const auto bytes = static_cast<std::int64_t>(dtype_size(local.dtype));
+  std::int64_t total = 0;
+  for (int p = 0; p < ranks; ++p) {
+    const std::int64_t rows = rank_row_count(n, ranks, p, layout);
+    counts[static_cast<std::size_t>(p)] = mpi_count(outer * rows * inner * bytes, "a row block");
+    displs[static_cast<std::size_t>(p)] = mpi_count(total, "the gathered output");
+    total += counts[static_cast<std::size_t>(p)];
+  }
+  std::vector<char> all(me == 0 ? static_cast<std::size_t>(total) : 0);
+  MPI_Gatherv(mine.data(), counts[static_cast<std::size_t>(me)], MPI_BYTE, all.data(),
+              counts.data(), displs.data(), MPI_BYTE, 0, c);
+  if (me != 0) return Tensor();
+  Shape shape = local.shape;
+  shape[ua] = n;
+  Tensor whole(local.dtype, shape, local.name);
+  auto* to = static_cast<char*>(whole.data());
+  for (int p = 0; p < ranks; ++p) {
+    const char* from = all.data() + displs[static_cast<std::size_t>(p)];
+    for (std::int64_t o = 0; o < outer; ++o) {
+      for (const RowRange& range : rank_rows(n, ranks, p, layout)) {
+        const std::int64_t run = range.size() * inner * bytes;
+        std::memcpy(to + (o * n + range.first) * inner * bytes, from,
+                    static_cast<std::size_t>(run));
+        from += run;
+      }
+    }
+  }
+  return whole;
+}
+
+}  // namespace qkv::dist

@@ -1,0 +1,502 @@
+// Ring attention over MPI (qkv/dist.h).
+//
+// P ranks, rank r holding its rows of Q (of nq) and of K and V (of nk) by one layout (rank_rows:
+// one contiguous range, or two zig-zag chunks; nq = nk for self-attention). Step s = 0 .. P-1: rank
+// r holds the K/V block of rank src = (r - s) mod P and computes its own queries against it while,
+// in the background, it sends that block on to rank r+1 and receives the next one (rank r-s-1's)
+// from rank r-1 into the other of two buffers (MPI_Isend / MPI_Irecv, completed by MPI_Waitall at
+// the end of the step). Each (query range, key range) pair of the block is one call of a fused
+// kernel with the masking's position offsets set (core/params.h), so that causal, window and ALiBi
+// see global positions; a pair no query of the range can see is not computed, and a block with no
+// visible pair is only forwarded.
+//
+// A kernel call gives each of its rows a normalised partial output o and its lse; as a partial
+// softmax state that is max = lse, sum = 1, accumulator = o (online_softmax.h). The states merge
+// into the row's running state with the kernels' merge primitive, in step order, then range
+// order: a fixed order, so the bits depend only on P and the thread count. The lse is carried
+// as a float max plus the sum exp(lse - max) so that no bits of it are lost to the float state.
+// Sinks join once, at the end, as one more state with no value; then O = acc / sum and
+// lse = max + log(sum), an all-masked row giving zeros and -inf (the sink with sinks).
+//
+// Traffic per step: B·Hkv·rows·(D + Dv) elements of K and V in their storage type (only kv
+// heads travel under GQA); compute per step: B·H·rows²·(D + Dv) multiply-adds. Memory per rank:
+// its rows of Q, K, V, O, two K/V blocks, the running state (one O-sized accumulator and a
+// partial O) and the kernel's workspace.
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "core/mask_rule.h"
+#include "core/params.h"
+#include "core/validate.h"
+#include "dist/mpi_comm.h"
+#include "kernels/blas_threads.h"
+#include "kernels/kernel.h"
+#include "kernels/online_softmax.h"
+#include "qkv/dist.h"
+#include "qkv/error.h"
+
+namespace qkv::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The kernels that honour the masking's position offsets, in list order.
+bool honours_offsets(std::string_view name) {
+  return name == "fused_hwy" || name == "fused_scalar" || name == "reference";
+}
+
+const kernels::AttentionKernel& ring_kernel(const core::AttentionParams& p,
+                                            const std::string& requested) {
+  if (!requested.empty() && !honours_offsets(requested)) {
+    throw Error("kernel " + requested, "the ring runs fused_hwy, fused_scalar or reference");
+  }
+  const kernels::AttentionKernel* last = nullptr;
+  for (const auto& kernel : kernels::attention_kernels()) {
+    if (!honours_offsets(kernel.name)) continue;
+    if (!requested.empty() && kernel.name != requested) continue;
+    last = &kernel;
+    const std::string reason = kernel.declines(p);
+    if (reason.empty()) return kernel;
+    if (!requested.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
+  }
+  if (last == nullptr) throw Error("kernel " + requested, "no such kernel in this build");
+  return *last;  // the reference, which supports every call
+}
+
+std::string problem_of(const std::exception& e) { return e.what(); }
+
+// A mask for this rank's query rows and all nk keys ([.., nq_local, nk] after broadcasting),
+// checked as attention() checks one: by validating the call against K and V of nk rows that
+// read nothing (zero strides over one zero element), whose mask settings `base` then takes.
+void apply_mask(const TensorView& q, const TensorView& k, const TensorView& v,
+                const AttentionOptions& options, std::int64_t nk, core::AttentionParams& base) {
+  static const double kZero = 0.0;  // zero in every input dtype
+  const auto nothing = [&](const TensorView& t) {
+    TensorView z{&kZero, t.dtype, t.shape, Shape(t.shape.size(), 0), t.name};
+    z.shape[z.shape.size() - 2] = nk;
+    return z;
+  };
+  AttentionOptions checked = options;
+  checked.threads = 1;
+  const core::AttentionCall call = core::validate_attention(q, nothing(k), nothing(v), checked);
+  base.masking.mask = call.params.masking.mask;
+  base.masking.mask_dtype = call.params.masking.mask_dtype;
+  base.masking.mask_strides = call.params.masking.mask_strides;
+  base.magnitudes.mask = call.params.magnitudes.mask;
+}
+
+// What every rank must agree on: Q's rank, the heads and dims, the dtypes, the compute type.
+std::array<std::int64_t, 10> call_signature(const TensorView& q, const TensorView& k,
+                                            const TensorView& v, const core::AttentionParams& p) {
+  const core::AttentionShape& s = p.shape;
+  return {q.rank(),
+          s.b,
+          s.h,
+          s.hkv,
+          s.d,
+          s.dv,
+          static_cast<std::int64_t>(q.dtype),
+          static_cast<std::int64_t>(k.dtype),
+          static_cast<std::int64_t>(v.dtype),
+          static_cast<std::int64_t>(p.compute)};
+}
+
+// One row's running state and the kernels' merge, for the float32 state and the float64 one
+// (the fused kernel's float64 path) alike.
+template <class F>
+struct Factors {
+  F into = 0, part = 0;
+};
+
+template <class F>
+Factors<F> merge(kernels::BasicSoftmaxState<F>& into, const kernels::BasicSoftmaxState<F>& part) {
+  const auto exp = [](F x) { return std::exp(x); };
+  if constexpr (std::is_same_v<F, float>) {
+    const kernels::MergeFactors f = kernels::merge_states(into, part, exp);
+    return {f.into, f.part};
+  } else {
+    // merge_states' rule on the float64 state.
+    const F max = into.max > part.max ? into.max : part.max;
+    const Factors<F> f{kernels::rescale_factor(into.max, max, exp),
+                       kernels::rescale_factor(part.max, max, exp)};
+    into.sum = f.into * into.sum + f.part * part.sum;
+    into.max = max;
+    return f;
+  }
+}
+
+// A finished partial (its lse, double) as a state: max = lse rounded to F, sum = the rest.
+template <class F>
+kernels::BasicSoftmaxState<F> state_of(double lse) {
+  if (!(lse > -std::numeric_limits<double>::infinity())) return {};
+  const F max = static_cast<F>(lse);
+  if (std::isinf(max)) return {max, F{1}};
+  return {max, static_cast<F>(std::exp(lse - static_cast<double>(max)))};
+}
+
+// Everything one rank's ring run needs, fixed before the first step.
+struct Plan {
+  int ranks = 1, me = 0;
+  std::int64_t nq = 0, nk = 0;  // the whole problem's rows of Q and of K/V
+  RowLayout layout = RowLayout::kContiguous;
+  core::AttentionParams base;  // the local call: sinks removed, outputs unbound
+  std::vector<double> sinks;
+  std::vector<RowRange> mine;  // this rank's global rows
+  std::int64_t n_local = 0;
+  const kernels::AttentionKernel* kernel = nullptr;
+  std::size_t k_elem = 4, v_elem = 4;
+};
+
+std::int64_t align64(std::int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+std::int64_t k_bytes(const Plan& plan, std::int64_t rows) {
+  const core::AttentionShape& s = plan.base.shape;
+  return s.b * s.hkv * rows * s.d * static_cast<std::int64_t>(plan.k_elem);
+}
+
+std::int64_t block_bytes(const Plan& plan, std::int64_t rows) {
+  const core::AttentionShape& s = plan.base.shape;
+  return align64(k_bytes(plan, rows)) +
+         s.b * s.hkv * rows * s.dv * static_cast<std::int64_t>(plan.v_elem);
+}
+
+// Whether any query of [q.first, q.last) may see any key of [k.first, k.last) (global rows: the
+// diagonal of query i is key i + nk - nq, bottom-right alignment).
+bool visible(const Plan& plan, const RowRange& q, const RowRange& k) {
+  const core::Masking& m = plan.base.masking;
+  if (!m.has_structure()) return true;
+  const std::int64_t shift = plan.nk - plan.nq;
+  const std::int64_t first = core::allowed_key_range(m, plan.nk, q.first + shift).first;
+  const std::int64_t last = core::allowed_key_range(m, plan.nk, q.last - 1 + shift).last;
+  return std::max(first, k.first) < std::min(last, k.last);
+}
+
+template <class F>
+class RingRun {
+ public:
+  explicit RingRun(const Plan& plan) : plan_(plan) {
+    const core::AttentionShape& s = plan.base.shape;
+    rows_ = s.b * s.h * plan.n_local;
+    states_.resize(static_cast<std::size_t>(rows_));
+    acc_.assign(static_cast<std::size_t>(rows_ * s.dv), F{0});
+    part_out_.resize(acc_.size());
+    part_lse_.resize(states_.size());
+  }
+
+  // The queries of this rank against the block of rank `src`, held in `block`; `poll` runs
+  // after each kernel call (MPI progress for the transfers in flight). Returns false when no
+  // pair of the block was visible (nothing computed).
+  template <class Poll>
+  bool compute(int src, const char* block, core::KernelStatus& status, Poll&& poll) {
+    const Plan& plan = plan_;
+    const core::AttentionShape& s = plan.base.shape;
+    const std::vector<RowRange> theirs = rank_rows(plan.nk, plan.ranks, src, plan.layout);
+    std::int64_t block_rows = 0;
+    for (const RowRange& r : theirs) block_rows += r.size();
+    const std::int64_t v_at = align64(k_bytes(plan, block_rows));
+    bool any = false;
+    std::int64_t lq = 0;
+    for (const RowRange& q : plan.mine) {
+      std::int64_t lk = 0;
+      for (const RowRange& k : theirs) {
+        if (visible(plan, q, k)) {
+          any = true;
+          core::AttentionParams p = plan.base;
+          p.shape.nq = q.size();
+          p.shape.nk = k.size();
+          p.q.data = static_cast<const char*>(p.q.data) +
+                     lq * p.q.strides.row * static_cast<std::int64_t>(dtype_size(p.q.dtype));
+          p.k = {block + lk * s.d * static_cast<std::int64_t>(plan.k_elem), p.k.dtype,
+                 core::Strides4{block_rows * s.d * s.hkv, block_rows * s.d, s.d, 1}};
+          p.v = {block + v_at + lk * s.dv * static_cast<std::int64_t>(plan.v_elem), p.v.dtype,
+                 core::Strides4{block_rows * s.dv * s.hkv, block_rows * s.dv, s.dv, 1}};
+          // Global positions: query row i at q.first + i, key row j at k.first + j, aligned as
+          // the whole problem is (nk - nq), the call's own alignment taken back.
+          p.masking.q_offset = q.first + (plan.nk - plan.nq) - (k.size() - q.size());
+          p.masking.k_offset = k.first;
+          if (p.masking.mask != nullptr) {
+            // The mask's rows are this rank's query rows, its columns every key.
+            p.masking.mask = static_cast<const char*>(p.masking.mask) +
+                             p.masking.mask_strides.at(0, 0, lq, k.first) *
+                                 static_cast<std::int64_t>(dtype_size(p.masking.mask_dtype));
+          }
+          const std::int64_t nl = plan.n_local;
+          p.out = {part_out_.data() + lq * s.dv,
+                   std::is_same_v<F, double> ? DType::kF64 : DType::kF32,
+                   core::Strides4{s.h * nl * s.dv, nl * s.dv, s.dv, 1}};
+          p.lse = {part_lse_.data() + lq, DType::kF64, core::Strides4{s.h * nl, nl, 1, 0}};
+          if (plan.kernel->run(p) != core::KernelStatus::kOk) {
+            status = core::KernelStatus::kOutOfMemory;
+          } else {
+            merge_rows(lq, q.size());
+          }
+          poll();
+        }
+        lk += k.size();
+      }
+      lq += q.size();
+    }
+    return any;
+  }
+
+  // O and the lse of this rank's rows, the sinks merged in.
+  void finish(Tensor& out, Tensor& lse) {
+    const core::AttentionShape& s = plan_.base.shape;
+    auto* o = static_cast<F*>(out.data());
+    auto* l = lse.empty() ? nullptr : static_cast<double*>(lse.data());
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      auto& st = states_[static_cast<std::size_t>(r)];
+      F* acc = acc_.data() + r * s.dv;
+      if (!plan_.sinks.empty()) {
+        const std::int64_t h = (r / plan_.n_local) % s.h;
+        const Factors<F> f = merge(st, state_of<F>(plan_.sinks[static_cast<std::size_t>(h)]));
+        for (std::int64_t c = 0; c < s.dv; ++c) acc[c] *= f.into;
+      }
+      const F inv = kernels::inverse_sum(st);
+      for (std::int64_t c = 0; c < s.dv; ++c) o[r * s.dv + c] = acc[c] * inv;
+      if (l != nullptr) l[r] = kernels::log_sum_exp(st);
+    }
+  }
+
+ private:
+  void merge_rows(std::int64_t lq, std::int64_t count) {
+    const core::AttentionShape& s = plan_.base.shape;
+    for (std::int64_t bh = 0; bh < s.b * s.h; ++bh) {
+      for (std::int64_t i = lq; i < lq + count; ++i) {
+        const std::int64_t r = bh * plan_.n_local + i;
+        const auto part = state_of<F>(part_lse_[static_cast<std::size_t>(r)]);
+        const Factors<F> f = merge(states_[static_cast<std::size_t>(r)], part);
+        F* acc = acc_.data() + r * s.dv;
+        const F* o = part_out_.data() + r * s.dv;
+        const F w = f.part * part.sum;
+        for (std::int64_t c = 0; c < s.dv; ++c) acc[c] = f.into * acc[c] + w * o[c];
+      }
+    }
+  }
+
+  const Plan& plan_;
+  std::int64_t rows_ = 0;
+  std::vector<kernels::BasicSoftmaxState<F>> states_;
+  std::vector<F> acc_, part_out_;
+  std::vector<double> part_lse_;
+};
+
+// The ring itself: P steps, each computing on the block in hand while the next travels.
+// `problem` comes in holding this rank's problem so far (empty: none); the ranks agree on it,
+// and on their allocations, before the first step, so that no rank waits in the ring for one
+// that has left it. A kernel that fails inside the ring leaves its problem there for the
+// caller's agreement at the end (the rank keeps forwarding blocks meanwhile).
+template <class F>
+void run_ring(const Plan& plan, const Communicator& communicator, const TensorView& k,
+              const TensorView& v, Tensor& out, Tensor& lse, RingTimes& times,
+              std::string& problem) {
+  const MPI_Comm comm = mpi_comm(communicator);
+  std::array<std::vector<char>, 2> buffers;
+  std::unique_ptr<RingRun<F>> guarded;
+  try {
+    std::int64_t max_rows = 0;
+    for (int p = 0; p < plan.ranks; ++p) {
+      max_rows = std::max(max_rows, rank_row_count(plan.nk, plan.ranks, p, plan.layout));
+    }
+    // Every rank sees the same largest block: all refuse an oversized one alike.
+    const auto capacity =
+        static_cast<std::size_t>(mpi_count(block_bytes(plan, max_rows), "a K/V block"));
+    buffers = {std::vector<char>(capacity), std::vector<char>(capacity)};
+    const Tensor kc = contiguous_copy(k, k.dtype);
+    const Tensor vc = contiguous_copy(v, v.dtype);
+    if (kc.nbytes() > 0) std::memcpy(buffers[0].data(), kc.data(), kc.nbytes());
+    if (vc.nbytes() > 0) {
+      std::memcpy(buffers[0].data() + align64(k_bytes(plan, k.dim(-2))), vc.data(), vc.nbytes());
+    }
+    guarded = std::make_unique<RingRun<F>>(plan);
+  } catch (const std::bad_alloc&) {
+    if (problem.empty()) problem = "ring: out of memory allocating its K/V blocks and state";
+  } catch (const std::exception& e) {
+    if (problem.empty()) problem = problem_of(e);
+  }
+  agree(communicator, problem);
+  RingRun<F>& run = *guarded;
+  core::KernelStatus status = core::KernelStatus::kOk;
+  const int next = (plan.me + 1) % plan.ranks;
+  const int prev = (plan.me - 1 + plan.ranks) % plan.ranks;
+  for (int step = 0; step < plan.ranks; ++step) {
+    const int src = (plan.me - step + plan.ranks) % plan.ranks;
+    std::vector<char>& hand = buffers[static_cast<std::size_t>(step % 2)];
+    std::vector<char>& coming = buffers[static_cast<std::size_t>((step + 1) % 2)];
+    std::array<MPI_Request, 2> requests = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const Clock::time_point posted = Clock::now();
+    const bool moving = step + 1 < plan.ranks;
+    if (moving) {
+      const int from = (plan.me - step - 1 + 2 * plan.ranks) % plan.ranks;
+      const int receive = mpi_count(
+          block_bytes(plan, rank_row_count(plan.nk, plan.ranks, from, plan.layout)), "a K/V block");
+      const int send = mpi_count(
+          block_bytes(plan, rank_row_count(plan.nk, plan.ranks, src, plan.layout)), "a K/V block");
+      MPI_Irecv(coming.data(), receive, MPI_BYTE, prev, step, comm, &requests[0]);
+      MPI_Isend(hand.data(), send, MPI_BYTE, next, step, comm, &requests[1]);
+      times.bytes_sent += send;
+    }
+    const Clock::time_point start = Clock::now();
+    // An MPI library without a progress thread moves a large message only inside MPI calls:
+    // a test between kernel calls lets the transfer advance during the step.
+    const bool computed = run.compute(src, hand.data(), status, [&] {
+      if (!moving) return;
+      int done = 0;
+      MPI_Testall(2, requests.data(), &done, MPI_STATUSES_IGNORE);
+    });
+    times.compute += since(start);
+    (computed ? times.blocks_computed : times.blocks_skipped) += 1;
+    if (moving) {
+      const Clock::time_point waiting = Clock::now();
+      MPI_Waitall(2, requests.data(), MPI_STATUSES_IGNORE);
+      times.wait += since(waiting);
+      times.transfer += since(posted);
+    }
+  }
+  if (status != core::KernelStatus::kOk) {
+    problem = "attention: out of memory: kernel " + std::string(plan.kernel->name) +
+              " could not allocate its workspace";
+    return;
+  }
+  run.finish(out, lse);
+}
+
+}  // namespace
+
+RingResult ring_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const AttentionOptions& options, const Communicator& comm,
+                          const RingOptions& ring) {
+  const MPI_Comm c = mpi_comm(comm);
+  Plan plan;
+  plan.ranks = comm.size();
+  plan.me = comm.rank();
+  plan.layout = ring.layout;
+  std::string problem;
+  core::AttentionCall call;
+  try {
+    if (options.return_weights) throw Error("weights", "ring attention returns no weights");
+    if (options.cu_seqlens_q || options.cu_seqlens_k) {
+      throw Error("cu_seqlens", "ring attention splits one sequence, not a packed batch");
+    }
+    if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64 &&
+        options.out_dtype != DType::kF16) {
+      throw Error("out_dtype", "must be float32, float64 or float16");
+    }
+    // The mask spans this rank's query rows and every key: it is checked below, once the
+    // key count is known.
+    AttentionOptions unmasked = options;
+    unmasked.mask.reset();
+    call = core::validate_attention(q, k, v, unmasked);
+  } catch (const std::exception& e) {
+    problem = problem_of(e);
+  }
+  agree(comm, problem);
+
+  // Shapes and dtypes must agree with rank 0's, and the rows with the layout.
+  const std::array<std::int64_t, 10> mine = call_signature(q, k, v, call.params);
+  std::array<std::int64_t, 10> root = mine;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_INT64_T, 0, c);
+  if (mine != root) {
+    problem = "its Q " + shape_string(q.shape) + " (" + dtype_name(q.dtype) + "), K " +
+              shape_string(k.shape) + ", V " + shape_string(v.shape) +
+              " disagree with rank 0's in rank, heads, head dims or dtypes";
+  }
+  agree(comm, problem);
+  plan.n_local = q.dim(-2);
+  const std::array<std::int64_t, 2> local = {q.dim(-2), k.dim(-2)};
+  std::vector<std::int64_t> counts(2 * static_cast<std::size_t>(plan.ranks));
+  MPI_Allgather(local.data(), 2, MPI_INT64_T, counts.data(), 2, MPI_INT64_T, c);
+  for (std::size_t r = 0; r < counts.size(); r += 2) {
+    plan.nq += counts[r];
+    plan.nk += counts[r + 1];
+  }
+  for (const auto& [name, rows, total] :
+       {std::tuple{q.name, local[0], plan.nq}, std::tuple{k.name, local[1], plan.nk}}) {
+    const std::int64_t expected = rank_row_count(total, plan.ranks, plan.me, plan.layout);
+    if (rows != expected && problem.empty()) {
+      problem = name + ": holds " + std::to_string(rows) + " rows; the " +
+                layout_name(plan.layout) + " layout gives this rank " + std::to_string(expected) +
+                " of " + std::to_string(total) + " over " + std::to_string(plan.ranks) + " ranks";
+    }
+  }
+  agree(comm, problem);
+
+  core::AttentionParams& base = call.params;
+  if (options.mask) {
+    try {
+      apply_mask(q, k, v, options, plan.nk, base);
+    } catch (const std::exception& e) {
+      problem = problem_of(e);
+    }
+    agree(comm, problem);
+  }
+  // The float32 kernels bound their scores by the inputs' magnitudes: those of every rank.
+  std::array<double, 3> magnitudes = {base.magnitudes.q, base.magnitudes.k, base.magnitudes.v};
+  MPI_Allreduce(MPI_IN_PLACE, magnitudes.data(), 3, MPI_DOUBLE, MPI_MAX, c);
+  base.magnitudes.q = magnitudes[0];
+  base.magnitudes.k = magnitudes[1];
+  base.magnitudes.v = magnitudes[2];
+  plan.sinks = base.modifiers.sinks;
+  base.modifiers.sinks.clear();
+  base.magnitudes.sink = 0;
+  base.progress = nullptr;
+  plan.mine = rank_rows(plan.nq, plan.ranks, plan.me, plan.layout);
+  plan.k_elem = dtype_size(k.dtype);
+  plan.v_elem = dtype_size(v.dtype);
+  plan.base = base;
+  try {
+    // The choice sees the whole sequence's length, which bounds ALiBi's distances.
+    core::AttentionParams whole = base;
+    whole.shape.nq = plan.nq;
+    whole.shape.nk = plan.nk;
+    plan.kernel = &ring_kernel(whole, options.kernel);
+  } catch (const std::exception& e) {
+    problem = problem_of(e);
+  }
+  agree(comm, problem);
+  kernels::single_threaded_blas();
+
+  RingResult result;
+  result.n = plan.nq;
+  result.n_k = plan.nk;
+  result.kernel = std::string(plan.kernel->name);
+  result.compute = base.compute;
+  result.threads = base.threads;
+  const bool wide = base.compute == DType::kF64;
+  Tensor out, lse;
+  try {
+    out = Tensor(wide ? DType::kF64 : DType::kF32, call.out_shape, "output");
+    if (options.return_lse) lse = Tensor(DType::kF64, call.lse_shape, "lse");
+  } catch (const std::exception& e) {
+    problem = problem_of(e);
+  }
+  // run_ring agrees on `problem` before its first step, and throws if any rank has one.
+  if (wide) {
+    run_ring<double>(plan, comm, k, v, out, lse, result.times, problem);
+  } else {
+    run_ring<float>(plan, comm, k, v, out, lse, result.times, problem);
+  }
+  agree(comm, problem);
+  result.out = out.dtype() == options.out_dtype ? std::move(out) : out.to(options.out_dtype);
+  if (!lse.empty()) result.lse = lse.to(options.out_dtype);
+  return result;
+}
+
+}  // namespace qkv::dist

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""qkv attention --ring under mpirun against the single-process answer (label `mpi`).
+
+Usage: ring_cli_test.py QKV MPIEXEC [MPIEXEC FLAGS...]
+
+For each case: the inputs written as .npy, `qkv attention` run once in one process, then
+`MPIEXEC FLAGS -np P qkv attention --ring` for P = 1, 2, 3, 4; O and the lse must match by the
+oracle's rule, max|ring - single| <= 2e-5 * max(1, max|single|). Then the faults: a bad file or
+a disagreeing shape on one rank, and refused flags, each ending every rank non-zero with one
+line on stderr and no output file.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+TOL = 2e-5
+
+
+def case_inputs(rng, shape_q, hkv, dv, dtype=np.float32, nk=None):
+    *lead, _, n, d = shape_q if len(shape_q) >= 3 else (1, shape_q[0], shape_q[1])
+    n = n if nk is None else nk
+    q = rng.standard_normal(shape_q).astype(dtype)
+    if len(shape_q) == 2:
+        k = rng.standard_normal((n, d)).astype(dtype)
+        v = rng.standard_normal((n, dv)).astype(dtype)
+    else:
+        k = rng.standard_normal((*lead, hkv, n, d)).astype(dtype)
+        v = rng.standard_normal((*lead, hkv, n, dv)).astype(dtype)
+    return q, k, v
+
+
+# (name, Q shape, Hkv, Dv, flags, dtype[, Nk when it differs from Nq])
+CASES = [
+    ("causal_nq_below_nk", (2, 13, 8), 1, 8, ["--causal", "--alibi"], np.float32, 21),
+    ("causal_gqa", (4, 37, 16), 2, 8, ["--causal"], np.float32),
+    ("window_batch", (2, 2, 29, 8), 1, 12, ["--window", "5,2"], np.float32),
+    ("modifiers", (4, 23, 16), 2, 16, ["--causal", "--alibi", "--softcap", "3", "--sinks", "S"],
+     np.float32),
+    ("tiny_n_below_p", (3, 4), 1, 5, [], np.float32),
+    ("left_window_alibi", (2, 31, 8), 2, 8, ["--window", "3,-1", "--alibi"], np.float32),
+    ("causal_f64", (2, 19, 8), 1, 4, ["--causal"], np.float64),
+    # Masks: each rank reads its query rows, every key; MB a bool [H, Nq, Nk] (some rows fully
+    # masked), MF a float [1, Nk] whose query axis broadcasts.
+    ("bool_mask_causal", (2, 22, 8), 1, 8, ["--causal", "--mask", "MB"], np.float32),
+    ("float_mask_rows_broadcast", (2, 17, 8), 2, 8, ["--mask", "MF"], np.float32, 25),
+]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, **kw)
+
+
+def close(name, got, want):
+    scale = max(1.0, float(np.max(np.abs(want[np.isfinite(want)]), initial=0.0)))
+    same_inf = np.array_equal(np.isinf(got), np.isinf(want)) and np.array_equal(
+        got[np.isinf(got)], want[np.isinf(want)])
+    fin = np.isfinite(want)
+    err = float(np.max(np.abs(got[fin] - want[fin]), initial=0.0))
+    if not same_inf or err > TOL * scale:
+        raise AssertionError("%s: max abs error %.3e (tolerance %.1e)" % (name, err, TOL * scale))
+
+
+def main():
+    qkv, launcher = os.path.abspath(sys.argv[1]), sys.argv[2:]
+    rng = np.random.default_rng(25)
+    failures = []
+    with tempfile.TemporaryDirectory() as work:
+        os.chdir(work)
+        for name, shape_q, hkv, dv, flags, dtype, *nk in CASES:
+            q, k, v = case_inputs(rng, shape_q, hkv, dv, dtype, *nk)
+            np.save("q.npy", q)
+            np.save("k.npy", k)
+            np.save("v.npy", v)
+            h = shape_q[-3] if len(shape_q) >= 3 else 1
+            np.save("s.npy", rng.standard_normal(h).astype(np.float32))
+            nq, nkk = q.shape[-2], k.shape[-2]
+            np.save("mb.npy", rng.random((h, nq, nkk)) < 0.7)
+            mf = rng.standard_normal((1, nkk)).astype(np.float32)
+            mf[0, ::5] = -np.inf
+            np.save("mf.npy", mf)
+            names = {"S": "s.npy", "MB": "mb.npy", "MF": "mf.npy"}
+            flags = [names.get(f, f) for f in flags]
+            base = ["attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy"] + flags
+            r = run([qkv] + base + ["--out", "o1.npy", "--lse", "l1.npy"])
+            if r.returncode != 0:
+                failures.append("%s: single process failed: %s" % (name, r.stderr))
+                continue
+            want_o, want_l = np.load("o1.npy"), np.load("l1.npy")
+            for p in (1, 2, 3, 4):
+                out, lse = "o_%d.npy" % p, "l_%d.npy" % p
+                r = run(launcher + ["-np", str(p), qkv] + base + ["--ring", "--out", out, "--lse", lse])
+                try:
+                    if r.returncode != 0:
+                        raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
+                    got_o, got_l = np.load(out), np.load(lse)
+                    if got_o.shape != want_o.shape or got_l.shape != want_l.shape:
+                        raise AssertionError("shapes %s %s" % (got_o.shape, got_l.shape))
+                    close("out", got_o.astype(np.float64), want_o.astype(np.float64))
+                    close("lse", got_l.astype(np.float64), want_l.astype(np.float64))
+                except AssertionError as e:
+                    failures.append("%s P=%d: %s" % (name, p, e))
+            # Bitwise repeatable for a given P and thread count (two cases: each run costs).
+            if name not in ("causal_gqa", "modifiers"):
+                print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
+                continue
+            r = run(launcher + ["-np", "3", qkv] + base + ["--ring", "--out", "again.npy"])
+            if r.returncode != 0 or open("again.npy", "rb").read() != open("o_3.npy", "rb").read():
+                failures.append("%s: P=3 twice gave different bits" % name)
+            print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
+
+        fault_problems = faults(qkv, launcher, rng)
+        print("FAIL" if fault_problems else "ok", "faults")
+        failures += fault_problems
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+def one_line_failure(r, what, expect_in, status=None):
+    problems = []
+    lines = r.stderr.strip().splitlines()
+    if r.returncode == 0 or (status is not None and r.returncode != status):
+        problems.append("%s: exit status %d" % (what, r.returncode))
+    if len(lines) != 1 or expect_in not in lines[0]:
+        problems.append("%s: stderr %r, expected one line with %r" % (what, r.stderr, expect_in))
+    if os.path.exists("fault_out.npy") or any(f.startswith(".") or "tmp" in f for f in os.listdir(".")):
+        problems.append("%s: an output or temporary file was left: %s" % (what, os.listdir(".")))
+    return problems
+
+
+def faults(qkv, launcher, rng):
+    problems = []
+    q, k, v = case_inputs(rng, (2, 12, 8), 2, 8)
+    np.save("q.npy", q)
+    np.save("k.npy", k)
+    np.save("v.npy", v)
+    np.save("q_wide.npy", rng.standard_normal((2, 12, 9)).astype(np.float32))
+    with open("bad.npy", "wb") as f:
+        f.write(open("q.npy", "rb").read()[:50])
+    for name in os.listdir("."):
+        if name.startswith(("o_", "l_", "o1", "l1", "again")):
+            os.remove(name)
+    tail = ["--k", "k.npy", "--v", "v.npy", "--causal", "--out", "fault_out.npy"]
+    # Rank 2 of 3 reads a truncated file; rank 1 of 2 a Q with another head dimension.
+    for p, rank, q_file, expect in ((3, 2, "bad.npy", "rank 2: bad.npy"),
+                                    (2, 1, "q_wide.npy", "rank 1:")):
+        script = ('if [ "$OMPI_COMM_WORLD_RANK" = %d ]; then q=%s; else q=q.npy; fi; '
+                  'exec "$0" attention --ring --q "$q" "$@"' % (rank, q_file))
+        r = run(launcher + ["-np", str(p), "sh", "-c", script, qkv] + tail)
+        problems += one_line_failure(r, "fault on rank %d of %d" % (rank, p), expect, 1)
+    # Flags the ring refuses: one line naming them, exit 2, nothing written.
+    r = run(launcher + ["-np", "2", qkv, "attention", "--ring", "--q", "q.npy", "--weights",
+                        "w.npy", "--grad-out", "q.npy", "--grad-q", "dq.npy"] + tail)
+    problems += one_line_failure(r, "refused flags", "--weights, --grad-out, --grad-q", 2)
+    return problems
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""qkv.ring_attention under mpirun (label `mpi`): run as
+    mpirun -np P python3 ring_python_test.py BUILD/python
+Every rank slices its rows of the same inputs, calls qkv.ring_attention over COMM_WORLD, and
+rank 0 gathers the rows and compares them with qkv.attention on the whole sequence by the
+oracle's rule; then an error on one rank must raise the same qkv.Error on every rank."""
+import sys
+
+sys.path.insert(0, sys.argv[1])
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import qkv  # noqa: E402
+
+comm = MPI.COMM_WORLD
+P, me = comm.Get_size(), comm.Get_rank()
+rng = np.random.default_rng(7)
+n, h, hkv, d, dv = 27, 4, 2, 16, 8
+q = rng.standard_normal((h, n, d)).astype(np.float32)
+k = rng.standard_normal((hkv, n, d)).astype(np.float32)
+v = rng.standard_normal((hkv, n, dv)).astype(np.float32)
+sinks = rng.standard_normal(h).astype(np.float32)
+failed = False
+for kwargs in ({"is_causal": True, "sinks": sinks, "alibi_slopes": True},
+               {"window": (4, 1), "softcap": 5.0}, {},
+               {"is_causal": True, "attn_mask": rng.random((h, n, n)) < 0.7}):
+    layout = qkv.ring_layout(kwargs.get("is_causal", False), kwargs.get("window"))
+    rows = qkv.ring_rows(n, P, me, layout)
+    mine = lambda x: np.ascontiguousarray(np.concatenate([x[:, a:b] for a, b in rows], axis=1))
+    local = dict(kwargs)
+    if "attn_mask" in kwargs:  # this rank's query rows, every key
+        local["attn_mask"] = mine(kwargs["attn_mask"])
+    res = qkv.ring_attention(mine(q), mine(k), mine(v), return_lse=True, **local)
+    gathered = comm.gather((rows, res.out, res.lse), root=0)
+    if me == 0:
+        out = np.zeros((h, n, dv), np.float32)
+        lse = np.zeros((h, n), np.float32)
+        for rws, o, l in gathered:
+            at = 0
+            for a, b in rws:
+                out[:, a:b] = o[:, at:at + b - a]
+                lse[:, a:b] = l[:, at:at + b - a]
+                at += b - a
+        want = qkv.attention(q, k, v, return_lse=True, **kwargs)
+        for name, got, exp in (("out", out, want.out), ("lse", lse, want.lse)):
+            fin = np.isfinite(exp)  # a fully masked row's lse is -inf on both sides
+            err = np.max(np.abs(got[fin] - exp[fin]), initial=0.0)
+            tol = 2e-5 * max(1.0, np.max(np.abs(exp[fin]), initial=0.0))
+            if not (err <= tol and np.array_equal(got[~fin], exp[~fin])):
+                print("FAIL", list(kwargs), name, err, tol)
+                failed = True
+
+# An error on the last rank only: every rank raises it, naming that rank.
+bad = np.zeros((h, 1, d + 1), np.float32) if me == P - 1 else np.zeros((h, 1, d), np.float32)
+try:
+    qkv.ring_attention(bad, np.zeros((hkv, 1, d), np.float32), np.zeros((hkv, 1, dv), np.float32))
+    print("FAIL rank", me, "no error")
+    failed = True
+except qkv.Error as e:
+    if ("rank %d" % (P - 1)) not in str(e):
+        print("FAIL rank", me, "error", e)
+        failed = True
+
+failed = comm.allreduce(failed, op=MPI.LOR)
+if me == 0:
+    print("FAIL" if failed else "ok", "qkv.ring_attention on", P, "ranks")
+sys.exit(1 if failed else 0)

@@ -1,0 +1,153 @@
+// qkv attention --ring: each rank reads its own rows of the inputs (of an .npy file, by offsets
+// into it; any other tensor file whole, then sliced) and runs its part of the ring; rank 0 gathers
+// O and the lse and writes them through the usual all-or-nothing output path. Every rank agrees on
+// success before the ring and after writing.
+#include "command_ring.h"
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "qkv/dist.h"
+#include "qkv/error.h"
+#include "qkv/io.h"
+
+namespace qkv::cli {
+namespace {
+
+void print_times(const dist::RingResult& r, int rank, int ranks, std::int64_t rows,
+                 double seconds) {
+  const dist::RingTimes& t = r.times;
+  std::fprintf(stderr,
+               "qkv attention --ring: rank %d/%d: %lld rows, kernel %s, %d threads: compute "
+               "%.6f s, wait %.6f s, transfer %.6f s (%lld bytes sent), blocks computed %lld, "
+               "skipped %lld, total %.6f s\n",
+               rank, ranks, static_cast<long long>(rows), r.kernel.c_str(), r.threads, t.compute,
+               t.wait, t.transfer, static_cast<long long>(t.bytes_sent),
+               static_cast<long long>(t.blocks_computed), static_cast<long long>(t.blocks_skipped),
+               seconds);
+}
+
+// Where an .npy file's data starts: after the preamble (magic, version, header length) and the
+// header, which inspect_npy has validated.
+std::uint64_t npy_data_offset(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::array<unsigned char, 12> pre{};
+  file.read(reinterpret_cast<char*>(pre.data()), pre.size());
+  if (!file) throw Error(path, "cannot read its .npy preamble");
+  if (pre[6] == 1) return 10 + (std::uint64_t{pre[8]} | std::uint64_t{pre[9]} << 8);
+  return 12 + (std::uint64_t{pre[8]} | std::uint64_t{pre[9]} << 8 | std::uint64_t{pre[10]} << 16 |
+               std::uint64_t{pre[11]} << 24);
+}
+
+// This rank's rows (axis -2) of the tensor `spec` names, and the file's row count in `rows`.
+// An .npy file is read run by run at its rows' offsets, never whole.
+Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout layout,
+                 std::int64_t& rows) {
+  const bool npy = spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".npy") == 0;
+  if (!npy) {
+    const Tensor whole = read_input(spec);
+    if (whole.shape().size() < 2) {
+      throw Error(spec, "expected 2, 3 or 4 dims, got " + shape_string(whole.shape()));
+    }
+    rows = whole.shape()[whole.shape().size() - 2];
+    return dist::slice_rows(whole.view(), -2, ranks, rank, layout);
+  }
+  const TensorInfo info = inspect_npy(spec);
+  const std::size_t r = info.shape.size();
+  if (r < 2) throw Error(spec, "expected 2, 3 or 4 dims, got " + shape_string(info.shape));
+  rows = info.shape[r - 2];
+  const std::vector<dist::RowRange> mine = dist::rank_rows(rows, ranks, rank, layout);
+  Shape shape = info.shape;
+  shape[r - 2] = dist::rank_row_count(rows, ranks, rank, layout);
+  Tensor part(info.dtype, shape, spec);
+  std::int64_t outer = 1;
+  for (std::size_t i = 0; i + 2 < r; ++i) outer *= info.shape[i];
+  const auto row_bytes = static_cast<std::int64_t>(dtype_size(info.dtype)) * info.shape[r - 1];
+  const std::uint64_t start = npy_data_offset(spec);
+  std::ifstream file(spec, std::ios::binary);
+  auto* to = static_cast<char*>(part.data());
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (const dist::RowRange& range : mine) {
+      const std::int64_t bytes = range.size() * row_bytes;
+      file.seekg(static_cast<std::streamoff>(start) + (o * rows + range.first) * row_bytes);
+      file.read(to, bytes);
+      if (!file)
+        throw Error(spec, "cannot read rows " + std::to_string(range.first) + ".." +
+                              std::to_string(range.last - 1));
+      to += bytes;
+    }
+  }
+  return part;
+}
+
+}  // namespace
+
+void run_ring_attention(const RingCommand& command, const std::string& refused) {
+  if (!refused.empty()) {
+    throw CLI::ValidationError("--ring", "cannot be combined with " + refused);
+  }
+  if (!dist::mpi_available()) {
+    throw CLI::ValidationError("--ring", "this build of qkv has no MPI");
+  }
+  const AttentionFlags& flags = *command.flags;
+  dist::MpiSession session(nullptr, nullptr);
+  const dist::Communicator comm = dist::Communicator::world();
+  const int ranks = comm.size();
+  const int me = comm.rank();
+
+  std::string problem;
+  Tensor q, k, v;
+  AttentionTensors tensors;
+  AttentionOptions options;
+  dist::RowLayout layout = dist::RowLayout::kContiguous;
+  try {
+    tensors = load_attention_tensors(flags);
+    options = attention_options(flags, tensors);
+    layout = dist::default_layout(options);
+    std::int64_t nq = 0, nk = 0;
+    q = read_rows(command.q_path, ranks, me, layout, nq);
+    k = read_rows(command.k_path, ranks, me, layout, nk);
+    v = read_rows(command.v_path, ranks, me, layout, nk);
+    // The mask: this rank's query rows (unless that axis broadcasts), every key.
+    if (tensors.mask && tensors.mask->shape().size() >= 2) {
+      const Shape& shape = tensors.mask->shape();
+      if (shape[shape.size() - 2] == nq && nq != 1) {
+        tensors.mask = dist::slice_rows(tensors.mask->view(), -2, ranks, me, layout);
+      }
+    }
+    options = attention_options(flags, tensors);
+    options.return_lse = !flags.lse_path.empty();
+    options.max_memory = 0;  // the ring's memory is per rank; no budget yet
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  dist::agree(comm, problem);
+
+  const auto start = std::chrono::steady_clock::now();
+  const dist::RingResult result = within_memory_budget("attention --ring", [&] {
+    return dist::ring_attention(q.view(), k.view(), v.view(), options, comm, {layout});
+  });
+  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  const Tensor out = dist::gather_rows(result.out.view(), -2, result.n, layout, comm);
+  const Tensor lse = result.lse.empty()
+                         ? Tensor()
+                         : dist::gather_rows(result.lse.view(), -1, result.n, layout, comm);
+  if (me == 0) {
+    try {
+      std::vector<OutputFile> outputs = {{command.out_path, out.view()}};
+      add_extra_outputs(flags, Tensor(), lse, outputs);
+      write_outputs(outputs, options.out_dtype);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  dist::agree(comm, problem);
+  if (command.verbose)
+    print_times(result, me, ranks, q.shape().empty() ? 0 : q.shape()[q.shape().size() - 2],
+                seconds.count());
+}
+
+}  // namespace qkv::cli
