@@ -204,7 +204,11 @@ void run_decode_bench(BenchCommand c) {
   const bool one_length =
       std::all_of(lengths.begin(), lengths.end(), [&](std::int64_t l) { return l == lengths[0]; });
   if (!c.no_baseline) {
-    for (const char* kernel : {"unfused_blas", "fused_hwy"}) baselines.push_back({kernel, {}, ""});
+    // "plain": attention() on the same bytes as plain tensors, with the cached call's kernel
+    // choice, as a PyTorch or NumPy user calls it.
+    for (const char* kernel : {"plain", "unfused_blas", "fused_hwy"}) {
+      baselines.push_back({kernel, {}, ""});
+    }
     if (!one_length) {
       for (Baseline& b : baselines) b.note = "the sequences differ in length";
     } else {
@@ -222,7 +226,7 @@ void run_decode_bench(BenchCommand c) {
       const AttentionOutputs outputs{out.mutable_view(), std::nullopt, std::nullopt};
       for (Baseline& b : baselines) {
         AttentionOptions plain = options;
-        plain.kernel = b.kernel;
+        plain.kernel = b.kernel == "plain" ? options.kernel : b.kernel;
         try {
           b.timing = time_calls(c.repeats, c.warmup, [&] {
             return attention_into(q.view(), k.view(), v.view(), plain, outputs);
