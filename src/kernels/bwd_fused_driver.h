@@ -16,7 +16,7 @@
 //       dP   = dO_i·V_jᵀ
 //       dS   = scale · P∘(dP - D_i) ∘ (1 - tanh²)        element-wise
 //       dK_j += dSᵀ·Q_i
-//       dQ_i += dS·K_j  into chunk c's dQ (chunk 0: the output itself)
+//       dQ_i += dS·K_j  through a dQ tile into chunk c's dQ (chunk 0: the output itself)
 //     (every product is Ops::gemm, C (+)= A·B with A read through strides, so the transposed
 //     Pᵀ and dSᵀ are strides, never copies; K and V are packed once per key tile, both as rows
 //     and transposed, B operands padded to whole 64-byte vectors with zeros)
