@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "qkv/attention.h"
+#include "qkv/error.h"
 #include "qkv/tensor.h"
 
 namespace qkv::dist {
@@ -83,10 +84,19 @@ class Communicator {
   int handle_ = 0;
 };
 
+// The error agree() throws: the same on every rank, so every rank may act on it collectively.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Collective: every rank passes its own problem (empty: none). When any rank has one, every
-// rank throws the same qkv::Error, subject "rank R" for the lowest such rank R and its problem;
+// rank throws the same AgreedError, subject "rank R" for the lowest such rank R and its problem;
 // otherwise returns on every rank.
 void agree(const Communicator& comm, const std::string& problem);
+
+// Collective: returns once every rank of `comm` has called it.
+void barrier(const Communicator& comm);
 
 struct RingOptions {
   RowLayout layout = RowLayout::kContiguous;  // how the caller spread the rows

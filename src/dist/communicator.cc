@@ -83,8 +83,10 @@ void agree(const Communicator& comm, const std::string& problem) {
   MPI_Bcast(&length, 1, MPI_INT, first, c);
   text.resize(static_cast<std::size_t>(length));
   MPI_Bcast(text.data(), length, MPI_CHAR, first, c);
-  throw Error("rank " + std::to_string(first), text);
+  throw AgreedError("rank " + std::to_string(first), text);
 }
+
+void barrier(const Communicator& comm) { MPI_Barrier(mpi_comm(comm)); }
 
 Tensor gather_rows(const TensorView& local, int axis, std::int64_t n, RowLayout layout,
                    const Communicator& comm) {

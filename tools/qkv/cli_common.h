@@ -17,6 +17,13 @@
 namespace qkv::cli {
 
 // The flags of every option of `qkv attention` but the inputs and --out.
+// Thrown by a command that has printed its error itself (a ring run, whose rank 0 speaks for
+// every rank before any exits): main() exits with `status` and prints nothing more.
+struct AlreadyReported {
+  int status;
+};
+inline constexpr int kExitStatusBadInput = 1;
+
 struct AttentionFlags {
   std::string mask_path;
   bool causal = false;

@@ -83,6 +83,10 @@ Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout l
   return part;
 }
 
+// The ring on this rank, once MPI runs: read, compute, gather, write.
+void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
+                    const dist::Communicator& comm, int ranks, int me);
+
 }  // namespace
 
 void run_ring_attention(const RingCommand& command, const std::string& refused) {
@@ -97,7 +101,25 @@ void run_ring_attention(const RingCommand& command, const std::string& refused) 
   const dist::Communicator comm = dist::Communicator::world();
   const int ranks = comm.size();
   const int me = comm.rank();
+  try {
+    run_ring_ranks(command, flags, comm, ranks, me);
+  } catch (const dist::AgreedError& e) {
+    // Every rank has this error. Rank 0 says it before any rank exits: mpirun ends the whole
+    // job as soon as one rank exits non-zero, which could kill rank 0 before it had printed
+    // (a fault test saw an empty stderr once in CI).
+    if (me == 0) {
+      std::fprintf(stderr, "%s\n", e.what());
+      std::fflush(stderr);
+    }
+    dist::barrier(comm);
+    throw AlreadyReported{kExitStatusBadInput};
+  }
+}
 
+namespace {
+
+void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
+                    const dist::Communicator& comm, int ranks, int me) {
   std::string problem;
   Tensor q, k, v;
   AttentionTensors tensors;
@@ -149,5 +171,7 @@ void run_ring_attention(const RingCommand& command, const std::string& refused) 
     print_times(result, me, ranks, q.shape().empty() ? 0 : q.shape()[q.shape().size() - 2],
                 seconds.count());
 }
+
+}  // namespace
 
 }  // namespace qkv::cli

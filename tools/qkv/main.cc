@@ -18,7 +18,7 @@
 
 namespace {
 
-constexpr int kExitBadInput = 1;
+constexpr int kExitBadInput = qkv::cli::kExitStatusBadInput;
 constexpr int kExitUsage = 2;
 constexpr int kExitInternal = 3;
 
@@ -104,6 +104,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s (see '%s --help')\n", command.c_str(),
                  one_line(qkv::cli::usage_problem(app, e)).c_str(), command.c_str());
     return kExitUsage;
+  } catch (const qkv::cli::AlreadyReported& reported) {
+    return reported.status;
   } catch (const qkv::Error& e) {
     if (!silent_rank()) std::fprintf(stderr, "%s\n", one_line(e.what()).c_str());
     return kExitBadInput;
