@@ -447,11 +447,9 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
   }
   apply_storage_type(options, p);
   // Deferred K and V get this check from scan_deferred_kv (a walk here would be the scan).
-  if (defer_kv_scan) {
-    require_within_storage_type(p.compute, {&q}, {&p.magnitudes.q});
-  } else {
-    require_within_storage_type(p.compute, {&q, &k, &v},
-                                {&p.magnitudes.q, &p.magnitudes.k, &p.magnitudes.v});
+  require_within_storage_type(p.compute, {&q}, {&p.magnitudes.q});
+  if (!defer_kv_scan) {
+    require_within_storage_type(p.compute, {&k, &v}, {&p.magnitudes.k, &p.magnitudes.v});
   }
   apply_score_modifiers(options, p);
   apply_packed_batch(options, q, k, call);

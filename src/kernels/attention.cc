@@ -31,15 +31,15 @@ std::uint64_t workspace_bytes(const core::AttentionCall& call, const AttentionOp
                                             call.params.compute);
 }
 
-// Whether `kernel` reads every element of K and V, so that it can check them as it reads them
-// instead of validation scanning them first: the decode kernel (few query rows, where the scan
-// was a second pass over all of K and V, as long as the kernel's own) on a call whose rows
-// together see every key (no window; a causal row set ends with a row that sees them all) and
-// that is not a packed batch.
+// Whether `kernel` checks K and V as it reads them and reads every element of them in this
+// call, so that validation need not scan them first: a kernel that says so (decode_hwy, where
+// the scan was a second pass over all of K and V, as long as the kernel's own) on a call whose
+// rows together see every key (no window; a causal row set ends with a row that sees them all)
+// and that is not a packed batch.
 bool checks_kv_as_it_reads(const core::AttentionCall& call,
                            const kernels::AttentionKernel& kernel) {
   const core::AttentionParams& p = call.params;
-  return std::string_view(kernel.name) == "decode_hwy" && call.cu_q.empty() && p.shape.nq > 0 &&
+  return kernel.checks_kv_as_it_reads && call.cu_q.empty() && p.shape.nq > 0 &&
          p.masking.window_left < 0 && p.masking.window_right < 0;
 }
 

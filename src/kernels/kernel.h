@@ -23,6 +23,10 @@ struct AttentionKernel {
   // than a later one: the reason, or empty. nullptr: suits every call it supports. A forced
   // kernel (options.kernel) runs regardless.
   std::string (*passes)(const core::AttentionParams& params) = nullptr;
+  // Whether the kernel checks plain K and V as it reads them (finite, within float32's range,
+  // reported through AttentionParams::kv_unchecked), so that validation can skip its own scan:
+  // a second pass over all of K and V when the kernel reads them once (decode_hwy).
+  bool checks_kv_as_it_reads = false;
 };
 
 std::span<const AttentionKernel> attention_kernels();

@@ -14,7 +14,8 @@ std::span<const AttentionKernel> attention_kernels() {
   static const AttentionKernel kKernels[] = {
 #if QKV_HAVE_HWY
     {"decode_hwy", "decode kernel for few query rows per kv head: K/V read in place, split-KV, SIMD",
-     attention_fwd_decode_hwy_declines, attention_fwd_decode_hwy, attention_fwd_decode_hwy_passes},
+     attention_fwd_decode_hwy_declines, attention_fwd_decode_hwy, attention_fwd_decode_hwy_passes,
+     /*checks_kv_as_it_reads=*/true},
     {"fused_hwy", "fused online-softmax kernel, SIMD (Highway, run-time dispatch), O(n) memory",
      attention_fwd_fused_hwy_declines, attention_fwd_fused_hwy},
 #endif

@@ -136,7 +136,8 @@ void check_decode_flags(BenchCommand& c) {
 }
 
 struct Baseline {
-  std::string kernel;
+  std::string label;   // the name printed and the JSON key's suffix
+  std::string kernel;  // forced, or empty for the library's choice
   std::optional<Timing> timing;
   std::string note;  // why it did not run
 };
@@ -206,8 +207,9 @@ void run_decode_bench(BenchCommand c) {
   if (!c.no_baseline) {
     // "plain": attention() on the same bytes as plain tensors, with the cached call's kernel
     // choice, as a PyTorch or NumPy user calls it.
-    for (const char* kernel : {"plain", "unfused_blas", "fused_hwy"}) {
-      baselines.push_back({kernel, {}, ""});
+    baselines.push_back({"plain", c.kernel, {}, ""});
+    for (const char* kernel : {"unfused_blas", "fused_hwy"}) {
+      baselines.push_back({kernel, kernel, {}, ""});
     }
     if (!one_length) {
       for (Baseline& b : baselines) b.note = "the sequences differ in length";
@@ -225,11 +227,11 @@ void run_decode_bench(BenchCommand c) {
       Tensor out(DType::kF32, {c.batch, c.heads, 1, c.dv}, "out");
       const AttentionOutputs outputs{out.mutable_view(), std::nullopt, std::nullopt};
       for (Baseline& b : baselines) {
-        AttentionOptions plain = options;
-        plain.kernel = b.kernel == "plain" ? options.kernel : b.kernel;
+        AttentionOptions forced = options;
+        forced.kernel = b.kernel;
         try {
           b.timing = time_calls(c.repeats, c.warmup, [&] {
-            return attention_into(q.view(), k.view(), v.view(), plain, outputs);
+            return attention_into(q.view(), k.view(), v.view(), forced, outputs);
           });
         } catch (const Error& e) {
           b.note = e.what();
@@ -264,11 +266,13 @@ void run_decode_bench(BenchCommand c) {
         static_cast<unsigned long long>(cache.bytes_in_use()), cached.kernel.c_str(), cached.ms,
         cached.min_ms, cached.cpu_ms, cached.runs, gbs, best_gbs, fraction);
     for (const Baseline& b : baselines) {
-      std::printf(",\n  \"baseline_%s\": ", b.kernel.c_str());
+      std::printf(",\n  \"baseline_%s\": ", b.label.c_str());
       if (b.timing) {
         print_json_call(*b.timing, "ratio_to_cached", b.timing->ms / cached.ms);
       } else {
-        std::printf("{\"kernel\": \"%s\", \"not_run\": \"%s\"}", b.kernel.c_str(),
+        // The kernel that would have run: the forced one, or null for the library's choice.
+        const std::string kernel = b.kernel.empty() ? "null" : "\"" + b.kernel + "\"";
+        std::printf("{\"kernel\": %s, \"not_run\": \"%s\"}", kernel.c_str(),
                     json_escape(b.note).c_str());
       }
     }
@@ -304,10 +308,10 @@ void run_decode_bench(BenchCommand c) {
     if (b.timing) {
       std::printf(
           "baseline  %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %6.2fx the cached call\n",
-          b.kernel.c_str(), b.timing->ms, b.timing->min_ms, b.timing->cpu_ms, b.timing->runs,
+          b.label.c_str(), b.timing->ms, b.timing->min_ms, b.timing->cpu_ms, b.timing->runs,
           b.timing->ms / cached.ms);
     } else {
-      std::printf("baseline  %-13s not run (%s)\n", b.kernel.c_str(), b.note.c_str());
+      std::printf("baseline  %-13s not run (%s)\n", b.label.c_str(), b.note.c_str());
     }
   }
   if (!baselines.empty() && blas_env) {
