@@ -30,6 +30,9 @@ void read_one(const std::string& path, const std::string& name, std::size_t inpu
     if (t.shape() != info.shape || t.dtype() != info.dtype || t.nbytes() != info.bytes) {
       qkv::fuzz::fail("the read tensor differs from what inspect_npz_tensor said");
     }
+    qkv::fuzz::check_rows(t, [&](std::span<const qkv::RowSpan> spans) {
+      return qkv::read_npz_tensor_rows(path, name, spans);
+    });
   } catch (const qkv::Error& e) {
     qkv::fuzz::check_one_line(e.what());
   }

@@ -35,6 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (t.nbytes() != entry.end - entry.begin) {
         qkv::fuzz::fail("loaded size differs from the header's");
       }
+      qkv::fuzz::check_rows(t, [&](std::span<const qkv::RowSpan> spans) {
+        return qkv::read_safetensors_tensor_rows(file.path(), entry.name, spans);
+      });
     } catch (const qkv::Error& e) {
       qkv::fuzz::check_one_line(e.what());
     }

@@ -8,7 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
+#include <vector>
+
+#include "qkv/error.h"
+#include "qkv/io.h"
 
 namespace qkv::fuzz {
 
@@ -55,6 +60,43 @@ inline void check_one_line(const char* message) {
     fail(std::string("multi-line error message: ") + message);
   }
   if (*message == '\0') fail("empty error message");
+}
+
+// The row reader (read_npy_rows and the like) on a tensor that read whole as `whole`: the rows
+// [0, r/3) and [r/2, r) of its r rows (the second-to-last axis) must read, and equal those rows
+// of `whole`.
+template <class ReadRows>
+void check_rows(const Tensor& whole, ReadRows&& read_rows) {
+  const Shape& shape = whole.shape();
+  if (shape.size() < 2) return;
+  const std::int64_t rows = shape[shape.size() - 2];
+  const std::vector<RowSpan> spans = {{0, rows / 3}, {rows / 2, rows}};
+  Tensor part;
+  try {
+    part = read_rows(std::span<const RowSpan>(spans));
+  } catch (const Error& e) {
+    fail(std::string("reading rows refused a tensor that reads whole: ") + e.what());
+  }
+  const std::size_t row_bytes = dtype_size(whole.dtype()) * static_cast<std::size_t>(shape.back());
+  const auto* from = static_cast<const char*>(whole.data());
+  const auto* got = static_cast<const char*>(part.data());
+  const std::int64_t kept = rows / 3 + (rows - rows / 2);
+  std::int64_t outer = 1;
+  for (std::size_t i = 0; i + 2 < shape.size(); ++i) outer *= shape[i];
+  if (part.nbytes() != static_cast<std::size_t>(outer * kept) * row_bytes) {
+    fail("read_tensor_rows gave a tensor of the wrong size");
+  }
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (const RowSpan& span : spans) {
+      const std::size_t bytes = static_cast<std::size_t>(span.last - span.first) * row_bytes;
+      if (bytes == 0) continue;
+      if (std::memcmp(got, from + static_cast<std::size_t>(o * rows + span.first) * row_bytes,
+                      bytes) != 0) {
+        fail("read_tensor_rows differs from the same rows of the whole tensor");
+      }
+      got += bytes;
+    }
+  }
 }
 
 }  // namespace qkv::fuzz

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -156,5 +157,30 @@ Tensor read_tensor(const std::string& spec);
 // The tensor `spec` names, as read_tensor would read it, from the file's header alone: what a
 // memory budget needs to refuse an input before reading it.
 TensorInfo inspect_tensor(const std::string& spec);
+
+// Rows [first, last) along a tensor's second-to-last axis.
+struct RowSpan {
+  std::int64_t first = 0;
+  std::int64_t last = 0;
+};
+
+// Some rows of the tensor `spec` names (read_tensor's spelling): along its second-to-last axis,
+// the rows of `spans` (ascending, disjoint, within the rows; inspect_tensor gives their count)
+// in that order, for every index of the leading axes. The result has the tensor's shape with
+// that axis the spans' total. Only those rows' bytes are read from an .npy file, a safetensors
+// file or a stored .npz member (np.savez), at their offsets; a deflated member
+// (np.savez_compressed) is inflated as a stream to its end, its CRC-32 checked, keeping only
+// those rows. The checks and errors of read_tensor; spans that break the rule, or a tensor of
+// fewer than 2 dims, throw qkv::Error naming the tensor. What each rank of ring attention
+// reads of its inputs.
+Tensor read_tensor_rows(const std::string& spec, std::span<const RowSpan> spans);
+
+// read_tensor_rows for each kind of file, as read_npy, read_safetensors_tensor and
+// read_npz_tensor read the whole tensor.
+Tensor read_npy_rows(const std::filesystem::path& path, std::span<const RowSpan> spans);
+Tensor read_safetensors_tensor_rows(const std::filesystem::path& path, const std::string& name,
+                                    std::span<const RowSpan> spans);
+Tensor read_npz_tensor_rows(const std::filesystem::path& path, const std::string& name,
+                            std::span<const RowSpan> spans);
 
 }  // namespace qkv

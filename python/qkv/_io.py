@@ -5,6 +5,8 @@ qkv.FileError — both a qkv.Error and an OSError — with the library's one-lin
 the file. Paths may be str, bytes or os.PathLike; one holding a NUL byte raises qkv.Error.
 """
 
+import operator
+
 from . import _qkv
 from ._arrays import as_input, dtype_name
 
@@ -18,12 +20,27 @@ def read_npy(path):
     return _qkv.read_npy(path)
 
 
-def read_tensor(spec):
+def read_tensor(spec, rows=None):
     """A tensor named the way the command line names one: "FILE.npy" (any other path is read
     as .npy), "FILE.safetensors:NAME" (tensor NAME of a safetensors file) or "FILE.npz:NAME"
     (array NAME of an np.savez archive). A bfloat16 tensor, which NumPy cannot hold, comes back
-    as float32 (exactly: every bfloat16 is a float32)."""
-    return _qkv.read_tensor(spec)
+    as float32 (exactly: every bfloat16 is a float32).
+
+    rows: a list of (first, last) pairs, ascending and disjoint: only those rows along the
+    second-to-last axis, for every index of the leading axes, are read (by offsets into an .npy
+    or safetensors file or an np.savez member; an np.savez_compressed member is inflated as a
+    stream and only those rows kept), e.g. a rank's rows for qkv.ring_attention:
+    read_tensor("q.npy", rows=qkv.ring_rows(n, size, rank, "zigzag"))."""
+    if rows is None:
+        return _qkv.read_tensor(spec)
+    spans = []
+    for pair in rows:
+        try:
+            first, last = pair
+            spans.append((operator.index(first), operator.index(last)))
+        except (TypeError, ValueError):
+            raise TypeError("rows: expected (first, last) pairs of integers, got %r" % (pair,)) from None
+    return _qkv.read_tensor_rows(spec, spans)
 
 
 def load_safetensors(path):

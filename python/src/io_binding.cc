@@ -3,6 +3,7 @@
 // file is a qkv.FileError with the library's one-line message.
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +31,20 @@ py::array read_call(const py::handle& path_in, const char* name,
   {
     py::gil_scoped_release reading;
     tensor = as_file_work([&] { return reader(path); });
+  }
+  return numpy_of(std::move(tensor));
+}
+
+// read_tensor_rows: `rows` is a list of (first, last) pairs, checked in Python (qkv/_io.py).
+py::array read_rows_call(const py::handle& spec_in,
+                         const std::vector<std::pair<std::int64_t, std::int64_t>>& rows) {
+  const std::string spec = path_argument(spec_in, "spec");
+  std::vector<RowSpan> spans;
+  for (const auto& [first, last] : rows) spans.push_back({first, last});
+  Tensor tensor;
+  {
+    py::gil_scoped_release reading;
+    tensor = as_file_work([&] { return read_tensor_rows(spec, spans); });
   }
   return numpy_of(std::move(tensor));
 }
@@ -79,6 +94,7 @@ void register_io(py::module_& m) {
       "read_tensor",
       [](const py::handle& spec) { return read_call(spec, "spec", &read_tensor); },
       "See qkv.read_tensor.");
+  m.def("read_tensor_rows", &read_rows_call, "See qkv.read_tensor.");
   m.def("load_safetensors", &load_safetensors_call, "See qkv.load_safetensors.");
   m.def("write_npy", &write_npy_call, "See qkv.write_npy.");
 }

@@ -59,6 +59,7 @@
 #include "io/input_file.h"
 #include "io/npy_bytes.h"
 #include "io/npy_dtype.h"
+#include "io/row_spans.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
@@ -472,6 +473,22 @@ Tensor io::read_npy_bytes(io::NpyBytes& bytes, const std::string& subject, NpyAc
     }
   }
   return tensor;
+}
+
+Tensor io::read_npy_bytes_rows(io::NpyBytes& bytes, const std::string& subject,
+                               NpyAccept accept, std::span<const RowSpan> spans) {
+  const Layout layout = read_layout(bytes, subject, accept);
+  const TensorInfo info{subject, layout.dtype, layout.shape, layout.data_bytes};
+  return io::read_row_spans(info, layout.data_offset, spans,
+                            [&](std::uint64_t offset, void* buffer, std::size_t count) {
+                              bytes.read_at(offset, buffer, count);
+                            });
+}
+
+Tensor read_npy_rows(const std::filesystem::path& path, std::span<const RowSpan> spans) {
+  const std::string subject = path.string();
+  FileBytes file(path, subject);
+  return io::read_npy_bytes_rows(file, subject, NpyAccept::kValues, spans);
 }
 
 TensorInfo inspect_npy(const std::filesystem::path& path) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "io/npy_dtype.h"
@@ -27,5 +28,10 @@ TensorInfo inspect_npy_bytes(NpyBytes& bytes, const std::string& subject, NpyAcc
 
 // The tensor, validated and read as read_npy reads a file.
 Tensor read_npy_bytes(NpyBytes& bytes, const std::string& subject, NpyAccept accept);
+
+// Only the rows of `spans` along the second-to-last axis (read_tensor_rows), the header
+// validated as read_npy_bytes validates it; the reads come in increasing order of offset.
+Tensor read_npy_bytes_rows(NpyBytes& bytes, const std::string& subject, NpyAccept accept,
+                           std::span<const RowSpan> spans);
 
 }  // namespace qkv::io

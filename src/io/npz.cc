@@ -54,6 +54,7 @@
 #include "core/format_bytes.h"
 #include "io/input_file.h"
 #include "io/npy_bytes.h"
+#include "io/row_spans.h"
 #include "io/zip_raw_names.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -376,9 +377,9 @@ const char* method_name(std::uint16_t method) {
 // so that libzip checks the CRC and a stream longer than its declared size is caught.
 class MemberBytes final : public io::NpyBytes {
  public:
-  MemberBytes(const Archive& archive, zip_uint64_t index, std::uint64_t size,
+  MemberBytes(const Archive& archive, zip_uint64_t index, std::uint64_t size, bool stored,
               const std::string& subject)
-      : archive_(archive), size_(size), subject_(subject) {
+      : archive_(archive), size_(size), stored_(stored), subject_(subject) {
     file_ = zip_fopen_index(archive.get(), index, 0);
     if (file_ == nullptr) {
       fail_zip(archive.source(), subject, zip_get_error(archive.get()), "cannot read the member");
@@ -404,10 +405,34 @@ class MemberBytes final : public io::NpyBytes {
       count -= again;
     }
     if (count == 0) return;
-    if (offset != position_) throw Error(subject_, "internal error: a read skipped bytes");
+    if (offset > position_) skip_to(offset);  // rows not asked for (read_tensor_rows)
     inflate(out, count);
     if (kept_.size() == position_ && position_ + count <= kMaxKept) kept_.append(out, count);
     position_ += count;
+  }
+
+  // Moves on to `offset` without keeping the bytes between: a stored member seeks there (no
+  // byte of the skipped rows is read from the file), a deflated one inflates them into a
+  // scratch buffer.
+  void skip_to(std::uint64_t offset) {
+    if (stored_ && zip_fseek(file_, static_cast<zip_int64_t>(offset), SEEK_SET) == 0) {
+      position_ = offset;
+      return;
+    }
+    std::vector<char> scratch(std::size_t{1} << 16);
+    while (position_ < offset) {
+      const auto count =
+          static_cast<std::size_t>(std::min<std::uint64_t>(scratch.size(), offset - position_));
+      inflate(scratch.data(), count);
+      position_ += count;
+    }
+  }
+
+  // After some rows: on to the declared end, then finish (a deflated member is inflated to its
+  // end, so that its CRC-32 is checked; a stored one that seeked has no check to make).
+  void finish_rows() {
+    if (position_ < size_) skip_to(size_);
+    finish();
   }
 
   // Reads past the declared end: nothing more may come, and libzip checks the CRC-32 there.
@@ -462,6 +487,7 @@ class MemberBytes final : public io::NpyBytes {
 
   const Archive& archive_;
   std::uint64_t size_;
+  bool stored_;  // not compressed: seekable
   const std::string& subject_;
   zip_file_t* file_ = nullptr;
   std::uint64_t position_ = 0;  // bytes inflated so far
@@ -472,6 +498,7 @@ class MemberBytes final : public io::NpyBytes {
 struct Member {
   zip_uint64_t index = 0;
   std::uint64_t size = 0;  // declared, uncompressed
+  bool stored = false;     // np.savez (not compressed), not np.savez_compressed
 };
 
 Member find_member(const Archive& archive, const std::string& archive_subject,
@@ -513,6 +540,7 @@ Member find_member(const Archive& archive, const std::string& archive_subject,
                              "members");
   }
   member.size = stat.size;
+  member.stored = stat.comp_method == ZIP_CM_STORE;
   if (stat.comp_method == ZIP_CM_STORE && stat.comp_size != stat.size) {
     throw Error(subject, "the stored member declares " + str(stat.size) + " bytes but " +
                              str(stat.comp_size) + " bytes of data");
@@ -545,7 +573,7 @@ TensorInfo inspect_npz_tensor(const std::filesystem::path& path, const std::stri
   const std::string subject = member_subject(archive_subject, name);
   const Archive archive(path, archive_subject);
   const Member member = find_member(archive, archive_subject, subject, name);
-  MemberBytes bytes(archive, member.index, member.size, subject);
+  MemberBytes bytes(archive, member.index, member.size, member.stored, subject);
   return io::inspect_npy_bytes(bytes, subject, io::NpyAccept::kValues);
 }
 
@@ -554,9 +582,21 @@ Tensor read_npz_tensor(const std::filesystem::path& path, const std::string& nam
   const std::string subject = member_subject(archive_subject, name);
   const Archive archive(path, archive_subject);
   const Member member = find_member(archive, archive_subject, subject, name);
-  MemberBytes bytes(archive, member.index, member.size, subject);
+  MemberBytes bytes(archive, member.index, member.size, member.stored, subject);
   Tensor tensor = io::read_npy_bytes(bytes, subject, io::NpyAccept::kValues);
   bytes.finish();
+  return tensor;
+}
+
+Tensor read_npz_tensor_rows(const std::filesystem::path& path, const std::string& name,
+                                std::span<const RowSpan> spans) {
+  const std::string archive_subject = path.string();
+  const std::string subject = member_subject(archive_subject, name);
+  const Archive archive(path, archive_subject);
+  const Member member = find_member(archive, archive_subject, subject, name);
+  MemberBytes bytes(archive, member.index, member.size, member.stored, subject);
+  Tensor tensor = io::read_npy_bytes_rows(bytes, subject, io::NpyAccept::kValues, spans);
+  bytes.finish_rows();
   return tensor;
 }
 

@@ -50,6 +50,7 @@
 
 #include "core/out_of_memory.h"
 #include "io/input_file.h"
+#include "io/row_spans.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
@@ -528,6 +529,17 @@ Tensor read_safetensors_tensor(const std::filesystem::path& path, const std::str
   const std::string subject = path.string();
   const InputFile file(path, subject);
   return read_located(file, locate_tensor(file, subject, name));
+}
+
+Tensor read_safetensors_tensor_rows(const std::filesystem::path& path, const std::string& name,
+                                        std::span<const RowSpan> spans) {
+  const std::string subject = path.string();
+  const InputFile file(path, subject);
+  const Located located = locate_tensor(file, subject, name);
+  return io::read_row_spans(located.info, located.offset, spans,
+                            [&](std::uint64_t offset, void* buffer, std::size_t count) {
+                              file.read_at(offset, buffer, count);
+                            });
 }
 
 std::vector<std::pair<std::string, Tensor>> read_safetensors(const std::filesystem::path& path) {

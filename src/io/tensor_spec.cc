@@ -3,6 +3,7 @@
 // read_tensor and inspect_tensor (and through them every command) agree on what it names.
 #include <string>
 
+#include "io/row_spans.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
@@ -79,6 +80,19 @@ TensorInfo inspect_tensor(const std::string& spec) {
       break;
   }
   return inspect_npy(parts.path);
+}
+
+Tensor read_tensor_rows(const std::string& spec, std::span<const RowSpan> spans) {
+  const Spec parts = parse_spec(spec);
+  switch (parts.format) {
+    case Format::kSafetensors:
+      return read_safetensors_tensor_rows(parts.path, parts.name, spans);
+    case Format::kNpz:
+      return read_npz_tensor_rows(parts.path, parts.name, spans);
+    case Format::kNpy:
+      break;
+  }
+  return read_npy_rows(parts.path, spans);
 }
 
 }  // namespace qkv

@@ -111,12 +111,58 @@ def main():
                 failures.append("%s: P=3 twice gave different bits" % name)
             print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
 
+        container_problems = containers(qkv, launcher, rng)
+        print("FAIL" if container_problems else "ok", "containers")
+        failures += container_problems
         fault_problems = faults(qkv, launcher, rng)
         print("FAIL" if fault_problems else "ok", "faults")
         failures += fault_problems
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of float32 arrays, laid out as the format says."""
+    import json
+    header, offset, blobs = {}, 0, []
+    for name, a in tensors.items():
+        blob = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+
+
+def containers(qkv, launcher, rng):
+    """Q from a safetensors file, K from a stored .npz member (np.savez), V and a bool mask from
+    deflated members (np.savez_compressed): each rank reads only its rows, and the answer is the
+    single-process one."""
+    problems = []
+    q, k, v = case_inputs(rng, (2, 2, 27, 8), 1, 12)
+    mask = rng.random((2, 27, 27)) < 0.6
+    write_safetensors("in.safetensors", {"other": np.ones((3, 5), np.float32), "q": q})
+    np.savez("stored.npz", first=np.zeros((4, 4), np.float32), k=k)
+    np.savez_compressed("deflated.npz", v=v, mask=mask)
+    base = ["attention", "--q", "in.safetensors:q", "--k", "stored.npz:k", "--v", "deflated.npz:v",
+            "--mask", "deflated.npz:mask", "--causal"]
+    r = run([qkv] + base + ["--out", "c1.npy", "--lse", "cl1.npy"])
+    if r.returncode != 0:
+        return ["containers: single process failed: %s" % r.stderr.strip()]
+    want_o, want_l = np.load("c1.npy"), np.load("cl1.npy")
+    for p in (2, 3):
+        r = run(launcher + ["-np", str(p), qkv] + base + ["--ring", "--out", "c.npy", "--lse", "cl.npy"])
+        try:
+            if r.returncode != 0:
+                raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
+            close("out", np.load("c.npy").astype(np.float64), want_o.astype(np.float64))
+            close("lse", np.load("cl.npy").astype(np.float64), want_l.astype(np.float64))
+        except AssertionError as e:
+            problems.append("containers P=%d: %s" % (p, e))
+    return problems
 
 
 def one_line_failure(r, what, expect_in, status=None):

@@ -133,6 +133,28 @@ def test_safetensors_with_bf16(tmp_path):
         qkv.read_tensor(f"{tmp_path / 'm.safetensors'}:nothere")
 
 
+def test_read_tensor_rows_in_every_format(tmp_path):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((2, 3, 9, 4)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.savez(tmp_path / "s.npz", first=np.zeros(3, np.float32), a=a)
+    np.savez_compressed(tmp_path / "c.npz", a=a)
+    write_safetensors(tmp_path / "a.safetensors", {"a": ("F32", a.shape, a.astype("<f4").tobytes())})
+    rows = qkv.ring_rows(9, 2, 1, "zigzag")  # [(4, 6), (6, 9)] style pairs: ascending, disjoint
+    want = np.concatenate([a[..., f:l, :] for f, l in rows], axis=-2)
+    for spec in (tmp_path / "a.npy", f"{tmp_path / 's.npz'}:a", f"{tmp_path / 'c.npz'}:a",
+                 f"{tmp_path / 'a.safetensors'}:a"):
+        got = qkv.read_tensor(spec, rows=rows)
+        assert got.dtype == np.float32 and np.array_equal(got, want), spec
+        assert np.array_equal(qkv.read_tensor(spec, rows=[(2, 2)]), a[..., 2:2, :])
+        with pytest.raises(qkv.FileError, match="row spans must be ascending"):
+            qkv.read_tensor(spec, rows=[(5, 7), (0, 2)])
+        with pytest.raises(qkv.FileError, match="cannot read rows .8, 10. of its 9"):
+            qkv.read_tensor(spec, rows=[(8, 10)])
+    with pytest.raises(TypeError, match="pairs of integers"):
+        qkv.read_tensor(tmp_path / "a.npy", rows=[(0.5, 2)])
+
+
 def test_safetensors_damaged_and_integer(tmp_path):
     write_safetensors(tmp_path / "i.safetensors",
                       {"n": ("I64", (2,), np.arange(2, dtype="<i8").tobytes())})

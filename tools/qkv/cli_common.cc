@@ -109,6 +109,14 @@ Tensor read_input(const std::string& spec) {
   return reading(spec, [&] { return read_tensor(spec); });
 }
 
+TensorInfo inspect_input(const std::string& spec) {
+  return reading(spec, [&] { return inspect_tensor(spec); });
+}
+
+Tensor read_input_rows(const std::string& spec, std::span<const RowSpan> spans) {
+  return reading(spec, [&] { return read_tensor_rows(spec, spans); });
+}
+
 std::uint64_t check_input_sizes(const AttentionFlags& flags,
                                 const std::vector<std::string>& specs) {
   const std::uint64_t budget = memory_budget(flags);
@@ -116,7 +124,7 @@ std::uint64_t check_input_sizes(const AttentionFlags& flags,
   std::uint64_t bytes = 0;
   const auto count = [&](const std::string& spec, bool mask) {
     if (spec.empty()) return;
-    const TensorInfo info = reading(spec, [&] { return inspect_tensor(spec); });
+    const TensorInfo info = inspect_input(spec);
     // A 16-bit mask is held as float32 (load_mask): twice its stored size.
     const bool widened = mask && (info.dtype == DType::kF16 || info.dtype == DType::kBF16);
     bytes = core::saturating_add(bytes, widened ? core::saturating_mul(info.bytes, 2) : info.bytes);
@@ -331,9 +339,12 @@ std::optional<TensorView> view_of(const std::optional<Tensor>& tensor) {
 // safetensors F16 tensor is kept) is widened to float32 here, exactly.
 std::optional<Tensor> load_mask(const AttentionFlags& flags) {
   if (flags.mask_path.empty()) return std::nullopt;
-  Tensor mask = read_input(flags.mask_path);
+  return widen_mask(read_input(flags.mask_path), flags.mask_path);
+}
+
+Tensor widen_mask(Tensor mask, const std::string& spec) {
   if (mask.dtype() == DType::kF16 || mask.dtype() == DType::kBF16) {
-    return reading(flags.mask_path, [&] { return mask.to(DType::kF32); });
+    return reading(spec, [&] { return mask.to(DType::kF32); });
   }
   return mask;
 }

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/out_of_memory.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
+#include "qkv/io.h"
 #include "qkv/tensor.h"
 
 namespace qkv::cli {
@@ -97,6 +99,9 @@ std::string flag_for_subject(const std::string& subject);
 
 // Reads a tensor argument: "FILE.npy", "FILE.safetensors:NAME" or "FILE.npz:NAME".
 Tensor read_input(const std::string& spec);
+// Its header alone (inspect_tensor), and some of its rows alone (read_tensor_rows).
+TensorInfo inspect_input(const std::string& spec);
+Tensor read_input_rows(const std::string& spec, std::span<const RowSpan> spans);
 
 // An optional tensor argument: nothing for an empty spec.
 std::optional<Tensor> read_optional(const std::string& spec);
@@ -146,6 +151,8 @@ auto within_memory_budget(const std::string& what, Call&& call) -> decltype(call
 
 // Reads the mask named by --mask, if any.
 std::optional<Tensor> load_mask(const AttentionFlags& flags);
+// A mask as load_mask holds it: a 16-bit float mask widened to float32, any other as it is.
+Tensor widen_mask(Tensor mask, const std::string& spec);
 
 // "L,R" -> Window; throws qkv::Error naming --window.
 Window parse_window(const std::string& text);

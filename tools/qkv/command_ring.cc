@@ -1,5 +1,5 @@
-// qkv attention --ring: each rank reads its own rows of the inputs (of an .npy file, by offsets
-// into it; any other tensor file whole, then sliced) and runs its part of the ring; rank 0 gathers
+// qkv attention --ring: each rank reads its own rows of the inputs and of the mask
+// (read_tensor_rows: by offsets into the file) and runs its part of the ring; rank 0 gathers
 // O and the lse and writes them through the usual all-or-nothing output path. Every rank agrees on
 // success before the ring and after writing.
 #include "command_ring.h"
@@ -7,7 +7,8 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <optional>
+#include <vector>
 #include <string>
 
 #include "qkv/dist.h"
@@ -30,57 +31,35 @@ void print_times(const dist::RingResult& r, int rank, int ranks, std::int64_t ro
                seconds);
 }
 
-// Where an .npy file's data starts: after the preamble (magic, version, header length) and the
-// header, which inspect_npy has validated.
-std::uint64_t npy_data_offset(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::array<unsigned char, 12> pre{};
-  file.read(reinterpret_cast<char*>(pre.data()), pre.size());
-  if (!file) throw Error(path, "cannot read its .npy preamble");
-  if (pre[6] == 1) return 10 + (std::uint64_t{pre[8]} | std::uint64_t{pre[9]} << 8);
-  return 12 + (std::uint64_t{pre[8]} | std::uint64_t{pre[9]} << 8 | std::uint64_t{pre[10]} << 16 |
-               std::uint64_t{pre[11]} << 24);
+std::vector<RowSpan> row_spans(const std::vector<dist::RowRange>& ranges) {
+  std::vector<RowSpan> spans;
+  for (const dist::RowRange& r : ranges) spans.push_back({r.first, r.last});
+  return spans;
 }
 
 // This rank's rows (axis -2) of the tensor `spec` names, and the file's row count in `rows`.
-// An .npy file is read run by run at its rows' offsets, never whole.
+// Only those rows are read (read_tensor_rows: by offsets into an .npy or safetensors file or a
+// stored .npz member; a deflated member is inflated as a stream, keeping them alone).
 Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout layout,
                  std::int64_t& rows) {
-  const bool npy = spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".npy") == 0;
-  if (!npy) {
-    const Tensor whole = read_input(spec);
-    if (whole.shape().size() < 2) {
-      throw Error(spec, "expected 2, 3 or 4 dims, got " + shape_string(whole.shape()));
-    }
-    rows = whole.shape()[whole.shape().size() - 2];
-    return dist::slice_rows(whole.view(), -2, ranks, rank, layout);
-  }
-  const TensorInfo info = inspect_npy(spec);
+  const TensorInfo info = inspect_input(spec);
   const std::size_t r = info.shape.size();
   if (r < 2) throw Error(spec, "expected 2, 3 or 4 dims, got " + shape_string(info.shape));
   rows = info.shape[r - 2];
-  const std::vector<dist::RowRange> mine = dist::rank_rows(rows, ranks, rank, layout);
-  Shape shape = info.shape;
-  shape[r - 2] = dist::rank_row_count(rows, ranks, rank, layout);
-  Tensor part(info.dtype, shape, spec);
-  std::int64_t outer = 1;
-  for (std::size_t i = 0; i + 2 < r; ++i) outer *= info.shape[i];
-  const auto row_bytes = static_cast<std::int64_t>(dtype_size(info.dtype)) * info.shape[r - 1];
-  const std::uint64_t start = npy_data_offset(spec);
-  std::ifstream file(spec, std::ios::binary);
-  auto* to = static_cast<char*>(part.data());
-  for (std::int64_t o = 0; o < outer; ++o) {
-    for (const dist::RowRange& range : mine) {
-      const std::int64_t bytes = range.size() * row_bytes;
-      file.seekg(static_cast<std::streamoff>(start) + (o * rows + range.first) * row_bytes);
-      file.read(to, bytes);
-      if (!file)
-        throw Error(spec, "cannot read rows " + std::to_string(range.first) + ".." +
-                              std::to_string(range.last - 1));
-      to += bytes;
-    }
-  }
-  return part;
+  return read_input_rows(spec, row_spans(dist::rank_rows(rows, ranks, rank, layout)));
+}
+
+// The --mask: this rank's query rows of it (read alone, as read_rows reads them) unless that
+// axis broadcasts (one row for every query), every key; 16-bit masks widened as load_mask does.
+std::optional<Tensor> load_mask_rows(const AttentionFlags& flags, std::int64_t nq, int ranks,
+                                     int rank, dist::RowLayout layout) {
+  if (flags.mask_path.empty()) return std::nullopt;
+  const TensorInfo info = inspect_input(flags.mask_path);
+  const std::size_t r = info.shape.size();
+  if (r < 2 || info.shape[r - 2] != nq || nq == 1) return load_mask(flags);
+  return widen_mask(
+      read_input_rows(flags.mask_path, row_spans(dist::rank_rows(nq, ranks, rank, layout))),
+      flags.mask_path);
 }
 
 // The ring on this rank, once MPI runs: read, compute, gather, write.
@@ -126,20 +105,16 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
   AttentionOptions options;
   dist::RowLayout layout = dist::RowLayout::kContiguous;
   try {
-    tensors = load_attention_tensors(flags);
+    AttentionFlags without_mask = flags;  // the mask is read below, this rank's rows alone
+    without_mask.mask_path.clear();
+    tensors = load_attention_tensors(without_mask);
     options = attention_options(flags, tensors);
     layout = dist::default_layout(options);
     std::int64_t nq = 0, nk = 0;
     q = read_rows(command.q_path, ranks, me, layout, nq);
     k = read_rows(command.k_path, ranks, me, layout, nk);
     v = read_rows(command.v_path, ranks, me, layout, nk);
-    // The mask: this rank's query rows (unless that axis broadcasts), every key.
-    if (tensors.mask && tensors.mask->shape().size() >= 2) {
-      const Shape& shape = tensors.mask->shape();
-      if (shape[shape.size() - 2] == nq && nq != 1) {
-        tensors.mask = dist::slice_rows(tensors.mask->view(), -2, ranks, me, layout);
-      }
-    }
+    tensors.mask = load_mask_rows(flags, nq, ranks, me, layout);
     options = attention_options(flags, tensors);
     options.return_lse = !flags.lse_path.empty();
     options.max_memory = 0;  // the ring's memory is per rank; no budget yet
