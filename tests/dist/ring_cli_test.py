@@ -197,6 +197,10 @@ def faults(qkv, launcher, rng):
                   'exec "$0" attention --ring --q "$q" "$@"' % (rank, q_file))
         r = run(launcher + ["-np", str(p), "sh", "-c", script, qkv] + tail)
         problems += one_line_failure(r, "fault on rank %d of %d" % (rank, p), expect, 1)
+    # A budget every rank passes: refused before reading, one line naming the flag, status 1.
+    r = run(launcher + ["-np", "2", qkv, "attention", "--ring", "--q", "q.npy", "--max-memory",
+                        "1K"] + tail)
+    problems += one_line_failure(r, "budget", "rank 0: --max-memory: this rank's part", 1)
     # Flags the ring refuses: one line naming them, exit 2, nothing written.
     r = run(launcher + ["-np", "2", qkv, "attention", "--ring", "--q", "q.npy", "--weights",
                         "w.npy", "--grad-out", "q.npy", "--grad-q", "dq.npy"] + tail)

@@ -4,13 +4,15 @@
 // success before the ring and after writing.
 #include "command_ring.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <optional>
-#include <vector>
 #include <string>
+#include <vector>
 
+#include "core/format_bytes.h"
 #include "qkv/dist.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -62,6 +64,74 @@ std::optional<Tensor> load_mask_rows(const AttentionFlags& flags, std::int64_t n
       flags.mask_path);
 }
 
+// The bytes of `rows` of a tensor file's rows (axis -2).
+std::uint64_t rows_share(const TensorInfo& info, std::int64_t rows) {
+  const std::int64_t total = info.shape[info.shape.size() - 2];
+  return total == 0
+             ? 0
+             : info.bytes / static_cast<std::uint64_t>(total) * static_cast<std::uint64_t>(rows);
+}
+
+// Refuses, from the files' headers and before any input is read, a rank whose part of the run
+// would pass the --max-memory budget (each rank holds it alone: P ranks on one machine may
+// together take P budgets). Counted: its rows of Q, K and V (and of the mask), the two K/V
+// blocks in flight (the largest rank's rows), its rows of O and the lse as computed, and on rank
+// 0 the gathered O and lse it writes; the kernel's tiles (well under a MiB per thread) come on
+// top. A file that cannot be inspected is left to read_rows, which says why.
+void check_rank_budget(const RingCommand& command, const AttentionFlags& flags, int ranks, int me,
+                       dist::RowLayout layout) {
+  const std::uint64_t budget = memory_budget(flags);
+  if (budget == 0) return;
+  TensorInfo q, k, v;
+  try {
+    q = inspect_input(command.q_path);
+    k = inspect_input(command.k_path);
+    v = inspect_input(command.v_path);
+  } catch (const Error&) {
+    return;
+  }
+  if (q.shape.size() < 2 || k.shape.size() < 2 || v.shape.size() < 2) return;
+  const std::int64_t nq = q.shape[q.shape.size() - 2];
+  const std::int64_t nk = k.shape[k.shape.size() - 2];
+  const std::int64_t my_q = dist::rank_row_count(nq, ranks, me, layout);
+  const std::int64_t my_k = dist::rank_row_count(nk, ranks, me, layout);
+  std::int64_t widest_k = 0;
+  for (int r = 0; r < ranks; ++r) {
+    widest_k = std::max(widest_k, dist::rank_row_count(nk, ranks, r, layout));
+  }
+  std::uint64_t bytes = rows_share(q, my_q) + rows_share(k, my_k) + rows_share(v, my_k) +
+                        2 * (rows_share(k, widest_k) + rows_share(v, widest_k));
+  // Rows of O: one per (batch, head, query row), dv values each, float64 for a float64 call,
+  // and a float64 lse.
+  const std::int64_t d = q.shape.back(), dv = v.shape.back();
+  const std::uint64_t q_rows =
+      d == 0 || nq == 0 ? 0 : q.bytes / dtype_size(q.dtype) / static_cast<std::uint64_t>(d);
+  const std::uint64_t out_elem = q.dtype == DType::kF64 ? 8 : 4;
+  const std::uint64_t row_bytes = static_cast<std::uint64_t>(dv) * out_elem + 8;
+  if (nq > 0)
+    bytes += q_rows / static_cast<std::uint64_t>(nq) * static_cast<std::uint64_t>(my_q) * row_bytes;
+  if (me == 0) bytes += q_rows * row_bytes;
+  if (!flags.mask_path.empty()) {
+    try {
+      const TensorInfo mask = inspect_input(flags.mask_path);
+      const std::size_t r = mask.shape.size();
+      const std::uint64_t held =
+          r >= 2 && mask.shape[r - 2] == nq && nq != 1 ? rows_share(mask, my_q) : mask.bytes;
+      const bool widened = mask.dtype == DType::kF16 || mask.dtype == DType::kBF16;
+      bytes += widened ? 2 * held : held;
+    } catch (const Error&) {
+    }
+  }
+  if (bytes >= budget) {
+    throw Error("--max-memory",
+                "this rank's part of the ring takes about " + core::format_bytes_exact(bytes) +
+                    " (its rows of the inputs, two K/V blocks in flight, its output "
+                    "rows" +
+                    std::string(me == 0 ? " and the gathered output" : "") +
+                    "); the memory budget is " + core::format_bytes_exact(budget));
+  }
+}
+
 // The ring on this rank, once MPI runs: read, compute, gather, write.
 void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
                     const dist::Communicator& comm, int ranks, int me);
@@ -110,6 +180,7 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
     tensors = load_attention_tensors(without_mask);
     options = attention_options(flags, tensors);
     layout = dist::default_layout(options);
+    check_rank_budget(command, flags, ranks, me, layout);
     std::int64_t nq = 0, nk = 0;
     q = read_rows(command.q_path, ranks, me, layout, nq);
     k = read_rows(command.k_path, ranks, me, layout, nk);
@@ -117,7 +188,7 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
     tensors.mask = load_mask_rows(flags, nq, ranks, me, layout);
     options = attention_options(flags, tensors);
     options.return_lse = !flags.lse_path.empty();
-    options.max_memory = 0;  // the ring's memory is per rank; no budget yet
+    options.max_memory = 0;  // the rank's budget was checked above (check_rank_budget)
   } catch (const std::exception& e) {
     problem = e.what();
   }
