@@ -216,7 +216,7 @@ void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
   const double cap = mod.softcap;
   const double slope =
       mod.alibi_slopes.empty() ? 0.0 : mod.alibi_slopes[static_cast<std::size_t>(h)];
-  const std::int64_t offset = p.shape.diagonal_offset();
+  const std::int64_t offset = core::diagonal_offset(p.shape, p.masking);
   for (std::int64_t r = 0; r < rows; ++r) {
     T* x = s + r * ld;
     const std::int64_t i = i0 + r;
@@ -255,7 +255,7 @@ void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
 template <class T>
 void zero_forbidden(const core::AttentionParams& p, std::int64_t i0, std::int64_t rows,
                     std::int64_t j0, std::int64_t cols, std::int64_t ld, T* x) noexcept {
-  const std::int64_t offset = p.shape.diagonal_offset();
+  const std::int64_t offset = core::diagonal_offset(p.shape, p.masking);
   for (std::int64_t r = 0; r < rows; ++r) {
     const core::KeyRange range = core::allowed_key_range(p.masking, p.shape.nk, i0 + r + offset);
     const std::int64_t lo = std::clamp<std::int64_t>(range.first - j0, 0, cols);
@@ -270,7 +270,7 @@ void zero_forbidden(const core::AttentionParams& p, std::int64_t i0, std::int64_
 inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::int64_t i1,
                         std::int64_t j0, std::int64_t j1) noexcept {
   if (!p.masking.has_structure()) return false;
-  const std::int64_t offset = p.shape.diagonal_offset();
+  const std::int64_t offset = core::diagonal_offset(p.shape, p.masking);
   const core::KeyRange first = core::allowed_key_range(p.masking, p.shape.nk, i0 + offset);
   const core::KeyRange last = core::allowed_key_range(p.masking, p.shape.nk, i1 - 1 + offset);
   return last.last <= j0 || first.first >= j1;
