@@ -1,7 +1,8 @@
 // qkv attention --ring: each rank reads its own rows of the inputs (of an .npy file, by offsets
-// into it; any other tensor file whole, then sliced) and runs its part of the ring; rank 0 gathers
-// O and the lse and writes them through the usual all-or-nothing output path. Every rank agrees on
-// success before the ring and after writing.
+// into it; any other tensor file whole, then sliced) and runs its part of the ring, then, with
+// --grad-out, its part of the backward ring; rank 0 gathers O, the lse and the gradients and
+// writes them through the usual all-or-nothing output path. Every rank agrees on success before
+// the ring and after writing.
 #include "command_ring.h"
 
 #include <array>
@@ -17,17 +18,21 @@
 namespace qkv::cli {
 namespace {
 
-void print_times(const dist::RingResult& r, int rank, int ranks, std::int64_t rows,
-                 double seconds) {
-  const dist::RingTimes& t = r.times;
+// `what` is "" for the forward, " backward" for the gradients' ring.
+void print_times(const char* what, const dist::RingTimes& t, const std::string& kernel, int threads,
+                 int rank, int ranks, std::int64_t rows, double seconds) {
   std::fprintf(stderr,
-               "qkv attention --ring: rank %d/%d: %lld rows, kernel %s, %d threads: compute "
+               "qkv attention --ring%s: rank %d/%d: %lld rows, kernel %s, %d threads: compute "
                "%.6f s, wait %.6f s, transfer %.6f s (%lld bytes sent), blocks computed %lld, "
                "skipped %lld, total %.6f s\n",
-               rank, ranks, static_cast<long long>(rows), r.kernel.c_str(), r.threads, t.compute,
+               what, rank, ranks, static_cast<long long>(rows), kernel.c_str(), threads, t.compute,
                t.wait, t.transfer, static_cast<long long>(t.bytes_sent),
                static_cast<long long>(t.blocks_computed), static_cast<long long>(t.blocks_skipped),
                seconds);
+}
+
+bool ring_backward_kernel(const std::string& name) {
+  return name.empty() || name == "fused_hwy" || name == "unfused_blas" || name == "fused_scalar";
 }
 
 // Where an .npy file's data starts: after the preamble (magic, version, header length) and the
@@ -120,19 +125,34 @@ namespace {
 
 void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
                     const dist::Communicator& comm, int ranks, int me) {
+  const RingGradientPaths& wanted = command.gradients;
+  const bool gradients = !wanted.grad_out.empty();
   std::string problem;
-  Tensor q, k, v;
+  Tensor q, k, v, grad_out;
   AttentionTensors tensors;
   AttentionOptions options;
   dist::RowLayout layout = dist::RowLayout::kContiguous;
   try {
+    if (!ring_backward_kernel(wanted.backward_kernel)) {
+      throw Error("--backward-kernel",
+                  "the ring's backward runs fused_hwy, unfused_blas or "
+                  "fused_scalar (the kernels that read the saved lse), not " +
+                      wanted.backward_kernel);
+    }
     tensors = load_attention_tensors(flags);
     options = attention_options(flags, tensors);
     layout = dist::default_layout(options);
-    std::int64_t nq = 0, nk = 0;
+    std::int64_t nq = 0, nk = 0, n_grad = 0;
     q = read_rows(command.q_path, ranks, me, layout, nq);
     k = read_rows(command.k_path, ranks, me, layout, nk);
     v = read_rows(command.v_path, ranks, me, layout, nk);
+    if (gradients) {
+      grad_out = read_rows(wanted.grad_out, ranks, me, layout, n_grad);
+      if (n_grad != nq) {
+        throw Error(wanted.grad_out, "holds " + std::to_string(n_grad) + " rows; the output has " +
+                                         std::to_string(nq) + " (" + command.q_path + "'s)");
+      }
+    }
     // The mask: this rank's query rows (unless that axis broadcasts), every key.
     if (tensors.mask && tensors.mask->shape().size() >= 2) {
       const Shape& shape = tensors.mask->shape();
@@ -141,7 +161,7 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
       }
     }
     options = attention_options(flags, tensors);
-    options.return_lse = !flags.lse_path.empty();
+    options.return_lse = !flags.lse_path.empty() || gradients;  // the backward reads it
     options.max_memory = 0;  // the ring's memory is per rank; no budget yet
   } catch (const std::exception& e) {
     problem = e.what();
@@ -153,23 +173,51 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
     return dist::ring_attention(q.view(), k.view(), v.view(), options, comm, {layout});
   });
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  dist::RingGradients grads;
+  std::chrono::duration<double> backward_seconds{0};
+  if (gradients) {
+    AttentionOptions backward = options;
+    backward.kernel = wanted.backward_kernel;
+    const auto begin = std::chrono::steady_clock::now();
+    grads = within_memory_budget("attention --ring backward", [&] {
+      return dist::ring_attention_backward(q.view(), k.view(), v.view(), result.out.view(),
+                                           result.lse.view(), grad_out.view(), backward, comm,
+                                           {layout});
+    });
+    backward_seconds = std::chrono::steady_clock::now() - begin;
+  }
   const Tensor out = dist::gather_rows(result.out.view(), -2, result.n, layout, comm);
-  const Tensor lse = result.lse.empty()
+  const Tensor lse = flags.lse_path.empty()
                          ? Tensor()
                          : dist::gather_rows(result.lse.view(), -1, result.n, layout, comm);
+  const auto gathered = [&](const std::string& path, const Tensor& local, std::int64_t n) {
+    return path.empty() ? Tensor() : dist::gather_rows(local.view(), -2, n, layout, comm);
+  };
+  const Tensor dq = gathered(wanted.grad_q, grads.dq, grads.n);
+  const Tensor dk = gathered(wanted.grad_k, grads.dk, grads.n_k);
+  const Tensor dv = gathered(wanted.grad_v, grads.dv, grads.n_k);
   if (me == 0) {
     try {
       std::vector<OutputFile> outputs = {{command.out_path, out.view()}};
       add_extra_outputs(flags, Tensor(), lse, outputs);
+      if (!wanted.grad_q.empty()) outputs.push_back({wanted.grad_q, dq.view()});
+      if (!wanted.grad_k.empty()) outputs.push_back({wanted.grad_k, dk.view()});
+      if (!wanted.grad_v.empty()) outputs.push_back({wanted.grad_v, dv.view()});
+      if (!wanted.grad_sinks.empty()) outputs.push_back({wanted.grad_sinks, grads.dsinks.view()});
       write_outputs(outputs, options.out_dtype);
     } catch (const std::exception& e) {
       problem = e.what();
     }
   }
   dist::agree(comm, problem);
-  if (command.verbose)
-    print_times(result, me, ranks, q.shape().empty() ? 0 : q.shape()[q.shape().size() - 2],
-                seconds.count());
+  if (command.verbose) {
+    const std::int64_t rows = q.shape().empty() ? 0 : q.shape()[q.shape().size() - 2];
+    print_times("", result.times, result.kernel, result.threads, me, ranks, rows, seconds.count());
+    if (gradients) {
+      print_times(" backward", grads.times, grads.kernel, grads.threads, me, ranks, rows,
+                  backward_seconds.count());
+    }
+  }
 }
 
 }  // namespace
