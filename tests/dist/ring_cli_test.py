@@ -4,10 +4,12 @@
 Usage: ring_cli_test.py QKV MPIEXEC [MPIEXEC FLAGS...]
 
 For each case: the inputs written as .npy, `qkv attention` run once in one process, then
-`MPIEXEC FLAGS -np P qkv attention --ring` for P = 1, 2, 3, 4; O and the lse must match by the
-oracle's rule, max|ring - single| <= 2e-5 * max(1, max|single|). Then the faults: a bad file or
-a disagreeing shape on one rank, and refused flags, each ending every rank non-zero with one
-line on stderr and no output file.
+`MPIEXEC FLAGS -np P qkv attention --ring` for P = 1, 2, 3, 4, each with --grad-out and every
+--grad-* output (the backward over the ring); O, the lse and the gradients must match by the
+oracle's rule, max|ring - single| <= 2e-5 * max(1, max|single|) (the forward's tolerance; the
+oracle's gradient cases allow 5e-5). Then the faults: a bad file or a disagreeing shape on one
+rank, refused flags and refused gradients, each ending every rank non-zero with one line on
+stderr and no output file.
 """
 import os
 import subprocess
@@ -74,6 +76,7 @@ def main():
             np.save("q.npy", q)
             np.save("k.npy", k)
             np.save("v.npy", v)
+            np.save("do.npy", rng.standard_normal((*q.shape[:-1], dv)).astype(dtype))
             h = shape_q[-3] if len(shape_q) >= 3 else 1
             np.save("s.npy", rng.standard_normal(h).astype(np.float32))
             nq, nkk = q.shape[-2], k.shape[-2]
@@ -84,30 +87,49 @@ def main():
             names = {"S": "s.npy", "MB": "mb.npy", "MF": "mf.npy"}
             flags = [names.get(f, f) for f in flags]
             base = ["attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy"] + flags
-            r = run([qkv] + base + ["--out", "o1.npy", "--lse", "l1.npy"])
+            grads = ["dq", "dk", "dv"] + (["ds"] if "--sinks" in flags else [])
+            flag_of = {"dq": "--grad-q", "dk": "--grad-k", "dv": "--grad-v", "ds": "--grad-sinks"}
+
+            def grad_flags(suffix):
+                out = ["--grad-out", "do.npy"]
+                for g in grads:
+                    out += [flag_of[g], "%s_%s.npy" % (g, suffix)]
+                return out
+
+            r = run([qkv] + base + ["--out", "o1.npy", "--lse", "l1.npy"] + grad_flags("1"))
             if r.returncode != 0:
                 failures.append("%s: single process failed: %s" % (name, r.stderr))
                 continue
-            want_o, want_l = np.load("o1.npy"), np.load("l1.npy")
+            want = {"out": np.load("o1.npy"), "lse": np.load("l1.npy")}
+            for g in grads:
+                want[g] = np.load("%s_1.npy" % g)
             for p in (1, 2, 3, 4):
                 out, lse = "o_%d.npy" % p, "l_%d.npy" % p
-                r = run(launcher + ["-np", str(p), qkv] + base + ["--ring", "--out", out, "--lse", lse])
+                r = run(launcher + ["-np", str(p), qkv] + base +
+                        ["--ring", "--out", out, "--lse", lse] + grad_flags(str(p)))
                 try:
                     if r.returncode != 0:
                         raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
-                    got_o, got_l = np.load(out), np.load(lse)
-                    if got_o.shape != want_o.shape or got_l.shape != want_l.shape:
-                        raise AssertionError("shapes %s %s" % (got_o.shape, got_l.shape))
-                    close("out", got_o.astype(np.float64), want_o.astype(np.float64))
-                    close("lse", got_l.astype(np.float64), want_l.astype(np.float64))
+                    got = {"out": np.load(out), "lse": np.load(lse)}
+                    for g in grads:
+                        got[g] = np.load("%s_%d.npy" % (g, p))
+                    for key in want:
+                        if got[key].shape != want[key].shape:
+                            raise AssertionError("%s: shape %s, expected %s" %
+                                                 (key, got[key].shape, want[key].shape))
+                        close(key, got[key].astype(np.float64), want[key].astype(np.float64))
                 except AssertionError as e:
                     failures.append("%s P=%d: %s" % (name, p, e))
             # Bitwise repeatable for a given P and thread count (two cases: each run costs).
             if name not in ("causal_gqa", "modifiers"):
                 print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
                 continue
-            r = run(launcher + ["-np", "3", qkv] + base + ["--ring", "--out", "again.npy"])
-            if r.returncode != 0 or open("again.npy", "rb").read() != open("o_3.npy", "rb").read():
+            r = run(launcher + ["-np", "3", qkv] + base + ["--ring", "--out", "again.npy"] +
+                    grad_flags("again"))
+            if r.returncode != 0 or any(
+                    open(a, "rb").read() != open(b, "rb").read()
+                    for a, b in [("again.npy", "o_3.npy")] +
+                    [("%s_again.npy" % g, "%s_3.npy" % g) for g in grads]):
                 failures.append("%s: P=3 twice gave different bits" % name)
             print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
 
@@ -141,7 +163,7 @@ def faults(qkv, launcher, rng):
     with open("bad.npy", "wb") as f:
         f.write(open("q.npy", "rb").read()[:50])
     for name in os.listdir("."):
-        if name.startswith(("o_", "l_", "o1", "l1", "again")):
+        if name.startswith(("o_", "l_", "o1", "l1", "again", "dq_", "dk_", "dv_", "ds_")):
             os.remove(name)
     tail = ["--k", "k.npy", "--v", "v.npy", "--causal", "--out", "fault_out.npy"]
     # Rank 2 of 3 reads a truncated file; rank 1 of 2 a Q with another head dimension.
@@ -153,8 +175,23 @@ def faults(qkv, launcher, rng):
         problems += one_line_failure(r, "fault on rank %d of %d" % (rank, p), expect, 1)
     # Flags the ring refuses: one line naming them, exit 2, nothing written.
     r = run(launcher + ["-np", "2", qkv, "attention", "--ring", "--q", "q.npy", "--weights",
-                        "w.npy", "--grad-out", "q.npy", "--grad-q", "dq.npy"] + tail)
-    problems += one_line_failure(r, "refused flags", "--weights, --grad-out, --grad-q", 2)
+                        "w.npy", "--check"] + tail)
+    problems += one_line_failure(r, "refused flags", "--weights, --check", 2)
+    # Gradients the ring refuses as one process does (exit 1, one line, nothing written): a
+    # 16-bit --dtype, a --backward-kernel that does not read the saved lse, dO of another shape.
+    np.save("do.npy", rng.standard_normal((2, 12, 8)).astype(np.float32))
+    np.save("do_short.npy", rng.standard_normal((2, 11, 8)).astype(np.float32))
+    grad = ["--grad-q", "dq.npy", "--grad-k", "dk.npy"]
+    for extra, expect in ((["--dtype", "bf16", "--grad-out", "do.npy"], "dtype"),
+                          (["--grad-out", "do.npy", "--backward-kernel", "reference"],
+                           "--backward-kernel"),
+                          (["--grad-out", "do_short.npy"], "do_short.npy")):
+        r = run(launcher + ["-np", "2", qkv, "attention", "--ring", "--q", "q.npy"] + extra +
+                grad + tail)
+        problems += one_line_failure(r, "refused gradients " + " ".join(extra), expect, 1)
+        for f in ("dq.npy", "dk.npy"):
+            if os.path.exists(f):
+                problems.append("refused gradients %s: %s was written" % (" ".join(extra), f))
     return problems
 
 
