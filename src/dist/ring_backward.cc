@@ -21,10 +21,10 @@
 // and every sum runs in a fixed order (dQ: step order, then pair order; a block's dK/dV: rank
 // order src, src+1, ..; within a call the kernel's own fixed order), so the bits depend only on
 // P and the thread count. A block no query of this rank can see is forwarded with its
-// accumulator untouched. D = rowsum(dO∘O) is each kernel call's first pass over its own query
-// rows (B·H·rows·Dv multiply-adds per call, against the call's B·H·rows²·(2.5)(D + Dv)). dsinks:
-// each rank's -Σ_i P_sink,i·D_i over its rows, per (b, h) then over b as the kernels sum it,
-// then the ranks' parts summed in rank order on every rank.
+// accumulator untouched. D = rowsum(dO∘O) is computed once per row before the ring (as the
+// kernels sum it) and read by every kernel call (BackwardParams::delta). dsinks: each rank's
+// -Σ_i P_sink,i·D_i over its rows, per (b, h) then over b as the kernels sum it, then the ranks'
+// parts summed in rank order on every rank.
 //
 // Traffic per step: the K/V block (B·Hkv·rows·(D + Dv) elements in their storage type) and the
 // dK/dV accumulator (the same count in the compute type, float32 or float64); P accumulator
@@ -159,6 +159,7 @@ class BackwardRun {
           rows_of(bp.out);
           rows_of(bp.lse);
           rows_of(bp.grad_out);
+          rows_of(bp.delta);
           detail::point_at_block(plan.kv, block, rows, lk, p.k, p.v);
           detail::set_offsets(p.masking, plan.nq, plan.nk, q, k);
           if (p.masking.mask != nullptr) {
@@ -352,9 +353,31 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
               static_cast<T*>(result.dv.data()));
 }
 
+// D_i = Σ_c dO_ic·O_ic of this rank's query rows, [b][h][i] in float64, summed as the kernels
+// sum it (so that a kernel reading it gives the bits it would compute itself).
+std::vector<double> row_deltas(const core::BackwardParams& bp) {
+  const core::AttentionShape& s = bp.forward.shape;
+  std::vector<double> delta(static_cast<std::size_t>(s.b * s.h * s.nq));
+  for (std::int64_t b = 0; b < s.b; ++b) {
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      for (std::int64_t i = 0; i < s.nq; ++i) {
+        double dot = 0.0;
+        for (std::int64_t c = 0; c < s.dv; ++c) {
+          dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
+                                 bp.grad_out.strides.at(b, h, i, c)) *
+                 core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
+        }
+        delta[static_cast<std::size_t>((b * s.h + h) * s.nq + i)] = dot;
+      }
+    }
+  }
+  return delta;
+}
+
 // This rank's part of dsinks per head: -Σ exp(min(sink_h - lse_i, 0))·D_i over its rows, per
 // (b, h) in row order, then over b (the kernels' order).
-std::vector<double> local_dsinks(const core::BackwardParams& bp, const std::vector<double>& sinks) {
+std::vector<double> local_dsinks(const core::BackwardParams& bp, const std::vector<double>& delta,
+                                 const std::vector<double>& sinks) {
   const core::AttentionShape& s = bp.forward.shape;
   std::vector<double> dsinks(static_cast<std::size_t>(s.h), 0.0);
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -364,12 +387,7 @@ std::vector<double> local_dsinks(const core::BackwardParams& bp, const std::vect
       double sum = 0.0;
       for (std::int64_t i = 0; i < s.nq; ++i) {
         const double l = core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
-        double dot = 0.0;
-        for (std::int64_t c = 0; c < s.dv; ++c) {
-          dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
-                                 bp.grad_out.strides.at(b, h, i, c)) *
-                 core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
-        }
+        const double dot = delta[static_cast<std::size_t>((b * s.h + h) * s.nq + i)];
         if (sink != kNegInf && l != kNegInf) sum -= std::exp(std::min(sink - l, 0.0)) * dot;
       }
       dsinks[static_cast<std::size_t>(h)] += sum;
@@ -473,9 +491,13 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
   result.kernel = std::string(plan.kernel->name);
   result.compute = grad;
   result.threads = base.forward.threads;
-  std::vector<double> dsinks;
+  std::vector<double> delta, dsinks;
   try {
-    if (!sinks.empty()) dsinks = local_dsinks(base, sinks);
+    // D once per row, for every block's kernel call and for dsinks.
+    delta = row_deltas(base);
+    plan.base.delta = {delta.data(), DType::kF64,
+                       core::Strides4{s.h * plan.n_local, plan.n_local, 1, 0}};
+    if (!sinks.empty()) dsinks = local_dsinks(base, delta, sinks);
   } catch (const std::exception& e) {
     problem = problem_of(e);
   }

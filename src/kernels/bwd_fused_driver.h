@@ -3,7 +3,8 @@
 // sum runs in an order fixed by the shape:
 //
 //   pass 0, parallel over (b, h):        lse_i (-inf made +inf, so P = 0 for an empty row),
-//                                        D_i = Σ_c dO_ic·O_ic (float64 sum), and
+//                                        D_i = Σ_c dO_ic·O_ic (float64 sum; or read from
+//                                        bp.delta, where a caller computed it once), and
 //                                        dsink_h -= Σ_i exp(sink_h - lse_i)·D_i per (b, h)
 //   pass 1, threads taking tasks (key chunk c, b, kv head hk) from a counter: for each key
 //     tile K_j, V_j (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk,
@@ -317,10 +318,14 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
           const double l =
               core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
           double dot = 0.0;
-          for (std::int64_t c = 0; c < s.dv; ++c) {
-            dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
-                                   bp.grad_out.strides.at(b, h, i, c)) *
-                   core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
+          if (bp.delta.data != nullptr) {
+            dot = core::load_real(bp.delta.data, bp.delta.dtype, bp.delta.strides.at(b, h, i, 0));
+          } else {
+            for (std::int64_t c = 0; c < s.dv; ++c) {
+              dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
+                                     bp.grad_out.strides.at(b, h, i, c)) *
+                     core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
+            }
           }
           lse[row] = l == -std::numeric_limits<double>::infinity()
                          ? std::numeric_limits<T>::infinity()

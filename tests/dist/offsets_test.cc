@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/validate.h"
@@ -76,6 +78,7 @@ TEST(MaskingOffsets, ABlockWithOffsetsGivesTheWholeCallsRows) {
 // and dV rows for keys [20, 24), which only queries of [20, 29) see. Float64: every kernel within
 // 1e-12 of the float64 reference on the whole call; float32 (the same inputs computed in
 // float32): within 2e-5 relative, the forward offsets test's bound scaled to the gradients.
+// With D given (BackwardParams::delta) every kernel gives the same bits.
 TEST(MaskingOffsets, ABackwardBlockWithOffsetsGivesTheWholeCallsGradients) {
   const std::int64_t h = 2, hkv = 1, n = 40, d = 8, dv = 6;
   std::mt19937 rng(26);
@@ -161,6 +164,30 @@ TEST(MaskingOffsets, ABackwardBlockWithOffsetsGivesTheWholeCallsGradients) {
           }
         }
       };
+      // D given (BackwardParams::delta, as the ring's backward gives it, summed as the kernels
+      // sum it): the same bits. The reference reads no D.
+      std::vector<double> delta(static_cast<std::size_t>(h * nq));
+      for (std::int64_t ih = 0; ih < h; ++ih) {
+        for (std::int64_t i = 0; i < nq; ++i) {
+          double dot = 0.0;
+          for (std::int64_t c = 0; c < dv; ++c) {
+            const std::int64_t e = (ih * n + q0 + i) * dv + c;
+            dot += dout.data_as<double>()[e] * forward.out.data_as<double>()[e];
+          }
+          delta[static_cast<std::size_t>(ih * nq + i)] = dot;
+        }
+      }
+      core::BackwardParams given = bp;
+      given.delta = {delta.data(), DType::kF64, core::Strides4{nq, nq, 1, 0}};
+      Tensor dq2(grad, {h, nq, d}, "dq"), dk2(grad, {hkv, nk, d}, "dk"),
+          dv2(grad, {hkv, nk, dv}, "dv");
+      given.dq = slot(dq2);
+      given.dk = slot(dk2);
+      given.dv = slot(dv2);
+      ASSERT_EQ(kernel.run(given), core::KernelStatus::kOk) << name;
+      for (const auto& [a, b] : {std::pair{&dq, &dq2}, {&dk, &dk2}, {&dv_t, &dv2}}) {
+        EXPECT_EQ(std::memcmp(a->data(), b->data(), a->nbytes()), 0) << name << " with D given";
+      }
       check(dq, whole.dq, h, nq, q0, 0, nq, d, "dQ");
       check(dk, whole.dk, hkv, nk, k0, 20 - k0, 24 - k0, d, "dK");
       check(dv_t, whole.dv, hkv, nk, k0, 20 - k0, 24 - k0, dv, "dV");
