@@ -5,7 +5,7 @@ Usage: ring_cli_test.py QKV MPIEXEC [MPIEXEC FLAGS...]
 
 For each case: the inputs written as .npy, `qkv attention` run once in one process, then
 `MPIEXEC FLAGS -np P qkv attention --ring` for P = 1, 2, 3, 4, each with --grad-out and every
---grad-* output (the backward over the ring); O, the lse and the gradients must match by the
+--grad-* output (the backward over the ring), and `qkv layer --ring` likewise (forward only); O, the lse and the gradients must match by the
 oracle's rule, max|ring - single| <= 2e-5 * max(1, max|single|) (the forward's tolerance; the
 oracle's gradient cases allow 5e-5). Then the faults: a bad file or a disagreeing shape on one
 rank, refused flags and refused gradients, each ending every rank non-zero with one line on
@@ -136,6 +136,9 @@ def main():
                 failures.append("%s: P=3 on 1 and 2 threads gave different bits" % name)
             print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
 
+        layer_problems = layer(qkv, launcher, rng)
+        print("FAIL" if layer_problems else "ok", "layer --ring")
+        failures += layer_problems
         fault_problems = faults(qkv, launcher, rng)
         print("FAIL" if fault_problems else "ok", "faults")
         failures += fault_problems
@@ -153,6 +156,54 @@ def one_line_failure(r, what, expect_in, status=None):
         problems.append("%s: stderr %r, expected one line with %r" % (what, r.stderr, expect_in))
     if os.path.exists("fault_out.npy") or any(f.startswith(".") or "tmp" in f for f in os.listdir(".")):
         problems.append("%s: an output or temporary file was left: %s" % (what, os.listdir(".")))
+    return problems
+
+
+def layer(qkv, launcher, rng):
+    """qkv layer --ring for P = 1..4 against one process (X of 29 rows: no P divides it), then
+    a projection that fails on one rank only (X of another width there: the rank never reaches
+    the ring) and the flags --ring refuses."""
+    problems = []
+    x = rng.standard_normal((2, 29, 12)).astype(np.float32)
+    np.save("x.npy", x)
+    np.save("x_wide.npy", rng.standard_normal((2, 29, 13)).astype(np.float32))
+    for name, shape in (("wq", (12, 16)), ("wk", (12, 8)), ("wv", (12, 12)), ("wo", (24, 10))):
+        np.save(name + ".npy", (0.3 * rng.standard_normal(shape)).astype(np.float32))
+    np.save("bq.npy", rng.standard_normal(16).astype(np.float32))
+    weights = ["--wq", "wq.npy", "--wk", "wk.npy", "--wv", "wv.npy", "--wo", "wo.npy",
+               "--bq", "bq.npy", "--heads", "4", "--kv-heads", "2"]
+    for flags in (["--causal", "--alibi"], ["--window", "4,2", "--softcap", "3"]):
+        base = ["layer", "--x", "x.npy"] + weights + flags
+        r = run([qkv] + base + ["--out", "y1.npy", "--lse", "yl1.npy"])
+        if r.returncode != 0:
+            problems.append("layer %s: single process failed: %s" % (flags, r.stderr))
+            continue
+        want_y, want_l = np.load("y1.npy"), np.load("yl1.npy")
+        for p in (1, 2, 3, 4):
+            r = run(launcher + ["-np", str(p), qkv] + base +
+                    ["--ring", "--out", "y_%d.npy" % p, "--lse", "yl_%d.npy" % p])
+            try:
+                if r.returncode != 0:
+                    raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
+                got_y, got_l = np.load("y_%d.npy" % p), np.load("yl_%d.npy" % p)
+                if got_y.shape != want_y.shape or got_l.shape != want_l.shape:
+                    raise AssertionError("shapes %s %s" % (got_y.shape, got_l.shape))
+                close("out", got_y.astype(np.float64), want_y.astype(np.float64))
+                close("lse", got_l.astype(np.float64), want_l.astype(np.float64))
+            except AssertionError as e:
+                problems.append("layer %s P=%d: %s" % (flags, p, e))
+    for name in os.listdir("."):
+        if name.startswith(("y_", "yl_", "y1", "yl1")):
+            os.remove(name)
+    tail = weights + ["--causal", "--out", "fault_out.npy"]
+    script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then x=x_wide.npy; else x=x.npy; fi; '
+              'exec "$0" layer --ring --x "$x" "$@"')
+    r = run(launcher + ["-np", "3", "sh", "-c", script, qkv] + tail)
+    problems += one_line_failure(r, "layer: a projection failing on rank 1 of 3",
+                                 "rank 1: wq.npy", 1)
+    r = run(launcher + ["-np", "2", qkv, "layer", "--ring", "--x", "x.npy", "--memory", "x.npy",
+                        "--grad-out", "y.npy", "--grad-x", "dx.npy"] + tail)
+    problems += one_line_failure(r, "layer: refused flags", "--memory, --grad-*", 2)
     return problems
 
 

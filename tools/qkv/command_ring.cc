@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "qkv/dist.h"
@@ -18,22 +19,15 @@
 namespace qkv::cli {
 namespace {
 
-// `what` is "" for the forward, " backward" for the gradients' ring.
-void print_times(const char* what, const dist::RingTimes& t, const std::string& kernel, int threads,
-                 int rank, int ranks, std::int64_t rows, double seconds) {
-  std::fprintf(stderr,
-               "qkv attention --ring%s: rank %d/%d: %lld rows, kernel %s, %d threads: compute "
-               "%.6f s, wait %.6f s, transfer %.6f s (%lld bytes sent), blocks computed %lld, "
-               "skipped %lld, total %.6f s\n",
-               what, rank, ranks, static_cast<long long>(rows), kernel.c_str(), threads, t.compute,
-               t.wait, t.transfer, static_cast<long long>(t.bytes_sent),
-               static_cast<long long>(t.blocks_computed), static_cast<long long>(t.blocks_skipped),
-               seconds);
-}
+constexpr int kExitStatusUsage = 2;
 
 bool ring_backward_kernel(const std::string& name) {
   return name.empty() || name == "fused_hwy" || name == "unfused_blas" || name == "fused_scalar";
 }
+
+// The ring on this rank, once MPI runs: read, compute, gather, write.
+void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
+                    const dist::Communicator& comm, int ranks, int me);
 
 // Where an .npy file's data starts: after the preamble (magic, version, header length) and the
 // header, which inspect_npy has validated.
@@ -47,8 +41,20 @@ std::uint64_t npy_data_offset(const std::string& path) {
                std::uint64_t{pre[11]} << 24);
 }
 
-// This rank's rows (axis -2) of the tensor `spec` names, and the file's row count in `rows`.
-// An .npy file is read run by run at its rows' offsets, never whole.
+}  // namespace
+
+void print_ring_times(const char* what, const dist::RingTimes& t, const std::string& kernel,
+                      int threads, int rank, int ranks, std::int64_t rows, double seconds) {
+  std::fprintf(stderr,
+               "%s: rank %d/%d: %lld rows, kernel %s, %d threads: compute %.6f s, wait %.6f s, "
+               "transfer %.6f s (%lld bytes sent), blocks computed %lld, skipped %lld, total "
+               "%.6f s\n",
+               what, rank, ranks, static_cast<long long>(rows), kernel.c_str(), threads, t.compute,
+               t.wait, t.transfer, static_cast<long long>(t.bytes_sent),
+               static_cast<long long>(t.blocks_computed), static_cast<long long>(t.blocks_skipped),
+               seconds);
+}
+
 Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout layout,
                  std::int64_t& rows) {
   const bool npy = spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".npy") == 0;
@@ -88,26 +94,36 @@ Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout l
   return part;
 }
 
-// The ring on this rank, once MPI runs: read, compute, gather, write.
-void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
-                    const dist::Communicator& comm, int ranks, int me);
-
-}  // namespace
-
-void run_ring_attention(const RingCommand& command, const std::string& refused) {
+void run_on_ranks(const char* command, const std::string& refused,
+                  const std::function<void(const dist::Communicator&, int, int)>& body) {
   if (!refused.empty()) {
+    if (dist::mpi_available()) {
+      // Every rank refuses alike. Under mpirun rank 0 says so before any rank exits: mpirun
+      // ends the job as soon as one rank exits non-zero, which could kill rank 0 before it had
+      // printed (a test saw an empty stderr once in eight runs on a busy machine).
+      dist::MpiSession session(nullptr, nullptr);
+      const dist::Communicator comm = dist::Communicator::world();
+      if (comm.size() > 1) {
+        if (comm.rank() == 0) {
+          std::fprintf(stderr, "%s: --ring: cannot be combined with %s (see '%s --help')\n",
+                       command, refused.c_str(), command);
+          std::fflush(stderr);
+        }
+        dist::barrier(comm);
+        throw AlreadyReported{kExitStatusUsage};
+      }
+    }
     throw CLI::ValidationError("--ring", "cannot be combined with " + refused);
   }
   if (!dist::mpi_available()) {
     throw CLI::ValidationError("--ring", "this build of qkv has no MPI");
   }
-  const AttentionFlags& flags = *command.flags;
   dist::MpiSession session(nullptr, nullptr);
   const dist::Communicator comm = dist::Communicator::world();
   const int ranks = comm.size();
   const int me = comm.rank();
   try {
-    run_ring_ranks(command, flags, comm, ranks, me);
+    body(comm, ranks, me);
   } catch (const dist::AgreedError& e) {
     // Every rank has this error. Rank 0 says it before any rank exits: mpirun ends the whole
     // job as soon as one rank exits non-zero, which could kill rank 0 before it had printed
@@ -119,6 +135,12 @@ void run_ring_attention(const RingCommand& command, const std::string& refused) 
     dist::barrier(comm);
     throw AlreadyReported{kExitStatusBadInput};
   }
+}
+
+void run_ring_attention(const RingCommand& command, const std::string& refused) {
+  run_on_ranks("qkv attention", refused, [&](const dist::Communicator& comm, int ranks, int me) {
+    run_ring_ranks(command, *command.flags, comm, ranks, me);
+  });
 }
 
 namespace {
@@ -212,10 +234,11 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
   dist::agree(comm, problem);
   if (command.verbose) {
     const std::int64_t rows = q.shape().empty() ? 0 : q.shape()[q.shape().size() - 2];
-    print_times("", result.times, result.kernel, result.threads, me, ranks, rows, seconds.count());
+    print_ring_times("qkv attention --ring", result.times, result.kernel, result.threads, me, ranks,
+                     rows, seconds.count());
     if (gradients) {
-      print_times(" backward", grads.times, grads.kernel, grads.threads, me, ranks, rows,
-                  backward_seconds.count());
+      print_ring_times("qkv attention --ring backward", grads.times, grads.kernel, grads.threads,
+                       me, ranks, rows, backward_seconds.count());
     }
   }
 }
