@@ -98,6 +98,17 @@ void agree(const Communicator& comm, const std::string& problem);
 // Collective: returns once every rank of `comm` has called it.
 void barrier(const Communicator& comm);
 
+// How long any one wait of qkv::dist may last (for a neighbour's block, for a collective)
+// before the waiting rank gives up on the job: QKV_RING_TIMEOUT seconds (a number > 0; read at
+// each wait), 300 when unset. Past it the rank prints one line on stderr, "qkv: rank R: waited
+// more than T s for WHAT (QKV_RING_TIMEOUT); aborting every rank", and calls MPI_Abort on the
+// communicator (error code 1), which ends every rank of the job: no rank waits forever for one
+// that has hung. Set it above the longest step a run may take (one block's kernel call).
+double wait_limit_seconds();
+// Empty when QKV_RING_TIMEOUT is unset or valid, else the problem with it; ring_attention and
+// ring_attention_backward report it as an error (every rank agreeing) before they compute.
+std::string wait_limit_problem();
+
 struct RingOptions {
   RowLayout layout = RowLayout::kContiguous;  // how the caller spread the rows
 };
@@ -141,6 +152,38 @@ struct RingResult {
 RingResult ring_attention(const TensorView& q_local, const TensorView& k_local,
                           const TensorView& v_local, const AttentionOptions& options,
                           const Communicator& comm, const RingOptions& ring = {});
+
+struct RingGradients {
+  Tensor dq;      // this rank's rows of dQ, Q's local shape, in the compute type
+  Tensor dk;      // this rank's rows of dK, K's local shape (summed over a kv head's query heads)
+  Tensor dv;      // this rank's rows of dV, V's local shape
+  Tensor dsinks;  // [H], the same on every rank (empty without options.sinks)
+  std::int64_t n = 0;           // the whole problem's query rows
+  std::int64_t n_k = 0;         // and its key rows
+  std::string kernel;           // the backward kernel that computed the blocks
+  DType compute = DType::kF32;  // kF32 or kF64: the gradients' dtype
+  int threads = 1;
+  RingTimes times;  // bytes_sent counts the K/V blocks and the dK/dV accumulators
+};
+
+// Collective over `comm`: the gradients of L = Σ O∘dO (attention_backward's, qkv/
+// attention_backward.h) for the problem ring_attention spreads over the ranks, each rank
+// passing its rows of Q, K, V (as for ring_attention) and of O, the lse and dO (its query rows:
+// what ring_attention returned to it with return_lse, and the output's gradient) and getting its
+// rows of dQ, dK and dV. The K/V blocks travel around the ring with an accumulator of their dK
+// and dV (ring-flash-attention's backward): at each step a rank adds its queries' contributions
+// to the visiting block's dK/dV and to its own dQ, and after P steps each accumulator is back
+// with its owner. dsinks sums each rank's part in rank order. Equal to attention_backward() on
+// the whole inputs within the kernels' tolerance (docs/interface.md states it), bitwise
+// repeatable for a given rank count and thread count. Every option ring_attention takes; bf16 and
+// f16 computation are refused as attention_backward refuses them; options.kernel names a
+// backward kernel that reads the saved lse (fused_hwy, unfused_blas or fused_scalar; not the
+// reference, which recomputes the softmax from the keys in hand). Errors as ring_attention.
+RingGradients ring_attention_backward(const TensorView& q_local, const TensorView& k_local,
+                                      const TensorView& v_local, const TensorView& out_local,
+                                      const TensorView& lse_local, const TensorView& grad_out_local,
+                                      const AttentionOptions& options, const Communicator& comm,
+                                      const RingOptions& ring = {});
 
 // Collective: the whole tensor of every rank's rows along `axis` (-2 for O, -1 for the lse),
 // in global row order, on rank 0; an empty Tensor on the other ranks. Every rank's tensor must

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -51,5 +52,18 @@ Tensor linear(const TensorView& x, const TensorView& w,
 LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
                                  const LayerOptions& options,
                                  const std::optional<TensorView>& memory = std::nullopt);
+
+// The layer's attention step: given the heads as views (Q [.., H, N, dk], K [.., Hkv, Nk, dk],
+// V [.., Hkv, Nk, dv]) and options.attention, write O (and the lse when outputs.lse is given)
+// into `outputs` and return the name of the kernel that ran. multi_head_attention's own step is
+// attention_into; qkv layer --ring passes ring attention (qkv/dist.h), each rank's X its rows.
+using AttentionStep =
+    std::function<std::string(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const AttentionOptions& options, const AttentionOutputs& outputs)>;
+
+// multi_head_attention with its attention step replaced (self-attention: K and V from X). The
+// step is called once, after the projections, unless they throw.
+LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
+                                 const LayerOptions& options, const AttentionStep& step);
 
 }  // namespace qkv

@@ -2,10 +2,11 @@
 
 from . import _qkv
 from ._arrays import as_input
-from ._attention import AttentionResult
+from ._attention import AttentionGradients, AttentionResult
 from ._options import attention_options
 
-__all__ = ["ring_attention", "ring_rows", "ring_layout", "mpi_available"]
+__all__ = ["ring_attention", "ring_attention_backward", "ring_rows", "ring_layout",
+           "mpi_available"]
 
 
 def mpi_available():
@@ -53,3 +54,38 @@ def ring_attention(q, k, v, comm=None, attn_mask=None, is_causal=False, scale=No
     if return_lse:
         return AttentionResult(out, lse, None)
     return out
+
+
+def ring_attention_backward(q, k, v, out, lse, grad_out, comm=None, attn_mask=None,
+                            is_causal=False, scale=None, window=None, softcap=None,
+                            alibi_slopes=None, sinks=None, dtype=None, threads=None, *,
+                            layout=None, kernel=None):
+    """qkv.attention_backward over the ranks of `comm` (an mpi4py communicator; COMM_WORLD by
+    default): the gradients of L = sum(out * grad_out) for the problem qkv.ring_attention
+    spreads over the ranks.
+
+    Collective: every rank passes its rows of q, k, v (as for qkv.ring_attention) and of out,
+    lse and grad_out (its query rows: what qkv.ring_attention(..., return_lse=True) returned to
+    it, and the output's gradient), with the same options as the forward, and gets its rows of
+    the gradients. The K/V blocks travel around the ring with their dK/dV accumulators, which
+    come back to their owner after P steps. Returns AttentionGradients(dq, dk, dv, dsinks) of
+    NumPy arrays: this rank's rows of dq, dk and dv, and dsinks (the same on every rank; None
+    without sinks). Gradients are float64 when the call computes in float64, else float32; a
+    bfloat16 or float16 dtype is refused as qkv.attention_backward refuses it. kernel forces a
+    backward kernel that reads the saved lse ("fused_hwy", "unfused_blas", "fused_scalar").
+    Equal to qkv.attention_backward on the whole sequence within the kernels' tolerance and
+    bitwise repeatable for a given rank count and thread count. An error on any rank raises
+    the same qkv.Error on every rank, naming the rank.
+    """
+    if comm is None:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    if layout is None:
+        layout = ring_layout(is_causal, window)
+    options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
+                                sinks, dtype, None, False, False, threads, None, None,
+                                kernel, None)
+    dq, dk, dv, dsinks, _, _, _ = _qkv.ring_attention_backward(
+        as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), as_input(out, "out"),
+        as_input(lse, "lse"), as_input(grad_out, "grad_out"), options, comm.py2f(), layout)
+    return AttentionGradients(dq, dk, dv, dsinks)

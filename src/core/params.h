@@ -62,8 +62,8 @@ struct Masking {
   // Position offsets for a call that is one block of a longer sequence (the ring, src/dist):
   // causal, window and ALiBi see query row i at position q_offset + i and key row j at
   // k_offset + j, so the diagonal moves by q_offset - k_offset (diagonal_offset below). Both 0:
-  // the call's own bottom-right alignment. Only the fused forward kernels and the reference
-  // honour them; src/dist runs no other kernel with them set.
+  // the call's own bottom-right alignment. The fused forward kernels and the reference honour
+  // them, and every backward kernel; src/dist runs no other kernel with them set.
   std::int64_t q_offset = 0;
   std::int64_t k_offset = 0;
 

@@ -1,9 +1,14 @@
-// MPI sessions, communicators, the error agreement and the gather of rows (qkv/dist.h).
+// MPI sessions, communicators, the error agreement, the gather of rows (qkv/dist.h) and the
+// bounded wait every MPI wait of src/dist goes through (mpi_comm.h).
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/mpi_comm.h"
@@ -25,6 +30,58 @@ void require_mpi() {
 }
 
 }  // namespace
+
+double wait_all(int count, MPI_Request* requests, MPI_Comm comm, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const double limit = wait_limit_seconds();
+  for (;;) {
+    int done = 0;
+    MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE);
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    if (done != 0) return waited;
+    if (waited > limit) {
+      int rank = 0;
+      MPI_Comm_rank(comm, &rank);
+      std::fprintf(stderr,
+                   "qkv: rank %d: waited more than %g s for %s (QKV_RING_TIMEOUT); aborting "
+                   "every rank\n",
+                   rank, limit, what);
+      std::fflush(stderr);
+      MPI_Abort(comm, 1);
+      std::_Exit(1);  // MPI_Abort does not return; should it, the rank still ends
+    }
+    // Spin for the first millisecond (a message about to land), then yield, then sleep: a
+    // rank that waits long leaves its core to the ranks it waits for.
+    if (waited < 1e-3) continue;
+    if (waited < 1e-2) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+}
+
+void bounded_allreduce(const void* send, void* receive, int count, MPI_Datatype type, MPI_Op op,
+                       MPI_Comm comm, const char* what) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Iallreduce(send, receive, count, type, op, comm, &request);
+  wait_all(1, &request, comm, what);
+}
+
+void bounded_bcast(void* data, int count, MPI_Datatype type, int root, MPI_Comm comm,
+                   const char* what) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibcast(data, count, type, root, comm, &request);
+  wait_all(1, &request, comm, what);
+}
+
+void bounded_allgather(const void* send, int count, MPI_Datatype type, void* receive, MPI_Comm comm,
+                       const char* what) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Iallgather(send, count, type, receive, count, type, comm, &request);
+  wait_all(1, &request, comm, what);
+}
 
 bool mpi_available() noexcept { return true; }
 
@@ -75,18 +132,23 @@ void agree(const Communicator& comm, const std::string& problem) {
   const int ranks = comm.size();
   const int mine = problem.empty() ? ranks : comm.rank();
   int first = ranks;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c);
+  bounded_allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c, "the ranks' agreement on errors");
   if (first == ranks) return;
   // One line: the problem's first line, at most 1000 bytes.
   std::string text = problem.substr(0, std::min(problem.find('\n'), std::size_t{1000}));
   int length = static_cast<int>(text.size());
-  MPI_Bcast(&length, 1, MPI_INT, first, c);
+  bounded_bcast(&length, 1, MPI_INT, first, c, "a failing rank's error message");
   text.resize(static_cast<std::size_t>(length));
-  MPI_Bcast(text.data(), length, MPI_CHAR, first, c);
+  bounded_bcast(text.data(), length, MPI_CHAR, first, c, "a failing rank's error message");
   throw AgreedError("rank " + std::to_string(first), text);
 }
 
-void barrier(const Communicator& comm) { MPI_Barrier(mpi_comm(comm)); }
+void barrier(const Communicator& comm) {
+  const MPI_Comm c = mpi_comm(comm);
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(c, &request);
+  wait_all(1, &request, c, "a barrier");
+}
 
 Tensor gather_rows(const TensorView& local, int axis, std::int64_t n, RowLayout layout,
                    const Communicator& comm) {
@@ -111,8 +173,10 @@ Tensor gather_rows(const TensorView& local, int axis, std::int64_t n, RowLayout 
     total += counts[static_cast<std::size_t>(p)];
   }
   std::vector<char> all(me == 0 ? static_cast<std::size_t>(total) : 0);
-  MPI_Gatherv(mine.data(), counts[static_cast<std::size_t>(me)], MPI_BYTE, all.data(),
-              counts.data(), displs.data(), MPI_BYTE, 0, c);
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Igatherv(mine.data(), counts[static_cast<std::size_t>(me)], MPI_BYTE, all.data(),
+               counts.data(), displs.data(), MPI_BYTE, 0, c, &request);
+  wait_all(1, &request, c, "the gather of the output rows");
   if (me != 0) return Tensor();
   Shape shape = local.shape;
   shape[ua] = n;

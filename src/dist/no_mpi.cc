@@ -27,6 +27,13 @@ RingResult ring_attention(const TensorView&, const TensorView&, const TensorView
   no_mpi();
 }
 
+RingGradients ring_attention_backward(const TensorView&, const TensorView&, const TensorView&,
+                                      const TensorView&, const TensorView&, const TensorView&,
+                                      const AttentionOptions&, const Communicator&,
+                                      const RingOptions&) {
+  no_mpi();
+}
+
 Tensor gather_rows(const TensorView&, int, std::int64_t, RowLayout, const Communicator&) {
   no_mpi();
 }

@@ -4,7 +4,7 @@
 // one contiguous range, or two zig-zag chunks; nq = nk for self-attention). Step s = 0 .. P-1: rank
 // r holds the K/V block of rank src = (r - s) mod P and computes its own queries against it while,
 // in the background, it sends that block on to rank r+1 and receives the next one (rank r-s-1's)
-// from rank r-1 into the other of two buffers (MPI_Isend / MPI_Irecv, completed by MPI_Waitall at
+// from rank r-1 into the other of two buffers (MPI_Isend / MPI_Irecv, completed by wait_all at
 // the end of the step). Each (query range, key range) pair of the block is one call of a fused
 // kernel with the masking's position offsets set (core/params.h), so that causal, window and ALiBi
 // see global positions; a pair no query of the range can see is not computed, and a block with no
@@ -42,6 +42,7 @@
 #include "core/params.h"
 #include "core/validate.h"
 #include "dist/mpi_comm.h"
+#include "dist/ring_common.h"
 #include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
 #include "kernels/online_softmax.h"
@@ -51,11 +52,10 @@
 namespace qkv::dist {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using detail::align64;
+using detail::Clock;
+using detail::problem_of;
+using detail::since;
 
 // The kernels that honour the masking's position offsets, in list order.
 bool honours_offsets(std::string_view name) {
@@ -78,44 +78,6 @@ const kernels::AttentionKernel& ring_kernel(const core::AttentionParams& p,
   }
   if (last == nullptr) throw Error("kernel " + requested, "no such kernel in this build");
   return *last;  // the reference, which supports every call
-}
-
-std::string problem_of(const std::exception& e) { return e.what(); }
-
-// A mask for this rank's query rows and all nk keys ([.., nq_local, nk] after broadcasting),
-// checked as attention() checks one: by validating the call against K and V of nk rows that
-// read nothing (zero strides over one zero element), whose mask settings `base` then takes.
-void apply_mask(const TensorView& q, const TensorView& k, const TensorView& v,
-                const AttentionOptions& options, std::int64_t nk, core::AttentionParams& base) {
-  static const double kZero = 0.0;  // zero in every input dtype
-  const auto nothing = [&](const TensorView& t) {
-    TensorView z{&kZero, t.dtype, t.shape, Shape(t.shape.size(), 0), t.name};
-    z.shape[z.shape.size() - 2] = nk;
-    return z;
-  };
-  AttentionOptions checked = options;
-  checked.threads = 1;
-  const core::AttentionCall call = core::validate_attention(q, nothing(k), nothing(v), checked);
-  base.masking.mask = call.params.masking.mask;
-  base.masking.mask_dtype = call.params.masking.mask_dtype;
-  base.masking.mask_strides = call.params.masking.mask_strides;
-  base.magnitudes.mask = call.params.magnitudes.mask;
-}
-
-// What every rank must agree on: Q's rank, the heads and dims, the dtypes, the compute type.
-std::array<std::int64_t, 10> call_signature(const TensorView& q, const TensorView& k,
-                                            const TensorView& v, const core::AttentionParams& p) {
-  const core::AttentionShape& s = p.shape;
-  return {q.rank(),
-          s.b,
-          s.h,
-          s.hkv,
-          s.d,
-          s.dv,
-          static_cast<std::int64_t>(q.dtype),
-          static_cast<std::int64_t>(k.dtype),
-          static_cast<std::int64_t>(v.dtype),
-          static_cast<std::int64_t>(p.compute)};
 }
 
 // One row's running state and the kernels' merge, for the float32 state and the float64 one
@@ -164,8 +126,6 @@ struct Plan {
   std::size_t k_elem = 4, v_elem = 4;
 };
 
-std::int64_t align64(std::int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
 std::int64_t k_bytes(const Plan& plan, std::int64_t rows) {
   const core::AttentionShape& s = plan.base.shape;
   return s.b * s.hkv * rows * s.d * static_cast<std::int64_t>(plan.k_elem);
@@ -175,17 +135,6 @@ std::int64_t block_bytes(const Plan& plan, std::int64_t rows) {
   const core::AttentionShape& s = plan.base.shape;
   return align64(k_bytes(plan, rows)) +
          s.b * s.hkv * rows * s.dv * static_cast<std::int64_t>(plan.v_elem);
-}
-
-// Whether any query of [q.first, q.last) may see any key of [k.first, k.last) (global rows: the
-// diagonal of query i is key i + nk - nq, bottom-right alignment).
-bool visible(const Plan& plan, const RowRange& q, const RowRange& k) {
-  const core::Masking& m = plan.base.masking;
-  if (!m.has_structure()) return true;
-  const std::int64_t shift = plan.nk - plan.nq;
-  const std::int64_t first = core::allowed_key_range(m, plan.nk, q.first + shift).first;
-  const std::int64_t last = core::allowed_key_range(m, plan.nk, q.last - 1 + shift).last;
-  return std::max(first, k.first) < std::min(last, k.last);
 }
 
 template <class F>
@@ -216,7 +165,7 @@ class RingRun {
     for (const RowRange& q : plan.mine) {
       std::int64_t lk = 0;
       for (const RowRange& k : theirs) {
-        if (visible(plan, q, k)) {
+        if (detail::visible(plan.base.masking, plan.nq, plan.nk, q, k)) {
           any = true;
           core::AttentionParams p = plan.base;
           p.shape.nq = q.size();
@@ -227,10 +176,8 @@ class RingRun {
                  core::Strides4{block_rows * s.d * s.hkv, block_rows * s.d, s.d, 1}};
           p.v = {block + v_at + lk * s.dv * static_cast<std::int64_t>(plan.v_elem), p.v.dtype,
                  core::Strides4{block_rows * s.dv * s.hkv, block_rows * s.dv, s.dv, 1}};
-          // Global positions: query row i at q.first + i, key row j at k.first + j, aligned as
-          // the whole problem is (nk - nq), the call's own alignment taken back.
-          p.masking.q_offset = q.first + (plan.nk - plan.nq) - (k.size() - q.size());
-          p.masking.k_offset = k.first;
+          // Global positions: query row i at q.first + i, key row j at k.first + j.
+          detail::set_offsets(p.masking, plan.nq, plan.nk, q, k);
           if (p.masking.mask != nullptr) {
             // The mask's rows are this rank's query rows, its columns every key.
             p.masking.mask = static_cast<const char*>(p.masking.mask) +
@@ -380,9 +327,7 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
     times.compute += since(start);
     (computed ? times.blocks_computed : times.blocks_skipped) += 1;
     if (moving) {
-      const Clock::time_point waiting = Clock::now();
-      MPI_Waitall(2, requests.data(), MPI_STATUSES_IGNORE);
-      times.wait += since(waiting);
+      times.wait += wait_all(2, requests.data(), comm, "the next K/V block");
       times.transfer += since(posted);
     }
   }
@@ -420,44 +365,22 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
     AttentionOptions unmasked = options;
     unmasked.mask.reset();
     call = core::validate_attention(q, k, v, unmasked);
+    problem = wait_limit_problem();
   } catch (const std::exception& e) {
     problem = problem_of(e);
   }
   agree(comm, problem);
 
-  // Shapes and dtypes must agree with rank 0's, and the rows with the layout.
-  const std::array<std::int64_t, 10> mine = call_signature(q, k, v, call.params);
-  std::array<std::int64_t, 10> root = mine;
-  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_INT64_T, 0, c);
-  if (mine != root) {
-    problem = "its Q " + shape_string(q.shape) + " (" + dtype_name(q.dtype) + "), K " +
-              shape_string(k.shape) + ", V " + shape_string(v.shape) +
-              " disagree with rank 0's in rank, heads, head dims or dtypes";
-  }
-  agree(comm, problem);
+  const std::array<std::int64_t, 2> rows =
+      detail::agree_on_shapes(q, k, v, call.params, comm, plan.layout);
+  plan.nq = rows[0];
+  plan.nk = rows[1];
   plan.n_local = q.dim(-2);
-  const std::array<std::int64_t, 2> local = {q.dim(-2), k.dim(-2)};
-  std::vector<std::int64_t> counts(2 * static_cast<std::size_t>(plan.ranks));
-  MPI_Allgather(local.data(), 2, MPI_INT64_T, counts.data(), 2, MPI_INT64_T, c);
-  for (std::size_t r = 0; r < counts.size(); r += 2) {
-    plan.nq += counts[r];
-    plan.nk += counts[r + 1];
-  }
-  for (const auto& [name, rows, total] :
-       {std::tuple{q.name, local[0], plan.nq}, std::tuple{k.name, local[1], plan.nk}}) {
-    const std::int64_t expected = rank_row_count(total, plan.ranks, plan.me, plan.layout);
-    if (rows != expected && problem.empty()) {
-      problem = name + ": holds " + std::to_string(rows) + " rows; the " +
-                layout_name(plan.layout) + " layout gives this rank " + std::to_string(expected) +
-                " of " + std::to_string(total) + " over " + std::to_string(plan.ranks) + " ranks";
-    }
-  }
-  agree(comm, problem);
 
   core::AttentionParams& base = call.params;
   if (options.mask) {
     try {
-      apply_mask(q, k, v, options, plan.nk, base);
+      detail::apply_mask(q, k, v, options, plan.nk, base);
     } catch (const std::exception& e) {
       problem = problem_of(e);
     }
@@ -465,7 +388,8 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   }
   // The float32 kernels bound their scores by the inputs' magnitudes: those of every rank.
   std::array<double, 3> magnitudes = {base.magnitudes.q, base.magnitudes.k, base.magnitudes.v};
-  MPI_Allreduce(MPI_IN_PLACE, magnitudes.data(), 3, MPI_DOUBLE, MPI_MAX, c);
+  bounded_allreduce(MPI_IN_PLACE, magnitudes.data(), 3, MPI_DOUBLE, MPI_MAX, c,
+                    "every rank's input magnitudes");
   base.magnitudes.q = magnitudes[0];
   base.magnitudes.k = magnitudes[1];
   base.magnitudes.v = magnitudes[2];

@@ -48,7 +48,7 @@ double reference_row(const BackwardParams& bp, std::int64_t b, std::int64_t h, s
   const core::AttentionShape& s = p.shape;
   const core::ScoreModifiers& mod = p.modifiers;
   const std::int64_t hk = h / s.group();
-  const std::int64_t diag = i + s.diagonal_offset();
+  const std::int64_t diag = i + core::diagonal_offset(s, p.masking);
   const auto hs = static_cast<std::size_t>(h);
   const auto load = [&](const core::InputOperand& op, std::int64_t at) {
     return core::load_real(op.data, op.dtype, at);

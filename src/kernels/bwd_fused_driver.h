@@ -3,7 +3,8 @@
 // sum runs in an order fixed by the shape:
 //
 //   pass 0, parallel over (b, h):        lse_i (-inf made +inf, so P = 0 for an empty row),
-//                                        D_i = Σ_c dO_ic·O_ic (float64 sum), and
+//                                        D_i = Σ_c dO_ic·O_ic (float64 sum; or read from
+//                                        bp.delta, where a caller computed it once), and
 //                                        dsink_h -= Σ_i exp(sink_h - lse_i)·D_i per (b, h)
 //   pass 1, threads taking tasks (key chunk c, b, kv head hk) from a counter: for each key
 //     tile K_j, V_j (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk,
@@ -216,7 +217,7 @@ void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
   const double cap = mod.softcap;
   const double slope =
       mod.alibi_slopes.empty() ? 0.0 : mod.alibi_slopes[static_cast<std::size_t>(h)];
-  const std::int64_t offset = p.shape.diagonal_offset();
+  const std::int64_t offset = core::diagonal_offset(p.shape, p.masking);
   for (std::int64_t r = 0; r < rows; ++r) {
     T* x = s + r * ld;
     const std::int64_t i = i0 + r;
@@ -255,7 +256,7 @@ void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
 template <class T>
 void zero_forbidden(const core::AttentionParams& p, std::int64_t i0, std::int64_t rows,
                     std::int64_t j0, std::int64_t cols, std::int64_t ld, T* x) noexcept {
-  const std::int64_t offset = p.shape.diagonal_offset();
+  const std::int64_t offset = core::diagonal_offset(p.shape, p.masking);
   for (std::int64_t r = 0; r < rows; ++r) {
     const core::KeyRange range = core::allowed_key_range(p.masking, p.shape.nk, i0 + r + offset);
     const std::int64_t lo = std::clamp<std::int64_t>(range.first - j0, 0, cols);
@@ -270,7 +271,7 @@ void zero_forbidden(const core::AttentionParams& p, std::int64_t i0, std::int64_
 inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::int64_t i1,
                         std::int64_t j0, std::int64_t j1) noexcept {
   if (!p.masking.has_structure()) return false;
-  const std::int64_t offset = p.shape.diagonal_offset();
+  const std::int64_t offset = core::diagonal_offset(p.shape, p.masking);
   const core::KeyRange first = core::allowed_key_range(p.masking, p.shape.nk, i0 + offset);
   const core::KeyRange last = core::allowed_key_range(p.masking, p.shape.nk, i1 - 1 + offset);
   return last.last <= j0 || first.first >= j1;
@@ -317,10 +318,14 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
           const double l =
               core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
           double dot = 0.0;
-          for (std::int64_t c = 0; c < s.dv; ++c) {
-            dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
-                                   bp.grad_out.strides.at(b, h, i, c)) *
-                   core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
+          if (bp.delta.data != nullptr) {
+            dot = core::load_real(bp.delta.data, bp.delta.dtype, bp.delta.strides.at(b, h, i, 0));
+          } else {
+            for (std::int64_t c = 0; c < s.dv; ++c) {
+              dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
+                                     bp.grad_out.strides.at(b, h, i, c)) *
+                     core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
+            }
           }
           lse[row] = l == -std::numeric_limits<double>::infinity()
                          ? std::numeric_limits<T>::infinity()

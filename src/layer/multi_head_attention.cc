@@ -97,9 +97,9 @@ Tensor linear(const TensorView& x, const TensorView& w, const std::optional<Tens
 namespace {
 
 // The forward; with `state`, it also keeps what the backward reads (layer_backward.h).
-LayerResult run_layer(const TensorView& x, const LayerWeights& weights,
-                      const LayerOptions& options, const std::optional<TensorView>& memory,
-                      LayerForwardState* state) {
+LayerResult run_layer(const TensorView& x, const LayerWeights& weights, const LayerOptions& options,
+                      const std::optional<TensorView>& memory, LayerForwardState* state,
+                      const AttentionStep* step = nullptr) {
   // Validation: every shape against the contract, every value finite.
   if (x.rank() != 2 && x.rank() != 3) {
     throw Error(x.name, "expected [N, d] or [B, N, d] (one sample per row), got " + str(x.rank()) +
@@ -241,11 +241,15 @@ LayerResult run_layer(const TensorView& x, const LayerWeights& weights,
     result.lse = Tensor(held, lse_shape, "lse");
     outputs.lse = result.lse.mutable_view();
   }
-  result.kernel = attention_into(
-      head_view<TensorView>(q.data(), compute, batched, batch, nq, heads, dk, q_name),
-      head_view<TensorView>(k.data(), compute, batched, batch, nk, kv_heads, dk, k_name),
-      head_view<TensorView>(v.data(), compute, batched, batch, nk, kv_heads, dv, v_name),
-      options.attention, outputs);
+  const TensorView q_heads =
+      head_view<TensorView>(q.data(), compute, batched, batch, nq, heads, dk, q_name);
+  const TensorView k_heads =
+      head_view<TensorView>(k.data(), compute, batched, batch, nk, kv_heads, dk, k_name);
+  const TensorView v_heads =
+      head_view<TensorView>(v.data(), compute, batched, batch, nk, kv_heads, dv, v_name);
+  result.kernel = step != nullptr
+                      ? (*step)(q_heads, k_heads, v_heads, options.attention, outputs)
+                      : attention_into(q_heads, k_heads, v_heads, options.attention, outputs);
 
   if (state != nullptr && options.attention.return_lse) result.lse = state->lse.to(held);
   Tensor out = weights.wo ? project(concat, *weights.wo, weights.bo, "output")
@@ -278,6 +282,11 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
                                  const std::optional<TensorView>& memory,
                                  LayerForwardState& state) {
   return run_layer(x, weights, options, memory, &state);
+}
+
+LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
+                                 const LayerOptions& options, const AttentionStep& step) {
+  return run_layer(x, weights, options, std::nullopt, nullptr, &step);
 }
 
 }  // namespace qkv

@@ -4,10 +4,12 @@
 Usage: ring_cli_test.py QKV MPIEXEC [MPIEXEC FLAGS...]
 
 For each case: the inputs written as .npy, `qkv attention` run once in one process, then
-`MPIEXEC FLAGS -np P qkv attention --ring` for P = 1, 2, 3, 4; O and the lse must match by the
-oracle's rule, max|ring - single| <= 2e-5 * max(1, max|single|). Then the faults: a bad file or
-a disagreeing shape on one rank, and refused flags, each ending every rank non-zero with one
-line on stderr and no output file.
+`MPIEXEC FLAGS -np P qkv attention --ring` for P = 1, 2, 3, 4, each with --grad-out and every
+--grad-* output (the backward over the ring), and `qkv layer --ring` likewise (forward only); O, the lse and the gradients must match by the
+oracle's rule, max|ring - single| <= 2e-5 * max(1, max|single|) (the forward's tolerance; the
+oracle's gradient cases allow 5e-5). Then the faults: a bad file or a disagreeing shape on one
+rank, refused flags and refused gradients, each ending every rank non-zero with one line on
+stderr and no output file.
 """
 import os
 import subprocess
@@ -74,6 +76,7 @@ def main():
             np.save("q.npy", q)
             np.save("k.npy", k)
             np.save("v.npy", v)
+            np.save("do.npy", rng.standard_normal((*q.shape[:-1], dv)).astype(dtype))
             h = shape_q[-3] if len(shape_q) >= 3 else 1
             np.save("s.npy", rng.standard_normal(h).astype(np.float32))
             nq, nkk = q.shape[-2], k.shape[-2]
@@ -84,36 +87,61 @@ def main():
             names = {"S": "s.npy", "MB": "mb.npy", "MF": "mf.npy"}
             flags = [names.get(f, f) for f in flags]
             base = ["attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy"] + flags
-            r = run([qkv] + base + ["--out", "o1.npy", "--lse", "l1.npy"])
+            grads = ["dq", "dk", "dv"] + (["ds"] if "--sinks" in flags else [])
+            flag_of = {"dq": "--grad-q", "dk": "--grad-k", "dv": "--grad-v", "ds": "--grad-sinks"}
+
+            def grad_flags(suffix):
+                out = ["--grad-out", "do.npy"]
+                for g in grads:
+                    out += [flag_of[g], "%s_%s.npy" % (g, suffix)]
+                return out
+
+            r = run([qkv] + base + ["--out", "o1.npy", "--lse", "l1.npy"] + grad_flags("1"))
             if r.returncode != 0:
                 failures.append("%s: single process failed: %s" % (name, r.stderr))
                 continue
-            want_o, want_l = np.load("o1.npy"), np.load("l1.npy")
+            want = {"out": np.load("o1.npy"), "lse": np.load("l1.npy")}
+            for g in grads:
+                want[g] = np.load("%s_1.npy" % g)
             for p in (1, 2, 3, 4):
                 out, lse = "o_%d.npy" % p, "l_%d.npy" % p
-                r = run(launcher + ["-np", str(p), qkv] + base + ["--ring", "--out", out, "--lse", lse])
+                r = run(launcher + ["-np", str(p), qkv] + base +
+                        ["--ring", "--out", out, "--lse", lse] + grad_flags(str(p)))
                 try:
                     if r.returncode != 0:
                         raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
-                    got_o, got_l = np.load(out), np.load(lse)
-                    if got_o.shape != want_o.shape or got_l.shape != want_l.shape:
-                        raise AssertionError("shapes %s %s" % (got_o.shape, got_l.shape))
-                    close("out", got_o.astype(np.float64), want_o.astype(np.float64))
-                    close("lse", got_l.astype(np.float64), want_l.astype(np.float64))
+                    got = {"out": np.load(out), "lse": np.load(lse)}
+                    for g in grads:
+                        got[g] = np.load("%s_%d.npy" % (g, p))
+                    for key in want:
+                        if got[key].shape != want[key].shape:
+                            raise AssertionError("%s: shape %s, expected %s" %
+                                                 (key, got[key].shape, want[key].shape))
+                        close(key, got[key].astype(np.float64), want[key].astype(np.float64))
                 except AssertionError as e:
                     failures.append("%s P=%d: %s" % (name, p, e))
-            # Bitwise repeatable for a given P and thread count (two cases: each run costs).
+            # Bitwise repeatable for a given P, whatever the thread count (two cases: each run
+            # costs).
             if name not in ("causal_gqa", "modifiers"):
                 print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
                 continue
-            r = run(launcher + ["-np", "3", qkv] + base + ["--ring", "--out", "again.npy"])
-            if r.returncode != 0 or open("again.npy", "rb").read() != open("o_3.npy", "rb").read():
-                failures.append("%s: P=3 twice gave different bits" % name)
+            # On 2 threads per rank (the first run took 1: the default for so little work), so
+            # that the bits are also shown not to depend on the thread count.
+            r = run(launcher + ["-np", "3", qkv] + base +
+                    ["--ring", "--threads", "2", "--out", "again.npy"] + grad_flags("again"))
+            if r.returncode != 0 or any(
+                    open(a, "rb").read() != open(b, "rb").read()
+                    for a, b in [("again.npy", "o_3.npy")] +
+                    [("%s_again.npy" % g, "%s_3.npy" % g) for g in grads]):
+                failures.append("%s: P=3 on 1 and 2 threads gave different bits" % name)
             print("ok" if not any(f.startswith(name) for f in failures) else "FAIL", name)
 
         container_problems = containers(qkv, launcher, rng)
         print("FAIL" if container_problems else "ok", "containers")
         failures += container_problems
+        layer_problems = layer(qkv, launcher, rng)
+        print("FAIL" if layer_problems else "ok", "layer --ring")
+        failures += layer_problems
         fault_problems = faults(qkv, launcher, rng)
         print("FAIL" if fault_problems else "ok", "faults")
         failures += fault_problems
@@ -138,28 +166,31 @@ def write_safetensors(path, tensors):
 
 
 def containers(qkv, launcher, rng):
-    """Q from a safetensors file, K from a stored .npz member (np.savez), V and a bool mask from
-    deflated members (np.savez_compressed): each rank reads only its rows, and the answer is the
-    single-process one."""
+    """Q from a safetensors file, K from a stored .npz member (np.savez), V, a bool mask and DO
+    from deflated members (np.savez_compressed): each rank reads only its rows, and the answer
+    (O, the lse, dK) is the single-process one."""
     problems = []
     q, k, v = case_inputs(rng, (2, 2, 27, 8), 1, 12)
     mask = rng.random((2, 27, 27)) < 0.6
     write_safetensors("in.safetensors", {"other": np.ones((3, 5), np.float32), "q": q})
     np.savez("stored.npz", first=np.zeros((4, 4), np.float32), k=k)
-    np.savez_compressed("deflated.npz", v=v, mask=mask)
+    grad_out = rng.standard_normal(q.shape[:-1] + (12,)).astype(np.float32)
+    np.savez_compressed("deflated.npz", v=v, mask=mask, do=grad_out)
     base = ["attention", "--q", "in.safetensors:q", "--k", "stored.npz:k", "--v", "deflated.npz:v",
-            "--mask", "deflated.npz:mask", "--causal"]
-    r = run([qkv] + base + ["--out", "c1.npy", "--lse", "cl1.npy"])
+            "--mask", "deflated.npz:mask", "--causal", "--grad-out", "deflated.npz:do"]
+    r = run([qkv] + base + ["--out", "c1.npy", "--lse", "cl1.npy", "--grad-k", "ck1.npy"])
     if r.returncode != 0:
         return ["containers: single process failed: %s" % r.stderr.strip()]
-    want_o, want_l = np.load("c1.npy"), np.load("cl1.npy")
+    want_o, want_l, want_dk = np.load("c1.npy"), np.load("cl1.npy"), np.load("ck1.npy")
     for p in (2, 3):
-        r = run(launcher + ["-np", str(p), qkv] + base + ["--ring", "--out", "c.npy", "--lse", "cl.npy"])
+        r = run(launcher + ["-np", str(p), qkv] + base + ["--ring", "--out", "c.npy", "--lse", "cl.npy",
+                                                         "--grad-k", "ck.npy"])
         try:
             if r.returncode != 0:
                 raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
             close("out", np.load("c.npy").astype(np.float64), want_o.astype(np.float64))
             close("lse", np.load("cl.npy").astype(np.float64), want_l.astype(np.float64))
+            close("dK", np.load("ck.npy").astype(np.float64), want_dk.astype(np.float64))
         except AssertionError as e:
             problems.append("containers P=%d: %s" % (p, e))
     return problems
@@ -177,6 +208,54 @@ def one_line_failure(r, what, expect_in, status=None):
     return problems
 
 
+def layer(qkv, launcher, rng):
+    """qkv layer --ring for P = 1..4 against one process (X of 29 rows: no P divides it), then
+    a projection that fails on one rank only (X of another width there: the rank never reaches
+    the ring) and the flags --ring refuses."""
+    problems = []
+    x = rng.standard_normal((2, 29, 12)).astype(np.float32)
+    np.save("x.npy", x)
+    np.save("x_wide.npy", rng.standard_normal((2, 29, 13)).astype(np.float32))
+    for name, shape in (("wq", (12, 16)), ("wk", (12, 8)), ("wv", (12, 12)), ("wo", (24, 10))):
+        np.save(name + ".npy", (0.3 * rng.standard_normal(shape)).astype(np.float32))
+    np.save("bq.npy", rng.standard_normal(16).astype(np.float32))
+    weights = ["--wq", "wq.npy", "--wk", "wk.npy", "--wv", "wv.npy", "--wo", "wo.npy",
+               "--bq", "bq.npy", "--heads", "4", "--kv-heads", "2"]
+    for flags in (["--causal", "--alibi"], ["--window", "4,2", "--softcap", "3"]):
+        base = ["layer", "--x", "x.npy"] + weights + flags
+        r = run([qkv] + base + ["--out", "y1.npy", "--lse", "yl1.npy"])
+        if r.returncode != 0:
+            problems.append("layer %s: single process failed: %s" % (flags, r.stderr))
+            continue
+        want_y, want_l = np.load("y1.npy"), np.load("yl1.npy")
+        for p in (1, 2, 3, 4):
+            r = run(launcher + ["-np", str(p), qkv] + base +
+                    ["--ring", "--out", "y_%d.npy" % p, "--lse", "yl_%d.npy" % p])
+            try:
+                if r.returncode != 0:
+                    raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
+                got_y, got_l = np.load("y_%d.npy" % p), np.load("yl_%d.npy" % p)
+                if got_y.shape != want_y.shape or got_l.shape != want_l.shape:
+                    raise AssertionError("shapes %s %s" % (got_y.shape, got_l.shape))
+                close("out", got_y.astype(np.float64), want_y.astype(np.float64))
+                close("lse", got_l.astype(np.float64), want_l.astype(np.float64))
+            except AssertionError as e:
+                problems.append("layer %s P=%d: %s" % (flags, p, e))
+    for name in os.listdir("."):
+        if name.startswith(("y_", "yl_", "y1", "yl1")):
+            os.remove(name)
+    tail = weights + ["--causal", "--out", "fault_out.npy"]
+    script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then x=x_wide.npy; else x=x.npy; fi; '
+              'exec "$0" layer --ring --x "$x" "$@"')
+    r = run(launcher + ["-np", "3", "sh", "-c", script, qkv] + tail)
+    problems += one_line_failure(r, "layer: a projection failing on rank 1 of 3",
+                                 "rank 1: wq.npy", 1)
+    r = run(launcher + ["-np", "2", qkv, "layer", "--ring", "--x", "x.npy", "--memory", "x.npy",
+                        "--grad-out", "y.npy", "--grad-x", "dx.npy"] + tail)
+    problems += one_line_failure(r, "layer: refused flags", "--memory, --grad-*", 2)
+    return problems
+
+
 def faults(qkv, launcher, rng):
     problems = []
     q, k, v = case_inputs(rng, (2, 12, 8), 2, 8)
@@ -187,7 +266,7 @@ def faults(qkv, launcher, rng):
     with open("bad.npy", "wb") as f:
         f.write(open("q.npy", "rb").read()[:50])
     for name in os.listdir("."):
-        if name.startswith(("o_", "l_", "o1", "l1", "again")):
+        if name.startswith(("o_", "l_", "o1", "l1", "again", "dq_", "dk_", "dv_", "ds_")):
             os.remove(name)
     tail = ["--k", "k.npy", "--v", "v.npy", "--causal", "--out", "fault_out.npy"]
     # Rank 2 of 3 reads a truncated file; rank 1 of 2 a Q with another head dimension.
@@ -203,8 +282,28 @@ def faults(qkv, launcher, rng):
     problems += one_line_failure(r, "budget", "rank 0: --max-memory: this rank's part", 1)
     # Flags the ring refuses: one line naming them, exit 2, nothing written.
     r = run(launcher + ["-np", "2", qkv, "attention", "--ring", "--q", "q.npy", "--weights",
-                        "w.npy", "--grad-out", "q.npy", "--grad-q", "dq.npy"] + tail)
-    problems += one_line_failure(r, "refused flags", "--weights, --grad-out, --grad-q", 2)
+                        "w.npy", "--check"] + tail)
+    problems += one_line_failure(r, "refused flags", "--weights, --check", 2)
+    # Gradients the ring refuses as one process does (exit 1, one line, nothing written): a
+    # 16-bit --dtype, a --backward-kernel that does not read the saved lse, dO of another shape.
+    np.save("do.npy", rng.standard_normal((2, 12, 8)).astype(np.float32))
+    np.save("do_short.npy", rng.standard_normal((2, 11, 8)).astype(np.float32))
+    grad = ["--grad-q", "dq.npy", "--grad-k", "dk.npy"]
+    for extra, expect in ((["--dtype", "bf16", "--grad-out", "do.npy"], "dtype"),
+                          (["--grad-out", "do.npy", "--backward-kernel", "reference"],
+                           "--backward-kernel"),
+                          (["--grad-out", "do_short.npy"], "do_short.npy")):
+        r = run(launcher + ["-np", "2", qkv, "attention", "--ring", "--q", "q.npy"] + extra +
+                grad + tail)
+        problems += one_line_failure(r, "refused gradients " + " ".join(extra), expect, 1)
+        for f in ("dq.npy", "dk.npy"):
+            if os.path.exists(f):
+                problems.append("refused gradients %s: %s was written" % (" ".join(extra), f))
+    # A wait limit that is not a number of seconds: refused before the ring, by every rank.
+    r = subprocess.run(launcher + ["-x", "QKV_RING_TIMEOUT", "-np", "2", qkv, "attention",
+                                   "--ring", "--q", "q.npy"] + tail, capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, QKV_RING_TIMEOUT="soon"))
+    problems += one_line_failure(r, "QKV_RING_TIMEOUT=soon", "rank 0: QKV_RING_TIMEOUT", 1)
     return problems
 
 

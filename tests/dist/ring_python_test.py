@@ -1,8 +1,10 @@
-"""qkv.ring_attention under mpirun (label `mpi`): run as
+"""qkv.ring_attention and qkv.ring_attention_backward under mpirun (label `mpi`): run as
     mpirun -np P python3 ring_python_test.py BUILD/python
-Every rank slices its rows of the same inputs, calls qkv.ring_attention over COMM_WORLD, and
-rank 0 gathers the rows and compares them with qkv.attention on the whole sequence by the
-oracle's rule; then an error on one rank must raise the same qkv.Error on every rank."""
+Every rank slices its rows of the same inputs, calls qkv.ring_attention over COMM_WORLD, then
+qkv.ring_attention_backward on what it returned, and rank 0 gathers the rows and compares them
+with qkv.attention and qkv.attention_backward on the whole sequence by the oracle's rule
+(2e-5 · max(1, max|whole|)); then an error on one rank must raise the same qkv.Error on every
+rank, for each."""
 import sys
 
 sys.path.insert(0, sys.argv[1])
@@ -19,6 +21,7 @@ n, h, hkv, d, dv = 27, 4, 2, 16, 8
 q = rng.standard_normal((h, n, d)).astype(np.float32)
 k = rng.standard_normal((hkv, n, d)).astype(np.float32)
 v = rng.standard_normal((hkv, n, dv)).astype(np.float32)
+do = rng.standard_normal((h, n, dv)).astype(np.float32)
 sinks = rng.standard_normal(h).astype(np.float32)
 failed = False
 for kwargs in ({"is_causal": True, "sinks": sinks, "alibi_slopes": True},
@@ -31,24 +34,39 @@ for kwargs in ({"is_causal": True, "sinks": sinks, "alibi_slopes": True},
     if "attn_mask" in kwargs:  # this rank's query rows, every key
         local["attn_mask"] = mine(kwargs["attn_mask"])
     res = qkv.ring_attention(mine(q), mine(k), mine(v), return_lse=True, **local)
-    gathered = comm.gather((rows, res.out, res.lse), root=0)
+    g = qkv.ring_attention_backward(mine(q), mine(k), mine(v), res.out, res.lse, mine(do),
+                                    **local)
+    parts = (res.out, res.lse, g.dq, g.dk, g.dv)
+    gathered = comm.gather((rows, parts), root=0)
     if me == 0:
-        out = np.zeros((h, n, dv), np.float32)
-        lse = np.zeros((h, n), np.float32)
-        for rws, o, l in gathered:
+        whole = [np.zeros((h, n, dv), np.float32), np.zeros((h, n), np.float32),
+                 np.zeros((h, n, d), np.float32), np.zeros((hkv, n, d), np.float32),
+                 np.zeros((hkv, n, dv), np.float32)]
+        for rws, mine_parts in gathered:
             at = 0
             for a, b in rws:
-                out[:, a:b] = o[:, at:at + b - a]
-                lse[:, a:b] = l[:, at:at + b - a]
+                for w, part in zip(whole, mine_parts):
+                    w[:, a:b] = part[:, at:at + b - a]
                 at += b - a
         want = qkv.attention(q, k, v, return_lse=True, **kwargs)
-        for name, got, exp in (("out", out, want.out), ("lse", lse, want.lse)):
+        grads = qkv.attention_backward(q, k, v, want.out, want.lse, do, **kwargs)
+        checks = list(zip(("out", "lse", "dq", "dk", "dv"), whole,
+                          (want.out, want.lse, grads.dq, grads.dk, grads.dv)))
+        if "sinks" in kwargs:
+            checks.append(("dsinks", g.dsinks, grads.dsinks))
+        for name, got, exp in checks:
             fin = np.isfinite(exp)  # a fully masked row's lse is -inf on both sides
             err = np.max(np.abs(got[fin] - exp[fin]), initial=0.0)
             tol = 2e-5 * max(1.0, np.max(np.abs(exp[fin]), initial=0.0))
             if not (err <= tol and np.array_equal(got[~fin], exp[~fin])):
                 print("FAIL", list(kwargs), name, err, tol)
                 failed = True
+
+    if g.dsinks is not None:  # the same on every rank
+        every = comm.allgather(g.dsinks.tobytes())
+        if len(set(every)) != 1:
+            print("FAIL rank", me, "dsinks differ between ranks")
+            failed = True
 
 # An error on the last rank only: every rank raises it, naming that rank.
 bad = np.zeros((h, 1, d + 1), np.float32) if me == P - 1 else np.zeros((h, 1, d), np.float32)
@@ -61,7 +79,21 @@ except qkv.Error as e:
         print("FAIL rank", me, "error", e)
         failed = True
 
+# The backward: dO of another shape on the first rank only; every rank raises, naming rank 0.
+x = np.zeros((h, 1, d), np.float32)
+kv, vv = np.zeros((hkv, 1, d), np.float32), np.zeros((hkv, 1, dv), np.float32)
+o, lse = np.zeros((h, 1, dv), np.float32), np.zeros((h, 1), np.float32)
+dout = np.zeros((h, 1, dv + 1) if me == 0 else (h, 1, dv), np.float32)
+try:
+    qkv.ring_attention_backward(x, kv, vv, o, lse, dout)
+    print("FAIL rank", me, "no backward error")
+    failed = True
+except qkv.Error as e:
+    if "rank 0" not in str(e) or "grad_out" not in str(e):
+        print("FAIL rank", me, "backward error", e)
+        failed = True
+
 failed = comm.allreduce(failed, op=MPI.LOR)
 if me == 0:
-    print("FAIL" if failed else "ok", "qkv.ring_attention on", P, "ranks")
+    print("FAIL" if failed else "ok", "qkv.ring_attention and its backward on", P, "ranks")
 sys.exit(1 if failed else 0)

@@ -115,26 +115,22 @@ std::string ring_refusals(const AttentionCommand& c) {
   refuse(!f.cu_seqlens_q_path.empty(), "--cu-seqlens-q");
   refuse(!f.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
   refuse(c.check, "--check");
-  const GradientFlags& g = c.gradients;
-  refuse(!g.grad_out.empty(), "--grad-out");
-  refuse(!g.grad_q.empty(), "--grad-q");
-  refuse(!g.grad_k.empty(), "--grad-k");
-  refuse(!g.grad_v.empty(), "--grad-v");
-  refuse(!g.grad_sinks.empty(), "--grad-sinks");
-  refuse(!g.backward_kernel.empty(), "--backward-kernel");
   return refused;
 }
 
 void run_attention(const AttentionCommand& command) {
-  if (command.ring) {
-    run_ring_attention(RingCommand{command.q_path, command.k_path, command.v_path, command.out_path,
-                                   &command.flags, command.report.verbose},
-                       ring_refusals(command));
-    return;
-  }
   if (!command.gradients.grad_out.empty() && !command.gradients.wanted()) {
     throw CLI::ValidationError("--grad-out",
                                "needs one of --grad-q, --grad-k, --grad-v or --grad-sinks");
+  }
+  if (command.ring) {
+    const GradientFlags& g = command.gradients;
+    run_ring_attention(RingCommand{command.q_path, command.k_path, command.v_path, command.out_path,
+                                   &command.flags, command.report.verbose,
+                                   RingGradientPaths{g.grad_out, g.grad_q, g.grad_k, g.grad_v,
+                                                     g.grad_sinks, g.backward_kernel}},
+                       ring_refusals(command));
+    return;
   }
   const std::uint64_t input_bytes = check_input_sizes(
       command.flags, {command.q_path, command.k_path, command.v_path, command.gradients.grad_out});
@@ -224,7 +220,8 @@ void register_attention_command(CLI::App& app) {
       ->needs(grad_out);
   sub->add_flag("--ring", command->ring,
                 "attention across the processes of mpirun -np P (ring attention over MPI): rank "
-                "0 writes --out and --lse; not with --weights, --cu-seqlens-*, --check, --grad-*");
+                "0 writes --out, --lse and the --grad-* gradients; not with --weights, "
+                "--cu-seqlens-*, --check");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -244,7 +241,10 @@ void register_attention_command(CLI::App& app) {
       "Across processes: mpirun -np P qkv attention --ring --q q.npy --k k.npy --v v.npy\n"
       "--causal --out o.npy splits the sequence over P ranks (zig-zag under --causal or\n"
       "--window, else contiguous blocks) and passes K/V around a ring; -v prints each rank's\n"
-      "compute, wait and transfer times. Without mpirun it runs as one rank.\n"
+      "compute, wait and transfer times. Without mpirun it runs as one rank. With --grad-out the\n"
+      "gradients go round the ring too (dK/dV travel with their K/V block back to its owner);\n"
+      "--backward-kernel there: fused_hwy, unfused_blas or fused_scalar. A rank gives up after\n"
+      "QKV_RING_TIMEOUT seconds (default 300) waiting on another, and aborts the job.\n"
       "QKV_VERBOSE=1 prints which kernel ran and why the others declined or were passed over, "
       "and whether the system refused threads (stderr). Every dimension may be 0.");
   sub->callback([command] { run_attention(*command); });

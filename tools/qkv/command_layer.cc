@@ -2,10 +2,12 @@
 // them, for qkv explain too).
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 
 #include "cli_common.h"
+#include "command_ring.h"
 #include "commands.h"
 #include "layer_weights.h"
 #include "qkv/error.h"
@@ -30,6 +32,7 @@ struct LayerGradientFlags {
 
 struct LayerCommand {
   std::string x_path, memory_path, out_path;
+  bool ring = false;
   WeightFlags weights;
   LayerGradientFlags gradients;
   AttentionFlags flags;
@@ -114,7 +117,133 @@ void check_gradient_flags(const LayerCommand& command) {
   }
 }
 
+// `to` = `from`, both of one shape and dtype; `to` any strides, `from` contiguous.
+void copy_into(const Tensor& from, const MutableTensorView& to) {
+  const std::size_t element = dtype_size(to.dtype);
+  const auto* source = static_cast<const char*>(from.data());
+  const std::size_t rank = to.shape.size();
+  std::vector<std::int64_t> index(rank, 0);
+  std::int64_t offset = 0;
+  for (std::int64_t e = 0; e < from.numel(); ++e) {
+    std::memcpy(static_cast<char*>(to.data) + offset * static_cast<std::int64_t>(element),
+                source + e * static_cast<std::int64_t>(element), element);
+    for (std::size_t axis = rank; axis-- > 0;) {
+      offset += to.strides[axis];
+      if (++index[axis] < to.shape[axis]) break;
+      offset -= to.strides[axis] * to.shape[axis];
+      index[axis] = 0;
+    }
+  }
+}
+
+// The flags qkv layer --ring refuses, as the user spelled them.
+std::string layer_ring_refusals(const LayerCommand& c) {
+  std::string refused;
+  const auto refuse = [&](bool given, const char* flag) {
+    if (given) refused += (refused.empty() ? "" : ", ") + std::string(flag);
+  };
+  refuse(!c.memory_path.empty(), "--memory");
+  refuse(!c.flags.weights_path.empty(), "--weights");
+  refuse(!c.flags.cu_seqlens_q_path.empty(), "--cu-seqlens-q");
+  refuse(!c.flags.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
+  refuse(!c.gradients.grad_out.empty() || c.gradients.wanted(), "--grad-*");
+  return refused;
+}
+
+// qkv layer --ring on this rank: its rows of X projected (the projections are row-local), the
+// attention over the ring (ring attention as the layer's attention step), its rows of the
+// output projected; rank 0 gathers and writes. Every rank agrees on success before the ring,
+// after it and after writing.
+void run_layer_ring(const LayerCommand& command, const dist::Communicator& comm, int ranks,
+                    int me) {
+  std::string problem;
+  Tensor x;
+  LoadedWeights loaded;
+  AttentionTensors tensors;
+  LayerOptions options;
+  DType out_dtype = DType::kF32;
+  dist::RowLayout layout = dist::RowLayout::kContiguous;
+  std::int64_t n = 0;
+  try {
+    check_weight_flags(command.weights);
+    load_weights(command.weights, loaded);
+    tensors = load_attention_tensors(command.flags);
+    options.heads = command.weights.heads;
+    options.kv_heads = command.weights.kv_heads;
+    options.attention = attention_options(command.flags, tensors);
+    layout = dist::default_layout(options.attention);
+    x = read_rows(command.x_path, ranks, me, layout, n);
+    // The mask: this rank's query rows (unless that axis broadcasts), every key.
+    if (tensors.mask && tensors.mask->shape().size() >= 2) {
+      const Shape& shape = tensors.mask->shape();
+      if (shape[shape.size() - 2] == n && n != 1) {
+        tensors.mask = dist::slice_rows(tensors.mask->view(), -2, ranks, me, layout);
+      }
+    }
+    options.attention = attention_options(command.flags, tensors);
+    options.attention.return_lse = !command.flags.lse_path.empty();
+    options.attention.max_memory = 0;  // the ring's memory is per rank; no budget yet
+    out_dtype = options.attention.out_dtype;
+    if (out_dtype == DType::kF16) options.attention.out_dtype = DType::kF32;
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  dist::agree(comm, problem);
+
+  bool attended = false;
+  dist::RingResult ring;
+  const AttentionStep step = [&](const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionOptions& o, const AttentionOutputs& outputs) {
+    attended = true;
+    AttentionOptions ring_options = o;
+    ring_options.out_dtype = outputs.out.dtype;
+    ring_options.return_lse = outputs.lse.has_value();
+    ring = dist::ring_attention(q, k, v, ring_options, comm, {layout});
+    copy_into(ring.out, outputs.out);
+    if (outputs.lse) copy_into(ring.lse.to(outputs.lse->dtype), *outputs.lse);
+    return ring.kernel;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  LayerResult result;
+  try {
+    result = multi_head_attention(x.view(), loaded.weights, options, step);
+  } catch (const dist::AgreedError&) {
+    throw;
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  // A rank whose projections failed never reached the ring: its agreement stands in for the
+  // ring's first one, which the other ranks are in.
+  if (!attended) dist::agree(comm, problem.empty() ? "the layer: no attention step" : problem);
+  dist::agree(comm, problem);
+  const Tensor out = dist::gather_rows(result.out.view(), -2, n, layout, comm);
+  const Tensor lse =
+      result.lse.empty() ? Tensor() : dist::gather_rows(result.lse.view(), -1, n, layout, comm);
+  if (me == 0) {
+    try {
+      std::vector<OutputFile> outputs = {{command.out_path, out.view()}};
+      add_extra_outputs(command.flags, Tensor(), lse, outputs);
+      write_outputs(outputs, out_dtype);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  dist::agree(comm, problem);
+  if (command.report.verbose) {
+    print_ring_times("qkv layer --ring", ring.times, ring.kernel, ring.threads, me, ranks,
+                     x.shape().empty() ? 0 : x.shape()[x.shape().size() - 2], seconds.count());
+  }
+}
+
 void run_layer(const LayerCommand& command) {
+  if (command.ring) {
+    run_on_ranks("qkv layer", layer_ring_refusals(command),
+                 [&](const dist::Communicator& comm, int ranks, int me) {
+                   run_layer_ring(command, comm, ranks, me);
+                 });
+    return;
+  }
   check_gradient_flags(command);
   std::vector<std::string> specs = weight_specs(command.weights);
   specs.push_back(command.gradients.grad_out);
@@ -225,6 +354,10 @@ void register_layer_command(CLI::App& app) {
   gradient("--grad-bk", g.bk, "db^K output", "--bk");
   gradient("--grad-bv", g.bv, "db^V output", "--bv");
   gradient("--grad-bo", g.bo, "db^O output", "--bo");
+  sub->add_flag("--ring", command->ring,
+                "attention across the processes of mpirun -np P: each rank projects its rows of "
+                "X, the attention is ring attention over MPI, rank 0 writes --out and --lse; not "
+                "with --memory, --weights, --cu-seqlens-*, --grad-*");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -238,7 +371,9 @@ void register_layer_command(CLI::App& app) {
       "Q, K, V. Packed batches: X is [total, d] (M [total_m, d_m]); --cu-seqlens-q cuts X's\n"
       "rows, --cu-seqlens-k those of X (or M) that give K and V; --lse is [H, total].\n"
       "Gradients: --grad-out DY.npy with --grad-x, --grad-wq, ... (float32, float64 for\n"
-      "float64 inputs; written in --out-dtype with the other outputs, all or none).");
+      "float64 inputs; written in --out-dtype with the other outputs, all or none).\n"
+      "Across processes: mpirun -np P qkv layer --ring ... splits X's rows over P ranks as\n"
+      "qkv attention --ring splits Q's (see 'qkv attention --help').");
   sub->callback([command] { run_layer(*command); });
 }
 

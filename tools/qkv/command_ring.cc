@@ -1,13 +1,15 @@
 // qkv attention --ring: each rank reads its own rows of the inputs and of the mask
-// (read_tensor_rows: by offsets into the file) and runs its part of the ring; rank 0 gathers
-// O and the lse and writes them through the usual all-or-nothing output path. Every rank agrees on
-// success before the ring and after writing.
+// (read_tensor_rows: by offsets into the file) and runs its part of the ring, then, with
+// --grad-out, its part of the backward ring; rank 0 gathers O, the lse and the gradients and
+// writes them through the usual all-or-nothing output path. Every rank agrees on success before
+// the ring and after writing.
 #include "command_ring.h"
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,18 +22,15 @@
 namespace qkv::cli {
 namespace {
 
-void print_times(const dist::RingResult& r, int rank, int ranks, std::int64_t rows,
-                 double seconds) {
-  const dist::RingTimes& t = r.times;
-  std::fprintf(stderr,
-               "qkv attention --ring: rank %d/%d: %lld rows, kernel %s, %d threads: compute "
-               "%.6f s, wait %.6f s, transfer %.6f s (%lld bytes sent), blocks computed %lld, "
-               "skipped %lld, total %.6f s\n",
-               rank, ranks, static_cast<long long>(rows), r.kernel.c_str(), r.threads, t.compute,
-               t.wait, t.transfer, static_cast<long long>(t.bytes_sent),
-               static_cast<long long>(t.blocks_computed), static_cast<long long>(t.blocks_skipped),
-               seconds);
+constexpr int kExitStatusUsage = 2;
+
+bool ring_backward_kernel(const std::string& name) {
+  return name.empty() || name == "fused_hwy" || name == "unfused_blas" || name == "fused_scalar";
 }
+
+// The ring on this rank, once MPI runs: read, compute, gather, write.
+void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
+                    const dist::Communicator& comm, int ranks, int me);
 
 std::vector<RowSpan> row_spans(const std::vector<dist::RowRange>& ranges) {
   std::vector<RowSpan> spans;
@@ -39,9 +38,20 @@ std::vector<RowSpan> row_spans(const std::vector<dist::RowRange>& ranges) {
   return spans;
 }
 
-// This rank's rows (axis -2) of the tensor `spec` names, and the file's row count in `rows`.
-// Only those rows are read (read_tensor_rows: by offsets into an .npy or safetensors file or a
-// stored .npz member; a deflated member is inflated as a stream, keeping them alone).
+}  // namespace
+
+void print_ring_times(const char* what, const dist::RingTimes& t, const std::string& kernel,
+                      int threads, int rank, int ranks, std::int64_t rows, double seconds) {
+  std::fprintf(stderr,
+               "%s: rank %d/%d: %lld rows, kernel %s, %d threads: compute %.6f s, wait %.6f s, "
+               "transfer %.6f s (%lld bytes sent), blocks computed %lld, skipped %lld, total "
+               "%.6f s\n",
+               what, rank, ranks, static_cast<long long>(rows), kernel.c_str(), threads, t.compute,
+               t.wait, t.transfer, static_cast<long long>(t.bytes_sent),
+               static_cast<long long>(t.blocks_computed), static_cast<long long>(t.blocks_skipped),
+               seconds);
+}
+
 Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout layout,
                  std::int64_t& rows) {
   const TensorInfo info = inspect_input(spec);
@@ -50,6 +60,8 @@ Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout l
   rows = info.shape[r - 2];
   return read_input_rows(spec, row_spans(dist::rank_rows(rows, ranks, rank, layout)));
 }
+
+namespace {
 
 // The --mask: this rank's query rows of it (read alone, as read_rows reads them) unless that
 // axis broadcasts (one row for every query), every key; 16-bit masks widened as load_mask does.
@@ -111,6 +123,20 @@ void check_rank_budget(const RingCommand& command, const AttentionFlags& flags, 
   if (nq > 0)
     bytes += q_rows / static_cast<std::uint64_t>(nq) * static_cast<std::uint64_t>(my_q) * row_bytes;
   if (me == 0) bytes += q_rows * row_bytes;
+  if (!command.gradients.grad_out.empty()) {
+    // Its rows of DO, of dQ, dK and dV as computed, the two dK/dV accumulators in flight, and
+    // on rank 0 the gathered gradients.
+    const auto as_computed = [&](const TensorInfo& t, std::int64_t rows) {
+      return rows_share(t, rows) / dtype_size(t.dtype) * out_elem;
+    };
+    try {
+      bytes += rows_share(inspect_input(command.gradients.grad_out), my_q);
+    } catch (const Error&) {
+    }
+    bytes += as_computed(q, my_q) + as_computed(k, my_k) + as_computed(v, my_k) +
+             2 * (as_computed(k, widest_k) + as_computed(v, widest_k));
+    if (me == 0) bytes += as_computed(q, nq) + as_computed(k, nk) + as_computed(v, nk);
+  }
   if (!flags.mask_path.empty()) {
     try {
       const TensorInfo mask = inspect_input(flags.mask_path);
@@ -132,26 +158,38 @@ void check_rank_budget(const RingCommand& command, const AttentionFlags& flags, 
   }
 }
 
-// The ring on this rank, once MPI runs: read, compute, gather, write.
-void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
-                    const dist::Communicator& comm, int ranks, int me);
-
 }  // namespace
 
-void run_ring_attention(const RingCommand& command, const std::string& refused) {
+void run_on_ranks(const char* command, const std::string& refused,
+                  const std::function<void(const dist::Communicator&, int, int)>& body) {
   if (!refused.empty()) {
+    if (dist::mpi_available()) {
+      // Every rank refuses alike. Under mpirun rank 0 says so before any rank exits: mpirun
+      // ends the job as soon as one rank exits non-zero, which could kill rank 0 before it had
+      // printed (a test saw an empty stderr once in eight runs on a busy machine).
+      dist::MpiSession session(nullptr, nullptr);
+      const dist::Communicator comm = dist::Communicator::world();
+      if (comm.size() > 1) {
+        if (comm.rank() == 0) {
+          std::fprintf(stderr, "%s: --ring: cannot be combined with %s (see '%s --help')\n",
+                       command, refused.c_str(), command);
+          std::fflush(stderr);
+        }
+        dist::barrier(comm);
+        throw AlreadyReported{kExitStatusUsage};
+      }
+    }
     throw CLI::ValidationError("--ring", "cannot be combined with " + refused);
   }
   if (!dist::mpi_available()) {
     throw CLI::ValidationError("--ring", "this build of qkv has no MPI");
   }
-  const AttentionFlags& flags = *command.flags;
   dist::MpiSession session(nullptr, nullptr);
   const dist::Communicator comm = dist::Communicator::world();
   const int ranks = comm.size();
   const int me = comm.rank();
   try {
-    run_ring_ranks(command, flags, comm, ranks, me);
+    body(comm, ranks, me);
   } catch (const dist::AgreedError& e) {
     // Every rank has this error. Rank 0 says it before any rank exits: mpirun ends the whole
     // job as soon as one rank exits non-zero, which could kill rank 0 before it had printed
@@ -165,29 +203,50 @@ void run_ring_attention(const RingCommand& command, const std::string& refused) 
   }
 }
 
+void run_ring_attention(const RingCommand& command, const std::string& refused) {
+  run_on_ranks("qkv attention", refused, [&](const dist::Communicator& comm, int ranks, int me) {
+    run_ring_ranks(command, *command.flags, comm, ranks, me);
+  });
+}
+
 namespace {
 
 void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
                     const dist::Communicator& comm, int ranks, int me) {
+  const RingGradientPaths& wanted = command.gradients;
+  const bool gradients = !wanted.grad_out.empty();
   std::string problem;
-  Tensor q, k, v;
+  Tensor q, k, v, grad_out;
   AttentionTensors tensors;
   AttentionOptions options;
   dist::RowLayout layout = dist::RowLayout::kContiguous;
   try {
+    if (!ring_backward_kernel(wanted.backward_kernel)) {
+      throw Error("--backward-kernel",
+                  "the ring's backward runs fused_hwy, unfused_blas or "
+                  "fused_scalar (the kernels that read the saved lse), not " +
+                      wanted.backward_kernel);
+    }
     AttentionFlags without_mask = flags;  // the mask is read below, this rank's rows alone
     without_mask.mask_path.clear();
     tensors = load_attention_tensors(without_mask);
     options = attention_options(flags, tensors);
     layout = dist::default_layout(options);
     check_rank_budget(command, flags, ranks, me, layout);
-    std::int64_t nq = 0, nk = 0;
+    std::int64_t nq = 0, nk = 0, n_grad = 0;
     q = read_rows(command.q_path, ranks, me, layout, nq);
     k = read_rows(command.k_path, ranks, me, layout, nk);
     v = read_rows(command.v_path, ranks, me, layout, nk);
+    if (gradients) {
+      grad_out = read_rows(wanted.grad_out, ranks, me, layout, n_grad);
+      if (n_grad != nq) {
+        throw Error(wanted.grad_out, "holds " + std::to_string(n_grad) + " rows; the output has " +
+                                         std::to_string(nq) + " (" + command.q_path + "'s)");
+      }
+    }
     tensors.mask = load_mask_rows(flags, nq, ranks, me, layout);
     options = attention_options(flags, tensors);
-    options.return_lse = !flags.lse_path.empty();
+    options.return_lse = !flags.lse_path.empty() || gradients;  // the backward reads it
     options.max_memory = 0;  // the rank's budget was checked above (check_rank_budget)
   } catch (const std::exception& e) {
     problem = e.what();
@@ -199,23 +258,52 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
     return dist::ring_attention(q.view(), k.view(), v.view(), options, comm, {layout});
   });
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  dist::RingGradients grads;
+  std::chrono::duration<double> backward_seconds{0};
+  if (gradients) {
+    AttentionOptions backward = options;
+    backward.kernel = wanted.backward_kernel;
+    const auto begin = std::chrono::steady_clock::now();
+    grads = within_memory_budget("attention --ring backward", [&] {
+      return dist::ring_attention_backward(q.view(), k.view(), v.view(), result.out.view(),
+                                           result.lse.view(), grad_out.view(), backward, comm,
+                                           {layout});
+    });
+    backward_seconds = std::chrono::steady_clock::now() - begin;
+  }
   const Tensor out = dist::gather_rows(result.out.view(), -2, result.n, layout, comm);
-  const Tensor lse = result.lse.empty()
+  const Tensor lse = flags.lse_path.empty()
                          ? Tensor()
                          : dist::gather_rows(result.lse.view(), -1, result.n, layout, comm);
+  const auto gathered = [&](const std::string& path, const Tensor& local, std::int64_t n) {
+    return path.empty() ? Tensor() : dist::gather_rows(local.view(), -2, n, layout, comm);
+  };
+  const Tensor dq = gathered(wanted.grad_q, grads.dq, grads.n);
+  const Tensor dk = gathered(wanted.grad_k, grads.dk, grads.n_k);
+  const Tensor dv = gathered(wanted.grad_v, grads.dv, grads.n_k);
   if (me == 0) {
     try {
       std::vector<OutputFile> outputs = {{command.out_path, out.view()}};
       add_extra_outputs(flags, Tensor(), lse, outputs);
+      if (!wanted.grad_q.empty()) outputs.push_back({wanted.grad_q, dq.view()});
+      if (!wanted.grad_k.empty()) outputs.push_back({wanted.grad_k, dk.view()});
+      if (!wanted.grad_v.empty()) outputs.push_back({wanted.grad_v, dv.view()});
+      if (!wanted.grad_sinks.empty()) outputs.push_back({wanted.grad_sinks, grads.dsinks.view()});
       write_outputs(outputs, options.out_dtype);
     } catch (const std::exception& e) {
       problem = e.what();
     }
   }
   dist::agree(comm, problem);
-  if (command.verbose)
-    print_times(result, me, ranks, q.shape().empty() ? 0 : q.shape()[q.shape().size() - 2],
-                seconds.count());
+  if (command.verbose) {
+    const std::int64_t rows = q.shape().empty() ? 0 : q.shape()[q.shape().size() - 2];
+    print_ring_times("qkv attention --ring", result.times, result.kernel, result.threads, me, ranks,
+                     rows, seconds.count());
+    if (gradients) {
+      print_ring_times("qkv attention --ring backward", grads.times, grads.kernel, grads.threads,
+                       me, ranks, rows, backward_seconds.count());
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,527 @@
+// The backward of ring attention over MPI (qkv/dist.h): ring-flash-attention's backward (Zhu,
+// 2024) on the ring of ring_attention.cc.
+//
+// P ranks, rank r holding its rows of Q, K, V and of O, the lse and dO (the layout's rows).
+// Before the ring each rank's problem is checked and agreed as the forward's is. Step
+// s = 0 .. P-1: rank r holds the K/V block of rank src = (r - s) mod P and, beside it, the dK/dV
+// accumulator of that block (the sum of the contributions of ranks src, src+1, .., r-1):
+//
+//   post: the K/V block on to rank r+1, the next one (rank r-s-1's) from rank r-1
+//   compute: for each (query range, key range) pair of this rank's rows and the block's that
+//            is visible (the forward's rule), one backward kernel call with the masking's
+//            position offsets (global positions for causal, window and ALiBi) and the saved
+//            lse rows: dQ of the query range, dK and dV of the key range; dQ added to this
+//            rank's dQ, dK/dV to the step's contribution (zeroed at the first visible pair)
+//   wait for the block's accumulator (from rank r-1; at s = 0 this rank starts it), add the
+//   contribution, and send it on to rank r+1; post the receive of the next accumulator
+//   wait for the K/V transfers
+//
+// After step P-1 the accumulator rank r sent holds all P contributions to block r+1 and goes to
+// its owner, rank r+1; rank r receives its own. Nothing that travels depends on the thread count
+// and every sum runs in a fixed order (dQ: step order, then pair order; a block's dK/dV: rank
+// order src, src+1, ..; within a call the kernel's own fixed order), so the bits depend only on
+// P and the thread count. A block no query of this rank can see is forwarded with its
+// accumulator untouched. D = rowsum(dO∘O) is computed once per row before the ring (as the
+// kernels sum it) and read by every kernel call (BackwardParams::delta). dsinks: each rank's
+// -Σ_i P_sink,i·D_i over its rows, per (b, h) then over b as the kernels sum it, then the ranks'
+// parts summed in rank order on every rank.
+//
+// Traffic per step: the K/V block (B·Hkv·rows·(D + Dv) elements in their storage type) and the
+// dK/dV accumulator (the same count in the compute type, float32 or float64); P accumulator
+// messages and P-1 block messages per rank. Memory per rank: its rows of Q, K, V, O, dO, the lse
+// and dQ, two K/V blocks, two accumulators, one call's dK/dV and the step's contribution (block
+// sized), one dQ-sized partial, and the kernel's workspace.
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "core/mask_rule.h"
+#include "core/validate_backward.h"
+#include "dist/mpi_comm.h"
+#include "dist/ring_common.h"
+#include "kernels/backward_kernel.h"
+#include "kernels/blas_threads.h"
+#include "qkv/dist.h"
+#include "qkv/error.h"
+
+namespace qkv::dist {
+namespace {
+
+using detail::Clock;
+using detail::problem_of;
+using detail::since;
+
+constexpr int kBlockTag = 0;        // K/V blocks
+constexpr int kAccumulatorTag = 1;  // dK/dV accumulators
+
+// The backward kernels that read the saved lse (the tiled ones): a block's probabilities are
+// then the whole row's. The reference recomputes the softmax from the keys in hand.
+bool reads_saved_lse(std::string_view name) {
+  return name == "fused_hwy" || name == "unfused_blas" || name == "fused_scalar";
+}
+
+const kernels::BackwardKernel& ring_backward_kernel(const core::BackwardParams& p,
+                                                    const std::string& requested) {
+  if (!requested.empty() && !reads_saved_lse(requested)) {
+    throw Error("kernel " + requested,
+                "the ring's backward runs fused_hwy, unfused_blas or fused_scalar (kernels that "
+                "read the saved lse; the reference recomputes the softmax from the keys in hand)");
+  }
+  const kernels::BackwardKernel* last = nullptr;
+  for (const auto& kernel : kernels::backward_kernels()) {
+    if (!reads_saved_lse(kernel.name)) continue;
+    if (!requested.empty() && kernel.name != requested) continue;
+    last = &kernel;
+    const std::string reason = kernel.declines(p);
+    if (reason.empty()) return kernel;
+    if (!requested.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
+  }
+  if (last == nullptr) throw Error("kernel " + requested, "no such kernel in this build");
+  throw Error("ring backward", "no kernel can compute these gradients: " + last->declines(p));
+}
+
+// Everything one rank's backward ring needs, fixed before the first step.
+struct Plan {
+  int ranks = 1, me = 0;
+  std::int64_t nq = 0, nk = 0;  // the whole problem's rows of Q and of K/V
+  std::int64_t n_local = 0;     // this rank's query rows
+  RowLayout layout = RowLayout::kContiguous;
+  core::BackwardParams base;  // the local call: sinks removed, gradients unbound
+  std::vector<RowRange> mine;
+  detail::BlockGeometry kv;    // a K/V block
+  detail::BlockGeometry grad;  // a dK/dV accumulator: the same rows, in the compute type
+  std::int64_t max_rows = 0;   // the largest block
+  const kernels::BackwardKernel* kernel = nullptr;
+};
+
+template <class T>
+const T* advance(const void* data, std::int64_t elements) {
+  return static_cast<const T*>(data) + elements;
+}
+
+// One rank's state through the ring: its dQ, the step's dK/dV contribution, one kernel call's
+// outputs.
+template <class T>
+class BackwardRun {
+ public:
+  explicit BackwardRun(const Plan& plan) : plan_(plan) {
+    const core::AttentionShape& s = plan.base.forward.shape;
+    const auto dq_size = static_cast<std::size_t>(s.b * s.h * plan.n_local * s.d);
+    dq_.assign(dq_size, T(0));
+    dq_part_ = std::make_unique_for_overwrite<T[]>(dq_size);  // each call writes its rows
+    const auto block = static_cast<std::size_t>(plan.grad.bytes(plan.max_rows)) / sizeof(T);
+    part_ = std::make_unique_for_overwrite<T[]>(block);
+    contribution_ = std::make_unique_for_overwrite<T[]>(block);
+  }
+
+  // This rank's queries against the block of rank `src`, held in `block`: dQ added to this
+  // rank's, dK/dV into the step's contribution. `poll` runs after each kernel call (MPI
+  // progress). Returns false when no pair of the block was visible (nothing computed).
+  template <class Poll>
+  bool compute(int src, const char* block, core::KernelStatus& status, Poll&& poll) {
+    const Plan& plan = plan_;
+    const core::AttentionShape& s = plan.base.forward.shape;
+    const std::vector<RowRange> theirs = rank_rows(plan.nk, plan.ranks, src, plan.layout);
+    std::int64_t rows = 0;
+    for (const RowRange& r : theirs) rows += r.size();
+    const std::int64_t nl = plan.n_local;
+    const std::int64_t dv_at = plan.grad.v_at(rows) / static_cast<std::int64_t>(sizeof(T));
+    const DType grad = std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
+    bool any = false;
+    std::int64_t lq = 0;
+    for (const RowRange& q : plan.mine) {
+      std::int64_t lk = 0;
+      for (const RowRange& k : theirs) {
+        if (detail::visible(plan.base.forward.masking, plan.nq, plan.nk, q, k)) {
+          if (!any) {
+            std::fill_n(contribution_.get(), dv_at + s.b * s.hkv * rows * s.dv, T(0));
+            any = true;
+          }
+          core::BackwardParams bp = plan.base;
+          core::AttentionParams& p = bp.forward;
+          p.shape.nq = q.size();
+          p.shape.nk = k.size();
+          const auto rows_of = [&](auto& op) {
+            op.data = static_cast<const char*>(op.data) +
+                      lq * op.strides.row * static_cast<std::int64_t>(dtype_size(op.dtype));
+          };
+          rows_of(p.q);
+          rows_of(bp.out);
+          rows_of(bp.lse);
+          rows_of(bp.grad_out);
+          rows_of(bp.delta);
+          detail::point_at_block(plan.kv, block, rows, lk, p.k, p.v);
+          detail::set_offsets(p.masking, plan.nq, plan.nk, q, k);
+          if (p.masking.mask != nullptr) {
+            // The mask's rows are this rank's query rows, its columns every key.
+            p.masking.mask = static_cast<const char*>(p.masking.mask) +
+                             p.masking.mask_strides.at(0, 0, lq, k.first) *
+                                 static_cast<std::int64_t>(dtype_size(p.masking.mask_dtype));
+          }
+          bp.dq = {dq_part_.get() + lq * s.d, grad,
+                   core::Strides4{s.h * nl * s.d, nl * s.d, s.d, 1}};
+          bp.dk = {part_.get() + lk * s.d, grad,
+                   core::Strides4{s.hkv * rows * s.d, rows * s.d, s.d, 1}};
+          bp.dv = {part_.get() + dv_at + lk * s.dv, grad,
+                   core::Strides4{s.hkv * rows * s.dv, rows * s.dv, s.dv, 1}};
+          bp.dsinks = nullptr;
+          if (plan.kernel->run(bp) != core::KernelStatus::kOk) {
+            status = core::KernelStatus::kOutOfMemory;
+          } else {
+            add_rows(dq_.data(), dq_part_.get(), s.b * s.h, nl, lq, q.size(), s.d);
+            add_rows(contribution_.get(), part_.get(), s.b * s.hkv, rows, lk, k.size(), s.d);
+            add_rows(contribution_.get() + dv_at, part_.get() + dv_at, s.b * s.hkv, rows, lk,
+                     k.size(), s.dv);
+          }
+          poll();
+        }
+        lk += k.size();
+      }
+      lq += q.size();
+    }
+    return any;
+  }
+
+  // The step's contribution into the accumulator of a block of `rows` rows: added, or copied
+  // when this rank starts the accumulator (`first`); with nothing computed, zeros to start it.
+  void accumulate(T* acc, std::int64_t rows, bool computed, bool first) const {
+    const core::AttentionShape& s = plan_.base.forward.shape;
+    const std::int64_t dv_at = plan_.grad.v_at(rows) / static_cast<std::int64_t>(sizeof(T));
+    const std::int64_t end = dv_at + s.b * s.hkv * rows * s.dv;
+    if (first) {
+      if (computed) {
+        std::copy_n(contribution_.get(), end, acc);
+      } else {
+        std::fill_n(acc, end, T(0));
+      }
+      // The padding between dK and dV travels: zero it (it is never read).
+      std::fill(acc + s.b * s.hkv * rows * s.d, acc + dv_at, T(0));
+      return;
+    }
+    if (!computed) return;
+    add_rows(acc, contribution_.get(), s.b * s.hkv, rows, 0, rows, s.d);
+    add_rows(acc + dv_at, contribution_.get() + dv_at, s.b * s.hkv, rows, 0, rows, s.dv);
+  }
+
+  const std::vector<T>& dq() const { return dq_; }
+
+ private:
+  // to[g][first + r][c] += from[g][first + r][c] for `groups` groups of `stride` rows of `cols`.
+  static void add_rows(T* to, const T* from, std::int64_t groups, std::int64_t stride,
+                       std::int64_t first, std::int64_t count, std::int64_t cols) {
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t at = (g * stride + first) * cols;
+      for (std::int64_t e = 0; e < count * cols; ++e) to[at + e] += from[at + e];
+    }
+  }
+
+  const Plan& plan_;
+  std::vector<T> dq_;
+  std::unique_ptr<T[]> dq_part_;
+  std::unique_ptr<T[]> part_;
+  std::unique_ptr<T[]> contribution_;
+};
+
+// The ring itself (see the top). `problem` comes in holding this rank's problem so far; the
+// ranks agree on it, and on their allocations, before the first step. A kernel that fails
+// inside the ring leaves its problem for the caller's agreement at the end (the rank keeps
+// forwarding meanwhile).
+template <class T>
+void run_ring(const Plan& plan, const Communicator& communicator, const TensorView& q,
+              const TensorView& k, const TensorView& v, RingGradients& result,
+              std::string& problem) {
+  const MPI_Comm comm = mpi_comm(communicator);
+  std::array<std::unique_ptr<char[]>, 2> blocks;
+  std::array<std::unique_ptr<T[]>, 2> accumulators;
+  std::unique_ptr<BackwardRun<T>> guarded;
+  try {
+    // Every rank sees the same largest block: all refuse an oversized one alike.
+    const auto block_capacity =
+        static_cast<std::size_t>(mpi_count(plan.kv.bytes(plan.max_rows), "a K/V block"));
+    const auto grad_capacity =
+        static_cast<std::size_t>(mpi_count(plan.grad.bytes(plan.max_rows), "a dK/dV accumulator"));
+    // Not zero-filled: written whole by the pack, the accumulation or MPI before they are read.
+    for (std::size_t i = 0; i < 2; ++i) {
+      blocks[i] = std::make_unique_for_overwrite<char[]>(block_capacity);
+      accumulators[i] = std::make_unique_for_overwrite<T[]>(grad_capacity / sizeof(T));
+    }
+    detail::pack_block(plan.kv, k, v, blocks[0].get());
+    guarded = std::make_unique<BackwardRun<T>>(plan);
+  } catch (const std::bad_alloc&) {
+    if (problem.empty()) problem = "ring backward: out of memory allocating its blocks and state";
+  } catch (const std::exception& e) {
+    if (problem.empty()) problem = problem_of(e);
+  }
+  agree(communicator, problem);
+  BackwardRun<T>& run = *guarded;
+  RingTimes& times = result.times;
+  core::KernelStatus status = core::KernelStatus::kOk;
+  const int ranks = plan.ranks;
+  const int next = (plan.me + 1) % ranks;
+  const int prev = (plan.me - 1 + ranks) % ranks;
+  const auto rows_of = [&](int rank) { return rank_row_count(plan.nk, ranks, rank, plan.layout); };
+  const auto grad_count = [&](int rank) {
+    return mpi_count(plan.grad.bytes(rows_of(rank)), "a dK/dV accumulator");
+  };
+  // The accumulator sent at the previous step and the one being received for this step.
+  MPI_Request sending = MPI_REQUEST_NULL, receiving = MPI_REQUEST_NULL;
+  for (int step = 0; step < ranks; ++step) {
+    const int src = (plan.me - step + ranks) % ranks;
+    char* const hand = blocks[static_cast<std::size_t>(step % 2)].get();
+    char* const coming = blocks[static_cast<std::size_t>((step + 1) % 2)].get();
+    T* const acc = accumulators[static_cast<std::size_t>(step % 2)].get();
+    T* const other = accumulators[static_cast<std::size_t>((step + 1) % 2)].get();
+    std::array<MPI_Request, 2> moves = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const Clock::time_point posted = Clock::now();
+    const bool moving = step + 1 < ranks;
+    if (moving) {
+      const int from = (plan.me - step - 1 + 2 * ranks) % ranks;
+      const int receive = mpi_count(plan.kv.bytes(rows_of(from)), "a K/V block");
+      const int send = mpi_count(plan.kv.bytes(rows_of(src)), "a K/V block");
+      MPI_Irecv(coming, receive, MPI_BYTE, prev, kBlockTag, comm, &moves[0]);
+      MPI_Isend(hand, send, MPI_BYTE, next, kBlockTag, comm, &moves[1]);
+      times.bytes_sent += send;
+    }
+    const Clock::time_point start = Clock::now();
+    // An MPI library without a progress thread moves a large message only inside MPI calls:
+    // a test between kernel calls lets the transfers advance during the step.
+    const bool computed = run.compute(src, hand, status, [&] {
+      int done = 0;
+      if (moving) MPI_Testall(2, moves.data(), &done, MPI_STATUSES_IGNORE);
+      std::array<MPI_Request, 2> grads = {sending, receiving};
+      MPI_Testall(2, grads.data(), &done, MPI_STATUSES_IGNORE);
+      sending = grads[0];
+      receiving = grads[1];
+    });
+    times.compute += since(start);
+    (computed ? times.blocks_computed : times.blocks_skipped) += 1;
+    if (step > 0) {
+      times.wait += wait_all(1, &receiving, comm, "a dK/dV accumulator from the previous rank");
+    }
+    const Clock::time_point adding = Clock::now();
+    run.accumulate(acc, rows_of(src), computed, step == 0);
+    times.compute += since(adding);
+    if (ranks > 1) {
+      // `other` was sent at the previous step: free once that send completes.
+      times.wait += wait_all(1, &sending, comm, "the previous dK/dV accumulator's send");
+      const int to_come = (plan.me - step - 1 + 2 * ranks) % ranks;
+      MPI_Irecv(other, grad_count(to_come), MPI_BYTE, prev, kAccumulatorTag, comm, &receiving);
+      MPI_Isend(acc, grad_count(src), MPI_BYTE, next, kAccumulatorTag, comm, &sending);
+      times.bytes_sent += grad_count(src);
+    }
+    if (moving) {
+      times.wait += wait_all(2, moves.data(), comm, "the next K/V block");
+      times.transfer += since(posted);
+    }
+  }
+  // This rank's own accumulator, after its round: in the buffer the last receive filled.
+  T* own = accumulators[0].get();
+  if (ranks > 1) {
+    std::array<MPI_Request, 2> last = {receiving, sending};
+    times.wait += wait_all(2, last.data(), comm, "this rank's dK/dV back from the ring");
+    own = accumulators[static_cast<std::size_t>(ranks % 2)].get();
+  }
+  if (status != core::KernelStatus::kOk) {
+    problem = "attention_backward: out of memory: kernel " + std::string(plan.kernel->name) +
+              " could not allocate its workspace";
+    return;
+  }
+  const DType grad = std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
+  const std::int64_t rows = rows_of(plan.me);
+  try {
+    result.dq = Tensor(grad, q.shape, "dq");
+    result.dk = Tensor(grad, k.shape, "dk");
+    result.dv = Tensor(grad, v.shape, "dv");
+  } catch (const std::exception& e) {
+    problem = problem_of(e);
+    return;
+  }
+  std::copy(run.dq().begin(), run.dq().end(), static_cast<T*>(result.dq.data()));
+  const auto dk_elements = static_cast<std::size_t>(result.dk.numel());
+  std::copy_n(own, dk_elements, static_cast<T*>(result.dk.data()));
+  std::copy_n(own + plan.grad.v_at(rows) / static_cast<std::int64_t>(sizeof(T)), result.dv.numel(),
+              static_cast<T*>(result.dv.data()));
+}
+
+// D_i = Σ_c dO_ic·O_ic of this rank's query rows, [b][h][i] in float64, summed as the kernels
+// sum it (so that a kernel reading it gives the bits it would compute itself).
+std::vector<double> row_deltas(const core::BackwardParams& bp) {
+  const core::AttentionShape& s = bp.forward.shape;
+  std::vector<double> delta(static_cast<std::size_t>(s.b * s.h * s.nq));
+  for (std::int64_t b = 0; b < s.b; ++b) {
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      for (std::int64_t i = 0; i < s.nq; ++i) {
+        double dot = 0.0;
+        for (std::int64_t c = 0; c < s.dv; ++c) {
+          dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
+                                 bp.grad_out.strides.at(b, h, i, c)) *
+                 core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
+        }
+        delta[static_cast<std::size_t>((b * s.h + h) * s.nq + i)] = dot;
+      }
+    }
+  }
+  return delta;
+}
+
+// This rank's part of dsinks per head: -Σ exp(min(sink_h - lse_i, 0))·D_i over its rows, per
+// (b, h) in row order, then over b (the kernels' order).
+std::vector<double> local_dsinks(const core::BackwardParams& bp, const std::vector<double>& delta,
+                                 const std::vector<double>& sinks) {
+  const core::AttentionShape& s = bp.forward.shape;
+  std::vector<double> dsinks(static_cast<std::size_t>(s.h), 0.0);
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  for (std::int64_t h = 0; h < s.h; ++h) {
+    const double sink = sinks[static_cast<std::size_t>(h)];
+    for (std::int64_t b = 0; b < s.b; ++b) {
+      double sum = 0.0;
+      for (std::int64_t i = 0; i < s.nq; ++i) {
+        const double l = core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
+        const double dot = delta[static_cast<std::size_t>((b * s.h + h) * s.nq + i)];
+        if (sink != kNegInf && l != kNegInf) sum -= std::exp(std::min(sink - l, 0.0)) * dot;
+      }
+      dsinks[static_cast<std::size_t>(h)] += sum;
+    }
+  }
+  return dsinks;
+}
+
+}  // namespace
+
+RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& out, const TensorView& lse,
+                                      const TensorView& grad_out, const AttentionOptions& options,
+                                      const Communicator& comm, const RingOptions& ring) {
+  const MPI_Comm c = mpi_comm(comm);
+  Plan plan;
+  plan.ranks = comm.size();
+  plan.me = comm.rank();
+  plan.layout = ring.layout;
+  std::string problem;
+  core::BackwardCall call;
+  try {
+    if (options.cu_seqlens_q || options.cu_seqlens_k) {
+      throw Error("cu_seqlens", "ring attention splits one sequence, not a packed batch");
+    }
+    // The mask spans this rank's query rows and every key: checked once nk is known.
+    AttentionOptions unmasked = options;
+    unmasked.mask.reset();
+    call = core::validate_attention_backward(q, k, v, out, lse, grad_out, unmasked);
+    problem = wait_limit_problem();
+  } catch (const std::exception& e) {
+    problem = problem_of(e);
+  }
+  agree(comm, problem);
+  core::BackwardParams& base = call.params;
+  const std::array<std::int64_t, 2> rows =
+      detail::agree_on_shapes(q, k, v, base.forward, comm, plan.layout);
+  plan.nq = rows[0];
+  plan.nk = rows[1];
+  plan.n_local = q.dim(-2);
+  if (options.mask) {
+    try {
+      detail::apply_mask(q, k, v, options, plan.nk, base.forward);
+    } catch (const std::exception& e) {
+      problem = problem_of(e);
+    }
+    agree(comm, problem);
+  }
+  // The float32 kernels bound their sums by the inputs' magnitudes: those of every rank.
+  core::Magnitudes& m = base.forward.magnitudes;
+  std::array<double, 5> magnitudes = {m.q, m.k, m.v, m.mask, base.grad_out_magnitude};
+  bounded_allreduce(MPI_IN_PLACE, magnitudes.data(), 5, MPI_DOUBLE, MPI_MAX, c,
+                    "every rank's input magnitudes");
+  m.q = magnitudes[0];
+  m.k = magnitudes[1];
+  m.v = magnitudes[2];
+  m.mask = magnitudes[3];
+  base.grad_out_magnitude = magnitudes[4];
+  const std::vector<double> sinks = base.forward.modifiers.sinks;
+  base.forward.modifiers.sinks.clear();  // they enter through the lse and dsinks only
+  m.sink = 0;
+  base.forward.progress = nullptr;
+  const core::AttentionShape& s = base.forward.shape;
+  const bool wide = base.forward.compute == DType::kF64;
+  const DType grad = wide ? DType::kF64 : DType::kF32;
+  const auto element = static_cast<std::int64_t>(dtype_size(grad));
+  plan.mine = rank_rows(plan.nq, plan.ranks, plan.me, plan.layout);
+  plan.kv = {s.b,
+             s.hkv,
+             s.d,
+             s.dv,
+             static_cast<std::int64_t>(dtype_size(k.dtype)),
+             static_cast<std::int64_t>(dtype_size(v.dtype))};
+  plan.grad = {s.b, s.hkv, s.d, s.dv, element, element};
+  for (int p = 0; p < plan.ranks; ++p) {
+    plan.max_rows = std::max(plan.max_rows, rank_row_count(plan.nk, plan.ranks, p, plan.layout));
+  }
+  plan.base = base;
+  try {
+    // The choice sees the whole sequence (which bounds ALiBi's distances and the sums) and
+    // gradients as the ring binds them: contiguous rows of the compute type.
+    core::BackwardParams whole = base;
+    whole.forward.shape.nq = plan.nq;
+    whole.forward.shape.nk = plan.nk;
+    static double unused = 0.0;
+    const core::OutputOperand slot{&unused, grad, core::Strides4{0, 0, 0, 1}};
+    whole.dq = whole.dk = whole.dv = slot;
+    if (const std::string reason = kernels::backward_float64_declines(whole); !reason.empty()) {
+      throw Error("attention_backward", "cannot compute these gradients: " + reason);
+    }
+    plan.kernel = &ring_backward_kernel(whole, options.kernel);
+  } catch (const std::exception& e) {
+    problem = problem_of(e);
+  }
+  agree(comm, problem);
+  kernels::single_threaded_blas();
+
+  RingGradients result;
+  result.n = plan.nq;
+  result.n_k = plan.nk;
+  result.kernel = std::string(plan.kernel->name);
+  result.compute = grad;
+  result.threads = base.forward.threads;
+  std::vector<double> delta, dsinks;
+  try {
+    // D once per row, for every block's kernel call and for dsinks.
+    delta = row_deltas(base);
+    plan.base.delta = {delta.data(), DType::kF64,
+                       core::Strides4{s.h * plan.n_local, plan.n_local, 1, 0}};
+    if (!sinks.empty()) dsinks = local_dsinks(base, delta, sinks);
+  } catch (const std::exception& e) {
+    problem = problem_of(e);
+  }
+  if (wide) {
+    run_ring<double>(plan, comm, q, k, v, result, problem);
+  } else {
+    run_ring<float>(plan, comm, q, k, v, result, problem);
+  }
+  agree(comm, problem);
+  if (!sinks.empty()) {
+    // Every rank's part, summed in rank order on every rank.
+    std::vector<double> parts(dsinks.size() * static_cast<std::size_t>(plan.ranks));
+    bounded_allgather(dsinks.data(), static_cast<int>(dsinks.size()), MPI_DOUBLE, parts.data(), c,
+                      "every rank's part of dsinks");
+    result.dsinks = Tensor(grad, {s.h}, "dsinks");
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      double sum = 0.0;
+      for (int r = 0; r < plan.ranks; ++r) {
+        sum += parts[static_cast<std::size_t>(r) * dsinks.size() + static_cast<std::size_t>(h)];
+      }
+      core::store_real(result.dsinks.data(), grad, h, sum);
+    }
+  }
+  return result;
+}
+
+}  // namespace qkv::dist
