@@ -126,16 +126,20 @@ struct Plan {
   std::size_t k_elem = 4, v_elem = 4;
 };
 
-std::int64_t k_bytes(const Plan& plan, std::int64_t rows) {
+// How a K/V block of the plan lies in memory (ring_common.h, shared with the backward ring).
+detail::BlockGeometry geometry(const Plan& plan) {
   const core::AttentionShape& s = plan.base.shape;
-  return s.b * s.hkv * rows * s.d * static_cast<std::int64_t>(plan.k_elem);
+  return {s.b,
+          s.hkv,
+          s.d,
+          s.dv,
+          static_cast<std::int64_t>(plan.k_elem),
+          static_cast<std::int64_t>(plan.v_elem)};
 }
 
-std::int64_t block_bytes(const Plan& plan, std::int64_t rows) {
-  const core::AttentionShape& s = plan.base.shape;
-  return align64(k_bytes(plan, rows)) +
-         s.b * s.hkv * rows * s.dv * static_cast<std::int64_t>(plan.v_elem);
-}
+std::int64_t k_bytes(const Plan& plan, std::int64_t rows) { return geometry(plan).k_bytes(rows); }
+
+std::int64_t block_bytes(const Plan& plan, std::int64_t rows) { return geometry(plan).bytes(rows); }
 
 template <class F>
 class RingRun {
@@ -270,24 +274,8 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
         static_cast<std::size_t>(mpi_count(block_bytes(plan, max_rows), "a K/V block"));
     buffers = {std::make_unique_for_overwrite<char[]>(capacity),
                std::make_unique_for_overwrite<char[]>(capacity)};
-    // The block's K then V (at a 64-byte boundary), rows contiguous; the padding between them
-    // is zeroed so that no uninitialised byte is sent.
-    const auto put = [&](const TensorView& t, char* at) {
-      const std::size_t bytes =
-          static_cast<std::size_t>(t.numel()) * static_cast<std::size_t>(dtype_size(t.dtype));
-      if (bytes == 0) return;
-      if (t.is_contiguous()) {
-        std::memcpy(at, t.data, bytes);
-      } else {
-        const Tensor copy = contiguous_copy(t, t.dtype);
-        std::memcpy(at, copy.data(), bytes);
-      }
-    };
-    const std::size_t v_at = static_cast<std::size_t>(align64(k_bytes(plan, k.dim(-2))));
-    put(k, buffers[0].get());
-    const auto k_end = static_cast<std::size_t>(k_bytes(plan, k.dim(-2)));
-    std::memset(buffers[0].get() + k_end, 0, v_at - k_end);
-    put(v, buffers[0].get() + v_at);
+    // The block's K then V (at a 64-byte boundary), rows contiguous, the padding zeroed.
+    detail::pack_block(geometry(plan), k, v, buffers[0].get());
     guarded = std::make_unique<RingRun<F>>(plan);
   } catch (const std::bad_alloc&) {
     if (problem.empty()) problem = "ring: out of memory allocating its K/V blocks and state";
