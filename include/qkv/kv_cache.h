@@ -40,6 +40,9 @@ struct KVCacheOptions {
   std::int64_t page_rows = 256;
   // Capacity, set up front: at most this many pages, and at most this many bytes of pages;
   // 0 leaves that bound off. An append that would pass either throws and changes nothing.
+  // Pages of 64 KiB or more are carved from slabs on 2 MiB huge pages (decoding streams them
+  // faster), so the memory held can pass the pages in use by the unused rest of the last
+  // slab, under 8 MiB.
   std::int64_t max_pages = 0;
   std::uint64_t max_bytes = 0;
 };

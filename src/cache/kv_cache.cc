@@ -1,9 +1,10 @@
 // qkv::KVCache: pages, block tables, copy-on-write forks.
 //
-// The pool: pages of layout.page_bytes() bytes (one std::aligned_alloc each, 64-byte aligned),
-// taken lazily, reference counted by the sequences that hold them, and reused through a free
-// list (a freed page is kept for the next append, so the memory held never passes the largest
-// number of pages ever in use, which the capacity bounds). A sequence is a block table: fork()
+// The pool: pages of layout.page_bytes() bytes from a cache::PagePool (64-byte aligned, large
+// ones on huge-page slabs: see page_pool.h), taken lazily, reference counted by the sequences
+// that hold them, and reused through a free list (a freed page is kept for the next append, so
+// the memory held never passes the largest number of pages ever in use, which the capacity
+// bounds, plus the rest of the pool's last slab). A sequence is a block table: fork()
 // copies the table and counts each page once more; an append into a page that another sequence
 // also holds copies it first (only the last page can be partly filled, so only it is ever
 // copied). The lock covers this bookkeeping; rows are converted and written outside it, into
@@ -22,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_cache_impl.h"
 #include "cache/append_rows.h"
+#include "cache/kv_cache_impl.h"
 #include "cache/quantise.h"
 #include "core/format_bytes.h"
 #include "core/out_of_memory.h"
@@ -33,17 +34,21 @@ namespace qkv {
 
 const char* cache_storage_name(CacheStorage storage) noexcept {
   switch (storage) {
-    case CacheStorage::kF32: return "f32";
-    case CacheStorage::kBF16: return "bf16";
-    case CacheStorage::kF16: return "f16";
-    case CacheStorage::kInt8: return "int8";
+    case CacheStorage::kF32:
+      return "f32";
+    case CacheStorage::kBF16:
+      return "bf16";
+    case CacheStorage::kF16:
+      return "f16";
+    case CacheStorage::kInt8:
+      return "int8";
   }
   return "?";
 }
 
 CacheStorage parse_cache_storage(const std::string& text, const std::string& subject) {
-  for (CacheStorage storage : {CacheStorage::kF32, CacheStorage::kBF16, CacheStorage::kF16,
-                               CacheStorage::kInt8}) {
+  for (CacheStorage storage :
+       {CacheStorage::kF32, CacheStorage::kBF16, CacheStorage::kF16, CacheStorage::kInt8}) {
     if (text == cache_storage_name(storage)) return storage;
   }
   throw Error(subject, "must be f32, bf16, f16 or int8, got '" + text + "'");
@@ -135,11 +140,7 @@ std::string pages_text(std::int64_t pages, std::int64_t page_bytes) {
 // --- Impl -------------------------------------------------------------------------------------
 
 KVCache::Impl::Impl(const KVCacheOptions& cache_options, const cache::PageLayout& page_layout)
-    : options(cache_options), layout(page_layout) {}
-
-KVCache::Impl::~Impl() {
-  for (const auto& [page, count] : refs) std::free(const_cast<std::byte*>(page));
-}
+    : options(cache_options), layout(page_layout), pool(page_layout.page_bytes()) {}
 
 KVCache::Impl::Sequence& KVCache::Impl::find(SequenceId sequence) const {
   const auto it = sequences.find(sequence);
@@ -162,12 +163,12 @@ std::byte* KVCache::Impl::take_page() {
   } catch (const std::bad_alloc&) {
     throw out_of_memory();
   }
-  auto* page = static_cast<std::byte*>(std::aligned_alloc(64, static_cast<std::size_t>(bytes)));
+  std::byte* page = pool.allocate();
   if (page == nullptr) throw out_of_memory();
   try {
     refs.emplace(page, 0);
   } catch (const std::bad_alloc&) {
-    std::free(page);
+    // The page stays the pool's (freed with it); its address is never handed out again.
     throw out_of_memory();
   }
   return page;

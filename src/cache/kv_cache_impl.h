@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cache/page_layout.h"
+#include "cache/page_pool.h"
 #include "qkv/kv_cache.h"
 
 namespace qkv {
@@ -43,6 +44,8 @@ struct KVCache::Impl {
   // read a snapshot's pages outside it.
   mutable std::mutex mutex;
   std::map<SequenceId, std::unique_ptr<Sequence>> sequences;
+  // Where new pages come from (huge-page slabs for large pages); it owns their memory.
+  cache::PagePool pool;
   // Every page allocated, with the number of sequences holding it (0: on the free list).
   std::unordered_map<const std::byte*, std::int64_t> refs;
   // Freed pages, reused before any new allocation. Its capacity is kept >= refs.size(), so that
@@ -56,7 +59,6 @@ struct KVCache::Impl {
   SequenceId next_id = 0;
 
   Impl(const KVCacheOptions& cache_options, const cache::PageLayout& page_layout);
-  ~Impl();  // frees every page
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
