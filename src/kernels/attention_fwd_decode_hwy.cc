@@ -117,11 +117,16 @@ HWY_INLINE void widen_row(const void* src, const float* scales, std::int64_t cou
 HWY_INLINE void widen_any(KVType type, const void* src, const float* scales, std::int64_t count,
                           std::int64_t col, std::int64_t padded, float* HWY_RESTRICT dst) {
   switch (type) {
-    case KVType::kF32: return widen_row<KVType::kF32>(src, scales, count, col, padded, dst);
-    case KVType::kBF16: return widen_row<KVType::kBF16>(src, scales, count, col, padded, dst);
-    case KVType::kF16: return widen_row<KVType::kF16>(src, scales, count, col, padded, dst);
-    case KVType::kInt8: return widen_row<KVType::kInt8>(src, scales, count, col, padded, dst);
-    case KVType::kF64: return widen_row<KVType::kF64>(src, scales, count, col, padded, dst);
+    case KVType::kF32:
+      return widen_row<KVType::kF32>(src, scales, count, col, padded, dst);
+    case KVType::kBF16:
+      return widen_row<KVType::kBF16>(src, scales, count, col, padded, dst);
+    case KVType::kF16:
+      return widen_row<KVType::kF16>(src, scales, count, col, padded, dst);
+    case KVType::kInt8:
+      return widen_row<KVType::kInt8>(src, scales, count, col, padded, dst);
+    case KVType::kF64:
+      return widen_row<KVType::kF64>(src, scales, count, col, padded, dst);
   }
 }
 
@@ -141,6 +146,29 @@ HWY_INLINE bool any_large(const float* const* rows, std::int64_t count, std::int
   }
   return hn::GetLane(hn::MaxOfLanes(di, largest)) >= 0x4f800000;  // 2^32
 }
+
+#if HWY_TARGET <= HWY_AVX3
+// The same question asked inside the passes that read K and V (dot_block and accumulate_block,
+// on AVX-512): each K and V vector, already in a register for its FMAs, goes into a running
+// largest magnitude with one vrangeps (the larger |x| of two, sign cleared), which catches
+// infinities and magnitudes of 2^32 or more. vrangeps does not keep a NaN, so NaNs are caught
+// from what the kernel computed: a NaN (or infinity) in K makes its scores NaN or infinite
+// whatever Q is (NaN · 0 and ∞ · 0 are NaN), and one in V the rows of o that P·V adds it to, so
+// adding s · 0 and o · 0 into a running sum (`poison`, which stays 0 until then) catches them.
+// A separate any_large pass loaded every element again and cost about as much as the kernel's
+// own work on one query row: plain tensors took 1.2-1.5x the cached call on the same bytes.
+constexpr int kCheckLanes = 8;  // independent running maxima, so that no chain of vrangeps waits
+
+HWY_INLINE V max_abs(V largest, V x) { return V{_mm512_range_ps(largest.raw, x.raw, 0x0B)}; }
+
+// Whether the running maxima met a NaN, an infinity or a magnitude of 2^32 or more.
+HWY_INLINE bool any_large(const V* largest, int count) {
+  const D df;
+  V all = largest[0];
+  for (int i = 1; i < count; ++i) all = max_abs(all, largest[i]);
+  return !hn::AllTrue(df, hn::Lt(all, hn::Set(df, 4294967296.0f)));
+}
+#endif
 
 // s[x · kBlockKeys + j] = scale · q_x·k_j for G rows, one K vector load shared by all G.
 template <int G>
@@ -190,14 +218,18 @@ HWY_INLINE __m512 sum_16_vectors(const __m512* a) {
 // s[j] = scale · q·k_j for the 16 keys of a block (keys past the block's end repeat a valid
 // row; their scores are masked afterwards): 16 independent accumulators, one Q load per 16
 // FMAs, then one transposing reduction.
+// With kCheck, every K element read also goes into `largest` (kCheckLanes vectors).
+template <bool kCheck = false>
 HWY_INLINE void dot_block(const float* HWY_RESTRICT q, std::int64_t dl, const float* const* keys,
-                          float scale, float* HWY_RESTRICT s) {
+                          float scale, float* HWY_RESTRICT s, V* largest = nullptr) {
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
   for (std::int64_t c = 0; c < dl; c += 16) {
     const __m512 qv = _mm512_load_ps(q + c);
     for (int i = 0; i < 16; ++i) {
-      acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys[kSlotOf[i]] + c), acc[i]);
+      const __m512 kv = _mm512_loadu_ps(keys[kSlotOf[i]] + c);
+      acc[i] = _mm512_fmadd_ps(qv, kv, acc[i]);
+      if constexpr (kCheck) largest[i % kCheckLanes] = max_abs(largest[i % kCheckLanes], V{kv});
     }
   }
   _mm512_store_ps(s, _mm512_mul_ps(sum_16_vectors(acc), _mm512_set1_ps(scale)));
@@ -207,26 +239,35 @@ HWY_INLINE void dot_block(const float* HWY_RESTRICT q, std::int64_t dl, const fl
 // o_g = alpha_g · o_g + sum_x p_gx v_x for G rows and U vectors of columns at c0: the G x U
 // accumulators stay in registers over the block's keys; each V vector is loaded once for all
 // G rows.
-template <std::size_t G, std::size_t U>
+// With kCheck (AVX-512 only), every V element read also goes into `largest` (U vectors).
+template <std::size_t G, std::size_t U, bool kCheck = false>
 HWY_INLINE void accumulate_block(float* const* o, const float* const* p, const float* alpha,
                                  const float* const* values, std::int64_t xa, std::int64_t xe,
-                                 std::int64_t c0) {
+                                 std::int64_t c0, V* largest = nullptr) {
   const D df;
   V acc[G][U];
   for (std::size_t g = 0; g < G; ++g) {
     const V va = hn::Set(df, alpha[g]);
-    for (std::size_t u = 0; u < U; ++u) acc[g][u] = hn::Mul(hn::Load(df, o[g] + c0 + static_cast<std::int64_t>(u) * kLanes), va);
+    for (std::size_t u = 0; u < U; ++u)
+      acc[g][u] = hn::Mul(hn::Load(df, o[g] + c0 + static_cast<std::int64_t>(u) * kLanes), va);
   }
   for (std::int64_t x = xa; x < xe; ++x) {
     V v[U];
-    for (std::size_t u = 0; u < U; ++u) v[u] = hn::LoadU(df, values[x] + c0 + static_cast<std::int64_t>(u) * kLanes);
+    for (std::size_t u = 0; u < U; ++u)
+      v[u] = hn::LoadU(df, values[x] + c0 + static_cast<std::int64_t>(u) * kLanes);
+#if HWY_TARGET <= HWY_AVX3
+    if constexpr (kCheck) {
+      for (std::size_t u = 0; u < U; ++u) largest[u] = max_abs(largest[u], v[u]);
+    }
+#endif
     for (std::size_t g = 0; g < G; ++g) {
       const V pg = hn::Set(df, p[g][x]);
       for (std::size_t u = 0; u < U; ++u) acc[g][u] = hn::MulAdd(pg, v[u], acc[g][u]);
     }
   }
   for (std::size_t g = 0; g < G; ++g) {
-    for (std::size_t u = 0; u < U; ++u) hn::Store(acc[g][u], df, o[g] + c0 + static_cast<std::int64_t>(u) * kLanes);
+    for (std::size_t u = 0; u < U; ++u)
+      hn::Store(acc[g][u], df, o[g] + c0 + static_cast<std::int64_t>(u) * kLanes);
   }
 }
 
@@ -238,16 +279,18 @@ constexpr std::size_t kMaxColumnVectors = 4;
 constexpr std::size_t kMaxColumnVectors = 2;
 #endif
 
-template <std::size_t G>
+template <std::size_t G, bool kCheck = false>
 HWY_INLINE void accumulate_rows(float* const* o, const float* const* p, const float* alpha,
                                 const float* const* values, std::int64_t xa, std::int64_t xe,
-                                std::int64_t dvl) {
+                                std::int64_t dvl, V* largest = nullptr) {
   constexpr auto kColumns = static_cast<std::int64_t>(kMaxColumnVectors) * kLanes;
   std::int64_t c0 = 0;
   for (; c0 + kColumns <= dvl; c0 += kColumns) {
-    accumulate_block<G, kMaxColumnVectors>(o, p, alpha, values, xa, xe, c0);
+    accumulate_block<G, kMaxColumnVectors, kCheck>(o, p, alpha, values, xa, xe, c0, largest);
   }
-  for (; c0 < dvl; c0 += kLanes) accumulate_block<G, 1>(o, p, alpha, values, xa, xe, c0);
+  for (; c0 < dvl; c0 += kLanes) {
+    accumulate_block<G, 1, kCheck>(o, p, alpha, values, xa, xe, c0, largest);
+  }
 }
 
 template <KVType T>
@@ -267,7 +310,8 @@ class Chunk {
         modified_(call.modifiers.softcap > 0 || !call.modifiers.alibi_slopes.empty()),
         row_lo_(scratch.ranges),
         row_hi_(scratch.ranges + rows_),
-        alpha_(scratch.alpha) {}
+        alpha_(scratch.alpha),
+        checking_(call.kv_unchecked != nullptr) {}
 
   // The keys of this chunk that any row may see, [first, last); empty when none.
   void key_ranges(std::int64_t& first, std::int64_t& last) const noexcept {
@@ -325,25 +369,35 @@ class Chunk {
           if (v_in_place && run.v_col == 1) {
             values_[x] = reinterpret_cast<const float*>(v_row);
           } else {
-            widen_any(call_.v_type, v_row, run.v_scales + at * run.v_scale_row, call_.dv,
-                      run.v_col, dvp_, scratch_.v + x * dvp_);
+            widen_any(call_.v_type, v_row, run.v_scales + at * run.v_scale_row, call_.dv, run.v_col,
+                      dvp_, scratch_.v + x * dvp_);
             values_[x] = scratch_.v + x * dvp_;
           }
         }
-        if (need_values && call_.kv_unchecked != nullptr &&
+        std::int64_t r = 0;
+#if HWY_TARGET <= HWY_AVX3
+        // K is checked as the first row's scores read it, V by accumulate()'s P·V.
+        for (std::int64_t x = bk; x < kBlockKeys; ++x) keys_[x] = keys_[0];
+        if (need_values && checking_ && rows_ > 0) {
+          dot_block<true>(scratch_.q, dl_, keys_, scale_, scratch_.s, k_largest_);
+          poison_ = hn::MulAdd(hn::Load(D(), scratch_.s), hn::Zero(D()), poison_);
+          r = 1;
+        }
+        for (; r < rows_; ++r) {
+          dot_block(scratch_.q + r * dp_, dl_, keys_, scale_, scratch_.s + r * kBlockKeys);
+        }
+#else
+        if (need_values && checking_ &&
             (any_large(keys_, bk, dl_) || any_large(values_, bk, dvl_))) {
           call_.kv_unchecked->store(true, std::memory_order_relaxed);
         }
-        std::int64_t r = 0;
-#if HWY_TARGET <= HWY_AVX3
-        for (std::int64_t x = bk; x < kBlockKeys; ++x) keys_[x] = keys_[0];
-        for (; r < rows_; ++r) dot_block(scratch_.q + r * dp_, dl_, keys_, scale_, scratch_.s + r * kBlockKeys);
-#else
         for (; r + 4 <= rows_; r += 4) {
-          dot_rows<4>(scratch_.q + r * dp_, dp_, dl_, keys_, bk, scale_, scratch_.s + r * kBlockKeys);
+          dot_rows<4>(scratch_.q + r * dp_, dp_, dl_, keys_, bk, scale_,
+                      scratch_.s + r * kBlockKeys);
         }
         for (; r < rows_; ++r) {
-          dot_rows<1>(scratch_.q + r * dp_, dp_, dl_, keys_, bk, scale_, scratch_.s + r * kBlockKeys);
+          dot_rows<1>(scratch_.q + r * dp_, dp_, dl_, keys_, bk, scale_,
+                      scratch_.s + r * kBlockKeys);
         }
 #endif
         for (r = 0; r < rows_; ++r) mask_scores(r, jb, bk);
@@ -365,6 +419,11 @@ class Chunk {
     key_ranges(first, last);
     if (first >= last) return;
     load_queries();
+#if HWY_TARGET <= HWY_AVX3
+    for (V& x : k_largest_) x = hn::Zero(df);
+    for (V& x : v_largest_) x = hn::Zero(df);
+    poison_ = hn::Zero(df);
+#endif
     for_each_block(first, last, true, [&](std::int64_t jb, std::int64_t bk) {
       // Softmax row by row (p in place of s, 0 for masked keys), then P·V for 4 rows at a time
       // over the union of their keys in the block.
@@ -387,9 +446,8 @@ class Chunk {
         }
         xa = std::min(xa, a);
         xe = std::max(xe, e);
-        alpha_[r] = rescale_factor(m_old, m_new, [&](float t) {
-          return hn::GetLane(ExpNonPositive(df, hn::Set(df, t)));
-        });
+        alpha_[r] = rescale_factor(
+            m_old, m_new, [&](float t) { return hn::GetLane(ExpNonPositive(df, hn::Set(df, t))); });
         const V vm = hn::Set(df, m_new);
         V sum = hn::Zero(df);
         for (std::int64_t x = 0; x < kBlockKeys; x += kLanes) {
@@ -400,16 +458,67 @@ class Chunk {
         out.m[r] = m_new;
         out.l[r] = alpha_[r] * out.l[r] + hn::GetLane(hn::SumOfLanes(df, sum));
       }
+#if HWY_TARGET <= HWY_AVX3
+      // P·V reads V's rows [xa, xe) of the block; the others (keys no row may see) are checked
+      // on their own, as the scan would have checked them.
+      if (checking_ && (xa > 0 || xe < bk)) {
+        const std::int64_t before = std::min(xa, bk);
+        const std::int64_t after = std::max(xe, before);
+        if (any_large(values_, before, dvl_) || any_large(values_ + after, bk - after, dvl_)) {
+          call_.kv_unchecked->store(true, std::memory_order_relaxed);
+        }
+      }
+#endif
       if (xa >= xe) return;
       std::int64_t r = 0;
+#if HWY_TARGET <= HWY_AVX3
+      if (checking_) {
+        switch (rows_) {
+          case 1:
+            accumulate_group<1, true>(out, 0, xa, xe);
+            break;
+          case 2:
+            accumulate_group<2, true>(out, 0, xa, xe);
+            break;
+          case 3:
+            accumulate_group<3, true>(out, 0, xa, xe);
+            break;
+          default:
+            accumulate_group<4, true>(out, 0, xa, xe);
+            break;
+        }
+        r = std::min<std::int64_t>(rows_, 4);
+      }
+#endif
       for (; r + 4 <= rows_; r += 4) accumulate_group<4>(out, r, xa, xe);
       switch (rows_ - r) {
-        case 3: accumulate_group<3>(out, r, xa, xe); break;
-        case 2: accumulate_group<2>(out, r, xa, xe); break;
-        case 1: accumulate_group<1>(out, r, xa, xe); break;
-        default: break;
+        case 3:
+          accumulate_group<3>(out, r, xa, xe);
+          break;
+        case 2:
+          accumulate_group<2>(out, r, xa, xe);
+          break;
+        case 1:
+          accumulate_group<1>(out, r, xa, xe);
+          break;
+        default:
+          break;
       }
     });
+#if HWY_TARGET <= HWY_AVX3
+    if (checking_) {
+      // The rows of o that the checked P·V wrote (accumulate_group<G, true>'s).
+      for (std::int64_t r = 0; r < std::min<std::int64_t>(rows_, 4); ++r) {
+        for (std::int64_t c = 0; c < dvl_; c += kLanes) {
+          poison_ = hn::MulAdd(hn::Load(df, out.o + r * dvp_ + c), hn::Zero(df), poison_);
+        }
+      }
+      if (!hn::AllTrue(df, hn::Eq(poison_, hn::Zero(df))) || any_large(k_largest_, kCheckLanes) ||
+          any_large(v_largest_, static_cast<int>(kMaxColumnVectors))) {
+        call_.kv_unchecked->store(true, std::memory_order_relaxed);
+      }
+    }
+#endif
   }
 
   // Weights mode: w_rj = exp(s_rj - max_r) / sum_r over the chunk's keys, zeros elsewhere in it.
@@ -444,9 +553,11 @@ class Chunk {
   }
 
  private:
-  std::int64_t head(std::int64_t r) const noexcept { return task_.hk * call_.group() + r / call_.nq; }
+  std::int64_t head(std::int64_t r) const noexcept {
+    return task_.hk * call_.group() + r / call_.nq;
+  }
 
-  template <std::size_t G>
+  template <std::size_t G, bool kCheck = false>
   void accumulate_group(const decode::Partial& out, std::int64_t r, std::int64_t xa,
                         std::int64_t xe) noexcept {
     float* o[G];
@@ -455,7 +566,11 @@ class Chunk {
       o[g] = out.o + (r + static_cast<std::int64_t>(g)) * dvp_;
       p[g] = scratch_.s + (r + static_cast<std::int64_t>(g)) * kBlockKeys;
     }
+#if HWY_TARGET <= HWY_AVX3
+    accumulate_rows<G, kCheck>(o, p, alpha_ + r, values_, xa, xe, dvl_, v_largest_);
+#else
     accumulate_rows<G>(o, p, alpha_ + r, values_, xa, xe, dvl_);
+#endif
   }
 
   // The score modifiers on row r's block of scores (before the mask, as the contract orders
@@ -464,8 +579,9 @@ class Chunk {
     const core::ScoreModifiers& mod = call_.modifiers;
     const float cap = static_cast<float>(mod.softcap);
     const float slope =
-        mod.alibi_slopes.empty() ? 0.0f
-                                 : static_cast<float>(mod.alibi_slopes[static_cast<std::size_t>(head(r))]);
+        mod.alibi_slopes.empty()
+            ? 0.0f
+            : static_cast<float>(mod.alibi_slopes[static_cast<std::size_t>(head(r))]);
     const std::int64_t offset = r % call_.nq + nk_ - call_.nq - jb;
     ModifyScores(D(), scratch_.s + r * kBlockKeys, kBlockKeys, cap, slope, offset);
   }
@@ -480,7 +596,8 @@ class Chunk {
     const core::Masking& m = call_.masking;
     if (m.mask == nullptr) return;
     for (std::int64_t x = a; x < e; ++x) {
-      const auto bias = static_cast<float>(core::mask_bias(m, task_.b, head(r), r % call_.nq, jb + x));
+      const auto bias =
+          static_cast<float>(core::mask_bias(m, task_.b, head(r), r % call_.nq, jb + x));
       s[x] = bias == -kInfF ? -kInfF : s[x] + bias;
     }
   }
@@ -496,12 +613,19 @@ class Chunk {
   float* alpha_;
   const float* keys_[kBlockKeys] = {};
   const float* values_[kBlockKeys] = {};
+  // Plain K and V are checked as they are read (kv_unchecked set on a NaN, an infinity or a
+  // magnitude of 2^32 or more); on AVX-512 into these running maxima, else block by block.
+  const bool checking_;
+#if HWY_TARGET <= HWY_AVX3
+  V k_largest_[kCheckLanes];
+  V v_largest_[kMaxColumnVectors];
+  V poison_;
+#endif
 };
 
 template <KVType T>
-void chunk(const decode::DecodeCall& call, const decode::Task& task,
-           const decode::Scratch& scratch, const decode::Partial& out,
-           const float* finals) noexcept {
+void chunk(const decode::DecodeCall& call, const decode::Task& task, const decode::Scratch& scratch,
+           const decode::Partial& out, const float* finals) noexcept {
   Chunk<T> c(call, task, scratch);
   if (finals == nullptr) {
     c.accumulate(out);
@@ -514,11 +638,16 @@ void DecodeChunk(const decode::DecodeCall& call, const decode::Task& task,
                  const decode::Scratch& scratch, const decode::Partial& out,
                  const float* finals) noexcept {
   switch (call.k_type) {
-    case KVType::kF32: return chunk<KVType::kF32>(call, task, scratch, out, finals);
-    case KVType::kBF16: return chunk<KVType::kBF16>(call, task, scratch, out, finals);
-    case KVType::kF16: return chunk<KVType::kF16>(call, task, scratch, out, finals);
-    case KVType::kInt8: return chunk<KVType::kInt8>(call, task, scratch, out, finals);
-    case KVType::kF64: return chunk<KVType::kF64>(call, task, scratch, out, finals);
+    case KVType::kF32:
+      return chunk<KVType::kF32>(call, task, scratch, out, finals);
+    case KVType::kBF16:
+      return chunk<KVType::kBF16>(call, task, scratch, out, finals);
+    case KVType::kF16:
+      return chunk<KVType::kF16>(call, task, scratch, out, finals);
+    case KVType::kInt8:
+      return chunk<KVType::kInt8>(call, task, scratch, out, finals);
+    case KVType::kF64:
+      return chunk<KVType::kF64>(call, task, scratch, out, finals);
   }
 }
 

@@ -141,6 +141,50 @@ TEST(DecodeInputCheck, ABadElementAnywhereIsNamedAsTheScanNamesIt) {
   }
 }
 
+// V rows of keys that a boolean mask hides from every query row before any allowed key are
+// never multiplied by a weight (P·V skips them); the kernel still checks them, as the scan
+// would have.
+// Likewise a NaN in V where every weight is 0 (a key scored far below the others), which P·V
+// multiplies by 0: NaN · 0 is NaN, so it still shows.
+TEST(DecodeInputCheck, ABadValueNoWeightReachesIsNamedToo) {
+  const std::int64_t d = 64, nk = 700;
+  const Tensor q = random_tensor(DType::kF32, {1, 8, 1, d}, 1);
+  const Tensor k0 = random_tensor(DType::kF32, {1, 2, nk, d}, 2);
+  const Tensor v0 = random_tensor(DType::kF32, {1, 2, nk, d}, 3);
+  Tensor mask(DType::kBool, {1, 1, 1, nk}, "mask");
+  for (std::int64_t j = 0; j < nk; ++j) mask.data_as<bool>()[j] = j >= 64;
+  for (const bool masked : {true, false}) {
+    SCOPED_TRACE(masked ? "keys 0..63 masked for every row" : "a key scored 1e4 below");
+    Tensor k = contiguous_copy(k0.view(), DType::kF32);
+    Tensor v = contiguous_copy(v0.view(), DType::kF32);
+    if (!masked) {
+      // Key 40 of kv head 0 far below every other: its weight is exactly 0 in every row.
+      for (std::int64_t c = 0; c < d; ++c) {
+        k.data_as<float>()[40 * d + c] = -1e4f * (q.data_as<float>()[c] > 0 ? 1.0f : -1.0f);
+      }
+    }
+    v.data_as<float>()[40 * d + 5] = std::numeric_limits<float>::quiet_NaN();
+    AttentionOptions options;
+    options.threads = 2;
+    if (masked) options.mask = mask.view();
+    AttentionOptions scanned = options;
+    scanned.window = Window{std::int64_t{1} << 40, std::int64_t{1} << 40};
+    std::string plain, into;
+    try {
+      attention(q.view(), k.view(), v.view(), options);
+    } catch (const Error& e) {
+      plain = e.what();
+    }
+    try {
+      attention(q.view(), k.view(), v.view(), scanned);
+    } catch (const Error& e) {
+      into = e.what();
+    }
+    EXPECT_NE(into, "");
+    EXPECT_EQ(plain, into);
+  }
+}
+
 TEST(DecodeInputCheck, LargeFiniteValuesRunAgainWithTheirTrueBounds) {
   // 2^32 and beyond: the kernel flags them; the rerun has the scan's magnitudes and so the
   // kernel choice and the bits of the scanned call. 1e30 in K makes float32 scores overflow:
