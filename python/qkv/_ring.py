@@ -27,6 +27,14 @@ def ring_rows(n, ranks, rank, layout="contiguous"):
     return _qkv.ring_rows(int(n), int(ranks), int(rank), str(layout))
 
 
+def _ring_of(comm, layout, is_causal, window):
+    """The communicator (COMM_WORLD when None) and the layout (ring_layout's when None)."""
+    if comm is None:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    return comm, ring_layout(is_causal, window) if layout is None else layout
+
+
 def ring_attention(q, k, v, comm=None, attn_mask=None, is_causal=False, scale=None, window=None,
                    softcap=None, alibi_slopes=None, sinks=None, dtype=None, return_lse=False,
                    threads=None, *, layout=None, out_dtype=None, kernel=None):
@@ -41,11 +49,7 @@ def ring_attention(q, k, v, comm=None, attn_mask=None, is_causal=False, scale=No
     batches are not offered. An error on any rank raises the same qkv.Error on every rank,
     naming the rank.
     """
-    if comm is None:
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
-    if layout is None:
-        layout = ring_layout(is_causal, window)
+    comm, layout = _ring_of(comm, layout, is_causal, window)
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, out_dtype, return_lse, False, threads, None, None,
                                 kernel, None)
@@ -77,11 +81,7 @@ def ring_attention_backward(q, k, v, out, lse, grad_out, comm=None, attn_mask=No
     bitwise repeatable for a given rank count and thread count. An error on any rank raises
     the same qkv.Error on every rank, naming the rank.
     """
-    if comm is None:
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
-    if layout is None:
-        layout = ring_layout(is_causal, window)
+    comm, layout = _ring_of(comm, layout, is_causal, window)
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, None, False, False, threads, None, None,
                                 kernel, None)
