@@ -191,4 +191,11 @@ RingGradients ring_attention_backward(const TensorView& q_local, const TensorVie
 Tensor gather_rows(const TensorView& local, int axis, std::int64_t n, RowLayout layout,
                    const Communicator& comm);
 
+// Collective: the sum of every rank's `local` (float32 or float64; the same shape and dtype on
+// every rank), added in rank order, ((rank 0's + rank 1's) + rank 2's) + ..., in that dtype, on
+// rank 0; an empty Tensor on the other ranks. The order is fixed, unlike MPI_Reduce's, so the
+// bits depend only on the parts and the rank count. What qkv layer --ring adds its weight
+// gradients with (each rank's part from its rows). Rank 0 holds every rank's part at once.
+Tensor sum_over_ranks(const TensorView& local, const Communicator& comm);
+
 }  // namespace qkv::dist
