@@ -1,9 +1,9 @@
 // The layer's backward (layer_backward.h): the chain rule through the output projection, the
 // attention (one attention_backward call over the heads as strided views, as the forward runs
 // them, or the caller's AttentionBackwardStep: the ring's, one rank's rows) and the three input
-// projections, every product one CBLAS call on the calling thread
-// and every bias gradient a column sum over rows in order, so the bits do not depend on the
-// thread count (attention_backward's do not either).
+// projections, every product one CBLAS call on the calling thread and every bias gradient a
+// column sum over rows in order, so the bits do not depend on the thread count
+// (attention_backward's do not either).
 //
 //   dConcat = dY·W^Oᵀ, dW^O = Concatᵀ·dY, db^O = Σ_rows dY        (dConcat = dY without W^O)
 //   dQ, dK, dV = attention_backward(Q_h, K_h, V_h, Concat_h, lse, dConcat_h)
