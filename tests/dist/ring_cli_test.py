@@ -140,6 +140,9 @@ def main():
         container_problems = containers(qkv, launcher, rng)
         print("FAIL" if container_problems else "ok", "containers")
         failures += container_problems
+        wide_problems = wide_range(qkv, launcher, rng)
+        print("FAIL" if wide_problems else "ok", "wide range")
+        failures += wide_problems
         layer_problems = layer(qkv, launcher, rng)
         print("FAIL" if layer_problems else "ok", "layer --ring")
         failures += layer_problems
@@ -194,6 +197,48 @@ def containers(qkv, launcher, rng):
             close("dK", np.load("ck.npy").astype(np.float64), want_dk.astype(np.float64))
         except AssertionError as e:
             problems.append("containers P=%d: %s" % (p, e))
+    return problems
+
+
+def wide_range(qkv, launcher, rng):
+    """Calls the float32 kernels decline for their range, which one process gives to the
+    reference kernel and the ring computes in float64 on every rank: scores beyond float32's
+    range (|Q|, |K| ~ 1e19; the forward: O and the lse), and gradient sums beyond it (|dO| ~
+    1e36; the backward: dQ, dK, dV). Each must match one process's for P = 2 and 3."""
+    problems = []
+    np.save("big_q.npy", (3e18 * rng.standard_normal((2, 13, 8))).astype(np.float32))
+    np.save("big_k.npy", (3e18 * rng.standard_normal((1, 13, 8))).astype(np.float32))
+    np.save("small_q.npy", rng.standard_normal((2, 13, 8)).astype(np.float32))
+    np.save("small_k.npy", rng.standard_normal((1, 13, 8)).astype(np.float32))
+    np.save("big_v.npy", rng.standard_normal((1, 13, 8)).astype(np.float32))
+    np.save("big_do.npy", (1e36 * rng.standard_normal((2, 13, 8))).astype(np.float32))
+    cases = (("scores", ["--q", "big_q.npy", "--k", "big_k.npy"], ("o", "l"),
+              ("--out", "--lse")),
+             ("gradients", ["--q", "small_q.npy", "--k", "small_k.npy", "--grad-out", "big_do.npy"],
+              ("o", "dq", "dk", "dv"), ("--out", "--grad-q", "--grad-k", "--grad-v")))
+    for what, inputs, keys, flags in cases:
+        base = ["attention", "--v", "big_v.npy", "--causal"] + inputs
+
+        def outputs(suffix):
+            return [x for f, key in zip(flags, keys) for x in (f, "big_%s_%s.npy" % (key, suffix))]
+
+        r = run([qkv] + base + outputs("1"))
+        if r.returncode != 0:
+            problems.append("wide %s: single process failed: %s" % (what, r.stderr.strip()))
+            continue
+        want = {key: np.load("big_%s_1.npy" % key).astype(np.float64) for key in keys}
+        for p in (2, 3):
+            r = run(launcher + ["-np", str(p), qkv] + base + ["--ring"] + outputs(str(p)))
+            try:
+                if r.returncode != 0:
+                    raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
+                for key in keys:
+                    close(key, np.load("big_%s_%d.npy" % (key, p)).astype(np.float64), want[key])
+            except AssertionError as e:
+                problems.append("wide %s P=%d: %s" % (what, p, e))
+    for name in os.listdir("."):
+        if name.startswith(("big_", "small_")):
+            os.remove(name)
     return problems
 
 
