@@ -143,7 +143,11 @@ void check_grad_out_shape(const std::string& spec, const Shape& x_shape,
                           const LayerWeights& weights, const LayerOptions& options) {
   const std::int64_t heads = options.heads;
   const std::int64_t kv_heads = options.kv_heads == 0 ? heads : options.kv_heads;
-  if (heads <= 0 || kv_heads <= 0 || x_shape.empty()) return;  // the layer says why
+  // Weights the layer would refuse are left to it: it says why.
+  if (heads <= 0 || kv_heads <= 0 || x_shape.empty() || weights.wv.rank() != 2 ||
+      (weights.wo && weights.wo->rank() != 2)) {
+    return;
+  }
   Shape expected = x_shape;
   expected.back() = weights.wo ? weights.wo->dim(1) : heads * (weights.wv.dim(1) / kv_heads);
   const Shape shape = inspect_input(spec).shape;
