@@ -147,6 +147,8 @@ struct RingResult {
 // covers this rank's query rows and every key ([.., nq_local, nk] after broadcasting):
 // causal, window and ALiBi on global positions, softcap, sinks, GQA (only the kv heads travel),
 // dtype, out_dtype, scale, threads (per rank), kernel (fused_hwy, fused_scalar or reference).
+// A float32 call whose scores may pass float32's range runs in float64 on every rank (unless
+// options.kernel names a kernel), its O and lse returned in options.out_dtype.
 // An error on any rank (bad input, shapes that disagree between ranks, a failed allocation)
 // throws the same qkv::Error on every rank (agree()); no rank is left waiting.
 RingResult ring_attention(const TensorView& q_local, const TensorView& k_local,
@@ -178,7 +180,10 @@ struct RingGradients {
 // repeatable for a given rank count and thread count. Every option ring_attention takes; bf16 and
 // f16 computation are refused as attention_backward refuses them; options.kernel names a
 // backward kernel that reads the saved lse (fused_hwy, unfused_blas or fused_scalar; not the
-// reference, which recomputes the softmax from the keys in hand). Errors as ring_attention.
+// reference, which recomputes the softmax from the keys in hand). A float32 call whose gradient
+// sums may pass float32's range runs in float64 on every rank (unless options.kernel names a
+// kernel), its gradients returned in float32; one whose scores pass float32's range is refused.
+// Errors as ring_attention.
 RingGradients ring_attention_backward(const TensorView& q_local, const TensorView& k_local,
                                       const TensorView& v_local, const TensorView& out_local,
                                       const TensorView& lse_local, const TensorView& grad_out_local,
@@ -190,5 +195,12 @@ RingGradients ring_attention_backward(const TensorView& q_local, const TensorVie
 // have the same dtype and shape but for the row axis.
 Tensor gather_rows(const TensorView& local, int axis, std::int64_t n, RowLayout layout,
                    const Communicator& comm);
+
+// Collective: the sum of every rank's `local` (float32 or float64; the same shape and dtype on
+// every rank), added in rank order, ((rank 0's + rank 1's) + rank 2's) + ..., in that dtype, on
+// rank 0; an empty Tensor on the other ranks. The order is fixed, unlike MPI_Reduce's, so the
+// bits depend only on the parts and the rank count. What qkv layer --ring adds its weight
+// gradients with (each rank's part from its rows). Rank 0 holds every rank's part at once.
+Tensor sum_over_ranks(const TensorView& local, const Communicator& comm);
 
 }  // namespace qkv::dist

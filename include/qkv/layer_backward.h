@@ -7,6 +7,7 @@
 // The products run through CBLAS; the heads are strided views, as in the forward.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -37,6 +38,12 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
                                  const LayerOptions& options,
                                  const std::optional<TensorView>& memory, LayerForwardState& state);
 
+// The forward with its attention step replaced (layer.h's AttentionStep; self-attention), also
+// filling `state` for the backward: what qkv layer --ring runs on each rank before its backward.
+LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
+                                 const LayerOptions& options, const AttentionStep& step,
+                                 LayerForwardState& state);
+
 // `state` from the forward on the same inputs, or nullptr to recompute it. Gradients are
 // float32, or float64 when the layer computes in float64; bitwise identical for any thread
 // count. Throws qkv::Error naming the offending tensor or option on bad input.
@@ -45,5 +52,26 @@ LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWei
                                              const TensorView& grad_out,
                                              const std::optional<TensorView>& memory = std::nullopt,
                                              const LayerForwardState* state = nullptr);
+
+// The layer's backward attention step: given the heads as views (Q [.., H, N, dk], K
+// [.., Hkv, Nk, dk], V [.., Hkv, Nk, dv], O and dO [.., H, N, dv], the lse [.., H, N]) and
+// options.attention, return attention_backward's gradients (dQ, dK, dV in the heads' shapes,
+// dsinks, the kernel's name). multi_head_attention_backward's own step is attention_backward;
+// qkv layer --ring passes the ring's backward (qkv/dist.h), each rank's X its rows.
+using AttentionBackwardStep = std::function<AttentionGradients(
+    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+    const TensorView& lse, const TensorView& grad_out, const AttentionOptions& options)>;
+
+// multi_head_attention_backward with its attention step replaced (self-attention; `state` from
+// the forward with the matching step). The step is called once, after the output projection's
+// gradients. Every gradient is what these rows contribute: with X one rank's rows, dX is that
+// rank's rows of dX, while dW^Q, dW^K, dW^V, dW^O and the biases' gradients are this rank's
+// part of sums over every row, for the caller to add up over the ranks; dsinks is the step's,
+// as it returned it (the ring's is already summed over the ranks).
+LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWeights& weights,
+                                             const LayerOptions& options,
+                                             const TensorView& grad_out,
+                                             const LayerForwardState& state,
+                                             const AttentionBackwardStep& step);
 
 }  // namespace qkv

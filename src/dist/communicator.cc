@@ -1,8 +1,9 @@
-// MPI sessions, communicators, the error agreement, the gather of rows (qkv/dist.h) and the
-// bounded wait every MPI wait of src/dist goes through (mpi_comm.h).
+// MPI sessions, communicators, the error agreement, the gather of rows, the sum over ranks
+// (qkv/dist.h) and the bounded wait every MPI wait of src/dist goes through (mpi_comm.h).
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -194,6 +195,62 @@ Tensor gather_rows(const TensorView& local, int axis, std::int64_t n, RowLayout 
     }
   }
   return whole;
+}
+
+namespace {
+
+template <class T>
+void add_parts(const std::vector<char>& parts, std::int64_t count, int ranks, Tensor& sum) {
+  T* out = sum.data_as<T>();
+  const auto* part = reinterpret_cast<const T*>(parts.data());
+  std::copy(part, part + count, out);
+  for (int r = 1; r < ranks; ++r) {
+    part += count;
+    for (std::int64_t e = 0; e < count; ++e) out[e] += part[e];
+  }
+}
+
+}  // namespace
+
+Tensor sum_over_ranks(const TensorView& local, const Communicator& comm) {
+  const MPI_Comm c = mpi_comm(comm);
+  const int ranks = comm.size();
+  const int me = comm.rank();
+  // Every rank's element count and dtype first: a rank whose part differs is then the same
+  // error on every rank, not a gather whose sizes never match.
+  const std::array<std::int64_t, 2> mine = {local.numel(), static_cast<std::int64_t>(local.dtype)};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(ranks));
+  bounded_allgather(mine.data(), 2, MPI_INT64_T, all.data(), c, "every rank's part of a sum");
+  for (int r = 0; r < ranks; ++r) {
+    const std::size_t i = 2 * static_cast<std::size_t>(r);
+    if (all[i] != all[0] || all[i + 1] != all[1]) {
+      throw AgreedError("rank " + std::to_string(r),
+                        local.name + ": its part of the sum over ranks has " +
+                            std::to_string(all[i]) + " elements of another shape or dtype than " +
+                            "rank 0's " + std::to_string(all[0]));
+    }
+  }
+  if (local.dtype != DType::kF32 && local.dtype != DType::kF64) {
+    throw AgreedError(local.name, std::string("the sum over ranks adds float32 or float64, got ") +
+                                      dtype_name(local.dtype));
+  }
+  const Tensor part = contiguous_copy(local, local.dtype);
+  const std::int64_t count = local.numel();
+  const int bytes =
+      mpi_count(count * static_cast<std::int64_t>(dtype_size(local.dtype)), "a rank's part");
+  std::vector<char> parts(
+      me == 0 ? static_cast<std::size_t>(bytes) * static_cast<std::size_t>(ranks) : 0);
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Igather(part.data(), bytes, MPI_BYTE, parts.data(), bytes, MPI_BYTE, 0, c, &request);
+  wait_all(1, &request, c, "the gather of every rank's part of a sum");
+  if (me != 0) return Tensor();
+  Tensor sum(local.dtype, local.shape, local.name);
+  if (local.dtype == DType::kF64) {
+    add_parts<double>(parts, count, ranks, sum);
+  } else {
+    add_parts<float>(parts, count, ranks, sum);
+  }
+  return sum;
 }
 
 }  // namespace qkv::dist

@@ -329,6 +329,22 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
 
 }  // namespace
 
+namespace {
+
+// ring_attention on float64 copies of Q, K and V (detail::widened_input), its output and lse
+// returned in options.out_dtype as the float32 call's would be.
+RingResult widened_ring_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const AttentionOptions& options, const Communicator& comm,
+                                  const RingOptions& ring) {
+  const Tensor q64 = detail::widened_input(q), k64 = detail::widened_input(k),
+               v64 = detail::widened_input(v);
+  AttentionOptions wide = options;
+  wide.dtype.reset();
+  return ring_attention(q64.view(), k64.view(), v64.view(), wide, comm, ring);
+}
+
+}  // namespace
+
 RingResult ring_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, const Communicator& comm,
                           const RingOptions& ring) {
@@ -389,16 +405,22 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   plan.k_elem = dtype_size(k.dtype);
   plan.v_elem = dtype_size(v.dtype);
   plan.base = base;
+  bool widen = false;
   try {
     // The choice sees the whole sequence's length, which bounds ALiBi's distances.
     core::AttentionParams whole = base;
     whole.shape.nq = plan.nq;
     whole.shape.nk = plan.nk;
-    plan.kernel = &ring_kernel(whole, options.kernel);
+    // Scores beyond float32's range: the float32 partial states and their merge would
+    // overflow, so the ring computes in float64 (the reference's float32 path would not help).
+    widen = options.kernel.empty() && base.compute == DType::kF32 &&
+            !kernels::float32_declines(whole).empty();
+    if (!widen) plan.kernel = &ring_kernel(whole, options.kernel);
   } catch (const std::exception& e) {
     problem = problem_of(e);
   }
   agree(comm, problem);
+  if (widen) return widened_ring_attention(q, k, v, options, comm, ring);
   kernels::single_threaded_blas();
 
   RingResult result;

@@ -51,6 +51,7 @@
 #include "dist/ring_common.h"
 #include "kernels/backward_kernel.h"
 #include "kernels/blas_threads.h"
+#include "kernels/kernel.h"
 #include "qkv/dist.h"
 #include "qkv/error.h"
 
@@ -396,6 +397,28 @@ std::vector<double> local_dsinks(const core::BackwardParams& bp, const std::vect
   return dsinks;
 }
 
+// ring_attention_backward on float64 copies of its inputs (Q, K and V through
+// detail::widened_input), its gradients returned in float32 as the float32 call's would be.
+RingGradients widened_ring_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& out, const TensorView& lse,
+                                    const TensorView& grad_out, const AttentionOptions& options,
+                                    const Communicator& comm, const RingOptions& ring) {
+  const Tensor q64 = detail::widened_input(q), k64 = detail::widened_input(k),
+               v64 = detail::widened_input(v);
+  const Tensor out64 = contiguous_copy(out, DType::kF64), lse64 = contiguous_copy(lse, DType::kF64),
+               grad_out64 = contiguous_copy(grad_out, DType::kF64);
+  AttentionOptions wide = options;
+  wide.dtype.reset();
+  RingGradients g = ring_attention_backward(q64.view(), k64.view(), v64.view(), out64.view(),
+                                            lse64.view(), grad_out64.view(), wide, comm, ring);
+  g.dq = g.dq.to(DType::kF32);
+  g.dk = g.dk.to(DType::kF32);
+  g.dv = g.dv.to(DType::kF32);
+  if (!g.dsinks.empty()) g.dsinks = g.dsinks.to(DType::kF32);
+  g.compute = DType::kF32;
+  return g;
+}
+
 }  // namespace
 
 RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -466,6 +489,7 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
     plan.max_rows = std::max(plan.max_rows, rank_row_count(plan.nk, plan.ranks, p, plan.layout));
   }
   plan.base = base;
+  bool widen = false;
   try {
     // The choice sees the whole sequence (which bounds ALiBi's distances and the sums) and
     // gradients as the ring binds them: contiguous rows of the compute type.
@@ -478,11 +502,19 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
     if (const std::string reason = kernels::backward_float64_declines(whole); !reason.empty()) {
       throw Error("attention_backward", "cannot compute these gradients: " + reason);
     }
-    plan.kernel = &ring_backward_kernel(whole, options.kernel);
+    // Gradient sums beyond float32's range (scores within it): where one process would run the
+    // reference, the ring computes in float64, as its forward does for scores beyond float32's
+    // range. Such scores themselves are not widened here: the ring's kernels recompute each
+    // probability as exp(s - lse) from the saved lse, which at |s| past float32's range keeps
+    // no digits even in float64, so that call stays refused.
+    widen = options.kernel.empty() && !wide && kernels::float32_declines(whole.forward).empty() &&
+            !kernels::backward_float32_declines(whole).empty();
+    if (!widen) plan.kernel = &ring_backward_kernel(whole, options.kernel);
   } catch (const std::exception& e) {
     problem = problem_of(e);
   }
   agree(comm, problem);
+  if (widen) return widened_ring_backward(q, k, v, out, lse, grad_out, options, comm, ring);
   kernels::single_threaded_blas();
 
   RingGradients result;

@@ -125,4 +125,9 @@ void point_at_block(const BlockGeometry& g, const char* block, std::int64_t rows
   v.strides = core::Strides4{rows * g.dv * g.hkv, rows * g.dv, g.dv, 1};
 }
 
+Tensor widened_input(const TensorView& t) {
+  if (t.dtype == DType::kF32) return contiguous_copy(t, DType::kF64);
+  return contiguous_copy(contiguous_copy(t, DType::kF32).view(), DType::kF64);
+}
+
 }  // namespace qkv::dist::detail

@@ -41,6 +41,13 @@ std::array<std::int64_t, 2> agree_on_shapes(const TensorView& q, const TensorVie
                                             const TensorView& v, const core::AttentionParams& p,
                                             const Communicator& comm, RowLayout layout);
 
+// A float64 copy of Q, K or V for a call whose float32 kernels decline its range (scores or
+// gradient sums beyond float32's): rounded to float32 first, as the float32 call would have
+// read it, so that only the arithmetic widens. The ring then runs that call in float64 on
+// every rank (each rank makes the same choice from the agreed magnitudes and shapes), where one
+// process would run the reference kernel.
+Tensor widened_input(const TensorView& t);
+
 // Whether any query of global rows [q.first, q.last) may see any key of [k.first, k.last)
 // (the diagonal of query i is key i + nk - nq, bottom-right alignment).
 bool visible(const core::Masking& m, std::int64_t nq, std::int64_t nk, const RowRange& q,

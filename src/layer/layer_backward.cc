@@ -1,8 +1,9 @@
 // The layer's backward (layer_backward.h): the chain rule through the output projection, the
 // attention (one attention_backward call over the heads as strided views, as the forward runs
-// them) and the three input projections, every product one CBLAS call on the calling thread
-// and every bias gradient a column sum over rows in order, so the bits do not depend on the
-// thread count (attention_backward's do not either).
+// them, or the caller's AttentionBackwardStep: the ring's, one rank's rows) and the three input
+// projections, every product one CBLAS call on the calling thread and every bias gradient a
+// column sum over rows in order, so the bits do not depend on the thread count
+// (attention_backward's do not either).
 //
 //   dConcat = dY·W^Oᵀ, dW^O = Concatᵀ·dY, db^O = Σ_rows dY        (dConcat = dY without W^O)
 //   dQ, dK, dV = attention_backward(Q_h, K_h, V_h, Concat_h, lse, dConcat_h)
@@ -107,22 +108,17 @@ Tensor shaped(Tensor t, const Shape& shape) {
   return t;
 }
 
-}  // namespace
-
-LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWeights& weights,
-                                             const LayerOptions& options,
-                                             const TensorView& grad_out,
-                                             const std::optional<TensorView>& memory,
-                                             const LayerForwardState* state) {
-  // Without a state the forward runs here (and validates every input); with one, the inputs
-  // are those its forward validated.
-  LayerForwardState computed;
-  if (state == nullptr) {
-    multi_head_attention(x, weights, options, memory, computed);
-    state = &computed;
-  } else if (state->q.empty() || state->concat.empty() || state->lse.empty()) {
+void require_forward(const LayerForwardState& state) {
+  if (state.q.empty() || state.concat.empty() || state.lse.empty()) {
     throw Error("state", "holds no forward: fill it with multi_head_attention(..., state)");
   }
+}
+
+// The backward from a filled state; `step` null runs attention_backward.
+LayerGradients run_backward(const TensorView& x, const LayerWeights& weights,
+                            const LayerOptions& options, const TensorView& grad_out,
+                            const std::optional<TensorView>& memory, const LayerForwardState* state,
+                            const AttentionBackwardStep* step) {
   const std::int64_t heads = options.heads;
   const std::int64_t kv_heads = options.kv_heads == 0 ? heads : options.kv_heads;
   Shape out_shape = x.shape;
@@ -151,15 +147,21 @@ LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWei
     dconcat = dy.to(compute);
   }
 
-  AttentionGradients a = attention_backward(
-      head_view<TensorView>(state->q.data(), compute, batched, batch, nq, heads, dk, "Q"),
-      head_view<TensorView>(state->k.data(), compute, batched, batch, nk, kv_heads, dk, "K"),
-      head_view<TensorView>(state->v.data(), compute, batched, batch, nk, kv_heads, dv, "V"),
-      head_view<TensorView>(state->concat.data(), compute, batched, batch, nq, heads, dv,
-                            "concatenated heads"),
-      state->lse.view(),
-      head_view<TensorView>(dconcat.data(), compute, batched, batch, nq, heads, dv, "dConcat"),
-      options.attention);
+  const TensorView q_heads =
+      head_view<TensorView>(state->q.data(), compute, batched, batch, nq, heads, dk, "Q");
+  const TensorView k_heads =
+      head_view<TensorView>(state->k.data(), compute, batched, batch, nk, kv_heads, dk, "K");
+  const TensorView v_heads =
+      head_view<TensorView>(state->v.data(), compute, batched, batch, nk, kv_heads, dv, "V");
+  const TensorView o_heads = head_view<TensorView>(state->concat.data(), compute, batched, batch,
+                                                   nq, heads, dv, "concatenated heads");
+  const TensorView do_heads =
+      head_view<TensorView>(dconcat.data(), compute, batched, batch, nq, heads, dv, "dConcat");
+  AttentionGradients a = step != nullptr
+                             ? (*step)(q_heads, k_heads, v_heads, o_heads, state->lse.view(),
+                                       do_heads, options.attention)
+                             : attention_backward(q_heads, k_heads, v_heads, o_heads,
+                                                  state->lse.view(), do_heads, options.attention);
   g.kernel = a.kernel;
   g.dsinks = std::move(a.dsinks);
   const Tensor dq = heads_to_rows(a.dq, batched, batch, nq, heads, dk, "dQ");
@@ -186,6 +188,34 @@ LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWei
   g.dx = shaped(std::move(dx), x.shape);
   if (memory) g.dmemory = shaped(std::move(dm), memory->shape);
   return g;
+}
+
+}  // namespace
+
+LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWeights& weights,
+                                             const LayerOptions& options,
+                                             const TensorView& grad_out,
+                                             const std::optional<TensorView>& memory,
+                                             const LayerForwardState* state) {
+  // Without a state the forward runs here (and validates every input); with one, the inputs
+  // are those its forward validated.
+  LayerForwardState computed;
+  if (state == nullptr) {
+    multi_head_attention(x, weights, options, memory, computed);
+    state = &computed;
+  } else {
+    require_forward(*state);
+  }
+  return run_backward(x, weights, options, grad_out, memory, state, nullptr);
+}
+
+LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWeights& weights,
+                                             const LayerOptions& options,
+                                             const TensorView& grad_out,
+                                             const LayerForwardState& state,
+                                             const AttentionBackwardStep& step) {
+  require_forward(state);
+  return run_backward(x, weights, options, grad_out, std::nullopt, &state, &step);
 }
 
 }  // namespace qkv

@@ -289,4 +289,10 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
   return run_layer(x, weights, options, std::nullopt, nullptr, &step);
 }
 
+LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weights,
+                                 const LayerOptions& options, const AttentionStep& step,
+                                 LayerForwardState& state) {
+  return run_layer(x, weights, options, std::nullopt, &state, &step);
+}
+
 }  // namespace qkv

@@ -5,7 +5,8 @@ Usage: ring_cli_test.py QKV MPIEXEC [MPIEXEC FLAGS...]
 
 For each case: the inputs written as .npy, `qkv attention` run once in one process, then
 `MPIEXEC FLAGS -np P qkv attention --ring` for P = 1, 2, 3, 4, each with --grad-out and every
---grad-* output (the backward over the ring), and `qkv layer --ring` likewise (forward only); O, the lse and the gradients must match by the
+--grad-* output (the backward over the ring), and `qkv layer --ring` likewise (its gradients
+too: dX and the weight and bias gradients); O, the lse and the gradients must match by the
 oracle's rule, max|ring - single| <= 2e-5 * max(1, max|single|) (the forward's tolerance; the
 oracle's gradient cases allow 5e-5). Then the faults: a bad file or a disagreeing shape on one
 rank, refused flags and refused gradients, each ending every rank non-zero with one line on
@@ -139,6 +140,9 @@ def main():
         container_problems = containers(qkv, launcher, rng)
         print("FAIL" if container_problems else "ok", "containers")
         failures += container_problems
+        wide_problems = wide_range(qkv, launcher, rng)
+        print("FAIL" if wide_problems else "ok", "wide range")
+        failures += wide_problems
         layer_problems = layer(qkv, launcher, rng)
         print("FAIL" if layer_problems else "ok", "layer --ring")
         failures += layer_problems
@@ -196,6 +200,48 @@ def containers(qkv, launcher, rng):
     return problems
 
 
+def wide_range(qkv, launcher, rng):
+    """Calls the float32 kernels decline for their range, which one process gives to the
+    reference kernel and the ring computes in float64 on every rank: scores beyond float32's
+    range (|Q|, |K| ~ 1e19; the forward: O and the lse), and gradient sums beyond it (|dO| ~
+    1e36; the backward: dQ, dK, dV). Each must match one process's for P = 2 and 3."""
+    problems = []
+    np.save("big_q.npy", (3e18 * rng.standard_normal((2, 13, 8))).astype(np.float32))
+    np.save("big_k.npy", (3e18 * rng.standard_normal((1, 13, 8))).astype(np.float32))
+    np.save("small_q.npy", rng.standard_normal((2, 13, 8)).astype(np.float32))
+    np.save("small_k.npy", rng.standard_normal((1, 13, 8)).astype(np.float32))
+    np.save("big_v.npy", rng.standard_normal((1, 13, 8)).astype(np.float32))
+    np.save("big_do.npy", (1e36 * rng.standard_normal((2, 13, 8))).astype(np.float32))
+    cases = (("scores", ["--q", "big_q.npy", "--k", "big_k.npy"], ("o", "l"),
+              ("--out", "--lse")),
+             ("gradients", ["--q", "small_q.npy", "--k", "small_k.npy", "--grad-out", "big_do.npy"],
+              ("o", "dq", "dk", "dv"), ("--out", "--grad-q", "--grad-k", "--grad-v")))
+    for what, inputs, keys, flags in cases:
+        base = ["attention", "--v", "big_v.npy", "--causal"] + inputs
+
+        def outputs(suffix):
+            return [x for f, key in zip(flags, keys) for x in (f, "big_%s_%s.npy" % (key, suffix))]
+
+        r = run([qkv] + base + outputs("1"))
+        if r.returncode != 0:
+            problems.append("wide %s: single process failed: %s" % (what, r.stderr.strip()))
+            continue
+        want = {key: np.load("big_%s_1.npy" % key).astype(np.float64) for key in keys}
+        for p in (2, 3):
+            r = run(launcher + ["-np", str(p), qkv] + base + ["--ring"] + outputs(str(p)))
+            try:
+                if r.returncode != 0:
+                    raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
+                for key in keys:
+                    close(key, np.load("big_%s_%d.npy" % (key, p)).astype(np.float64), want[key])
+            except AssertionError as e:
+                problems.append("wide %s P=%d: %s" % (what, p, e))
+    for name in os.listdir("."):
+        if name.startswith(("big_", "small_")):
+            os.remove(name)
+    return problems
+
+
 def one_line_failure(r, what, expect_in, status=None):
     problems = []
     lines = r.stderr.strip().splitlines()
@@ -208,41 +254,81 @@ def one_line_failure(r, what, expect_in, status=None):
     return problems
 
 
+LAYER_GRADS = ["x", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"]
+
+
+def layer_grad_flags(suffix, dy="dy.npy"):
+    out = ["--grad-out", dy]
+    for g in LAYER_GRADS:
+        out += ["--grad-" + g, "d%s_%s.npy" % (g, suffix)]
+    return out
+
+
 def layer(qkv, launcher, rng):
-    """qkv layer --ring for P = 1..4 against one process (X of 29 rows: no P divides it), then
-    a projection that fails on one rank only (X of another width there: the rank never reaches
-    the ring) and the flags --ring refuses."""
+    """qkv layer --ring for P = 1..4 against one process (X of 29 rows: no P divides it; GQA,
+    W^O and every bias), with --grad-out and every --grad-* output (the backward over the ring:
+    dX gathered, the weight and bias gradients summed over the ranks), causal, windowed and
+    neither (with sinks); the gradients bitwise the same on 1 and 2 threads per rank at P = 3.
+    Then a projection that fails on one rank only (X of another width there: the rank never
+    reaches the ring), a DY of the wrong shape, a --max-memory every rank's part passes, and the
+    flags --ring refuses."""
     problems = []
     x = rng.standard_normal((2, 29, 12)).astype(np.float32)
     np.save("x.npy", x)
     np.save("x_wide.npy", rng.standard_normal((2, 29, 13)).astype(np.float32))
     for name, shape in (("wq", (12, 16)), ("wk", (12, 8)), ("wv", (12, 12)), ("wo", (24, 10))):
         np.save(name + ".npy", (0.3 * rng.standard_normal(shape)).astype(np.float32))
-    np.save("bq.npy", rng.standard_normal(16).astype(np.float32))
+    for name, width in (("bq", 16), ("bk", 8), ("bv", 12), ("bo", 10)):
+        np.save(name + ".npy", rng.standard_normal(width).astype(np.float32))
+    np.save("dy.npy", rng.standard_normal((2, 29, 10)).astype(np.float32))
+    np.save("dy_narrow.npy", rng.standard_normal((2, 29, 9)).astype(np.float32))
+    np.save("s_layer.npy", rng.standard_normal(4).astype(np.float32))
     weights = ["--wq", "wq.npy", "--wk", "wk.npy", "--wv", "wv.npy", "--wo", "wo.npy",
-               "--bq", "bq.npy", "--heads", "4", "--kv-heads", "2"]
-    for flags in (["--causal", "--alibi"], ["--window", "4,2", "--softcap", "3"]):
+               "--bq", "bq.npy", "--bk", "bk.npy", "--bv", "bv.npy", "--bo", "bo.npy",
+               "--heads", "4", "--kv-heads", "2"]
+    for flags in (["--causal", "--alibi"], ["--window", "4,2", "--softcap", "3"],
+                  ["--sinks", "s_layer.npy"]):
         base = ["layer", "--x", "x.npy"] + weights + flags
-        r = run([qkv] + base + ["--out", "y1.npy", "--lse", "yl1.npy"])
+        r = run([qkv] + base + ["--out", "y1.npy", "--lse", "yl1.npy"] + layer_grad_flags("1"))
         if r.returncode != 0:
             problems.append("layer %s: single process failed: %s" % (flags, r.stderr))
             continue
-        want_y, want_l = np.load("y1.npy"), np.load("yl1.npy")
+        want = {"out": np.load("y1.npy"), "lse": np.load("yl1.npy")}
+        for g in LAYER_GRADS:
+            want["d" + g] = np.load("d%s_1.npy" % g)
         for p in (1, 2, 3, 4):
             r = run(launcher + ["-np", str(p), qkv] + base +
-                    ["--ring", "--out", "y_%d.npy" % p, "--lse", "yl_%d.npy" % p])
+                    ["--ring", "--out", "y_%d.npy" % p, "--lse", "yl_%d.npy" % p] +
+                    layer_grad_flags(str(p)))
             try:
                 if r.returncode != 0:
                     raise AssertionError("exit %d: %s" % (r.returncode, r.stderr.strip()))
-                got_y, got_l = np.load("y_%d.npy" % p), np.load("yl_%d.npy" % p)
-                if got_y.shape != want_y.shape or got_l.shape != want_l.shape:
-                    raise AssertionError("shapes %s %s" % (got_y.shape, got_l.shape))
-                close("out", got_y.astype(np.float64), want_y.astype(np.float64))
-                close("lse", got_l.astype(np.float64), want_l.astype(np.float64))
+                got = {"out": np.load("y_%d.npy" % p), "lse": np.load("yl_%d.npy" % p)}
+                for g in LAYER_GRADS:
+                    got["d" + g] = np.load("d%s_%d.npy" % (g, p))
+                for key in want:
+                    if got[key].shape != want[key].shape:
+                        raise AssertionError("%s: shape %s, expected %s" %
+                                             (key, got[key].shape, want[key].shape))
+                    # db^K is zero in exact arithmetic (a shift of every key's score by the same
+                    # q·b^K leaves the softmax unchanged): both sides are rounding noise, held to
+                    # the rule's absolute floor.
+                    close(key, got[key].astype(np.float64), want[key].astype(np.float64))
             except AssertionError as e:
                 problems.append("layer %s P=%d: %s" % (flags, p, e))
+        if flags[0] != "--causal":
+            continue
+        # The bits do not depend on the thread count: P = 3 again on 2 threads per rank.
+        r = run(launcher + ["-np", "3", qkv] + base +
+                ["--ring", "--threads", "2", "--out", "y_again.npy"] + layer_grad_flags("again"))
+        if r.returncode != 0 or any(
+                open("d%s_again.npy" % g, "rb").read() != open("d%s_3.npy" % g, "rb").read()
+                for g in LAYER_GRADS):
+            problems.append("layer: P=3 gradients on 1 and 2 threads gave different bits")
     for name in os.listdir("."):
-        if name.startswith(("y_", "yl_", "y1", "yl1")):
+        if name.startswith(("y_", "yl_", "y1", "yl1")) or (
+                name.startswith("d") and name.endswith(("_1.npy", "_2.npy", "_3.npy", "_4.npy",
+                                                        "_again.npy"))):
             os.remove(name)
     tail = weights + ["--causal", "--out", "fault_out.npy"]
     script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then x=x_wide.npy; else x=x.npy; fi; '
@@ -250,9 +336,18 @@ def layer(qkv, launcher, rng):
     r = run(launcher + ["-np", "3", "sh", "-c", script, qkv] + tail)
     problems += one_line_failure(r, "layer: a projection failing on rank 1 of 3",
                                  "rank 1: wq.npy", 1)
+    fault_grads = layer_grad_flags("fault", "dy_narrow.npy")
+    r = run(launcher + ["-np", "3", qkv, "layer", "--ring", "--x", "x.npy"] + fault_grads + tail)
+    problems += one_line_failure(r, "layer: DY of the wrong shape", "dy_narrow.npy", 1)
+    r = run(launcher + ["-np", "2", qkv, "layer", "--ring", "--x", "x.npy", "--max-memory", "1K"] +
+            layer_grad_flags("fault") + tail)
+    problems += one_line_failure(r, "layer: budget", "rank 0: --max-memory: this rank's part", 1)
+    written = [f for f in os.listdir(".") if f.endswith("_fault.npy")]
+    if written:
+        problems.append("layer: a refused backward wrote %s" % written)
     r = run(launcher + ["-np", "2", qkv, "layer", "--ring", "--x", "x.npy", "--memory", "x.npy",
-                        "--grad-out", "y.npy", "--grad-x", "dx.npy"] + tail)
-    problems += one_line_failure(r, "layer: refused flags", "--memory, --grad-*", 2)
+                        "--weights", "w.npy"] + tail)
+    problems += one_line_failure(r, "layer: refused flags", "--memory, --weights", 2)
     return problems
 
 

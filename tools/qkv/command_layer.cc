@@ -1,5 +1,7 @@
 // qkv layer: the seed's whole system, from X and the projection matrices (layer_weights.h reads
 // them, for qkv explain too).
+#include "command_layer.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,53 +19,7 @@
 #include "run_report.h"
 
 namespace qkv::cli {
-namespace {
 
-// --grad-out and where each of the layer's gradients goes (docs/interface.md, "Gradients").
-struct LayerGradientFlags {
-  std::string grad_out, x, memory, wq, wk, wv, wo, bq, bk, bv, bo;
-  bool wanted() const {
-    for (const std::string* path : {&x, &memory, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &bo}) {
-      if (!path->empty()) return true;
-    }
-    return false;
-  }
-};
-
-struct LayerCommand {
-  std::string x_path, memory_path, out_path;
-  bool ring = false;
-  WeightFlags weights;
-  LayerGradientFlags gradients;
-  AttentionFlags flags;
-  ReportFlags report;
-};
-
-// The useful flops of the layer: the projections (2 per multiply-add of each X·W or M·W and of
-// the output projection) and attention over its heads.
-double layer_flops(const Shape& x, const Shape& memory, const LayerWeights& w,
-                   const LayerOptions& options) {
-  if (x.size() < 2 || w.wq.rank() != 2 || w.wk.rank() != 2 || w.wv.rank() != 2) return 0;
-  const std::int64_t h = options.heads;
-  const std::int64_t hkv = options.kv_heads == 0 ? h : options.kv_heads;
-  if (h <= 0 || hkv <= 0) return 0;
-  const Shape& m = memory.empty() ? x : memory;
-  double x_rows = 1, m_rows = 1;
-  for (std::size_t i = 0; i + 1 < x.size(); ++i) x_rows *= static_cast<double>(x[i]);
-  for (std::size_t i = 0; i + 1 < m.size(); ++i) m_rows *= static_cast<double>(m[i]);
-  const auto product = [](double rows, const TensorView& weight) {
-    return 2.0 * rows * static_cast<double>(weight.dim(0)) * static_cast<double>(weight.dim(1));
-  };
-  double flops = product(x_rows, w.wq) + product(m_rows, w.wk) + product(m_rows, w.wv);
-  if (w.wo && w.wo->rank() == 2) flops += product(x_rows, *w.wo);
-  const std::int64_t b = x.size() == 3 ? x[0] : 1;
-  const std::int64_t dk = w.wq.dim(1) / h, dv = w.wv.dim(1) / hkv;
-  return flops + attention_flops({b, h, x[x.size() - 2], dk}, {b, hkv, m[m.size() - 2], dk},
-                                 {b, hkv, m[m.size() - 2], dv}, options.attention);
-}
-
-// The gradients the flags ask for, added to `outputs` (written with the others, all or none).
-// A weight given in nn.Linear's layout (--linear-layout) gets its gradient in that layout too.
 void add_gradients(const LayerCommand& command, const LayerGradients& g,
                    std::vector<Tensor>& transposed, std::vector<OutputFile>& outputs) {
   const LayerGradientFlags& f = command.gradients;
@@ -117,123 +73,29 @@ void check_gradient_flags(const LayerCommand& command) {
   }
 }
 
-// `to` = `from`, both of one shape and dtype; `to` any strides, `from` contiguous.
-void copy_into(const Tensor& from, const MutableTensorView& to) {
-  const std::size_t element = dtype_size(to.dtype);
-  const auto* source = static_cast<const char*>(from.data());
-  const std::size_t rank = to.shape.size();
-  std::vector<std::int64_t> index(rank, 0);
-  std::int64_t offset = 0;
-  for (std::int64_t e = 0; e < from.numel(); ++e) {
-    std::memcpy(static_cast<char*>(to.data) + offset * static_cast<std::int64_t>(element),
-                source + e * static_cast<std::int64_t>(element), element);
-    for (std::size_t axis = rank; axis-- > 0;) {
-      offset += to.strides[axis];
-      if (++index[axis] < to.shape[axis]) break;
-      offset -= to.strides[axis] * to.shape[axis];
-      index[axis] = 0;
-    }
-  }
-}
+namespace {
 
-// The flags qkv layer --ring refuses, as the user spelled them.
-std::string layer_ring_refusals(const LayerCommand& c) {
-  std::string refused;
-  const auto refuse = [&](bool given, const char* flag) {
-    if (given) refused += (refused.empty() ? "" : ", ") + std::string(flag);
+// The useful flops of the layer: the projections (2 per multiply-add of each X·W or M·W and of
+// the output projection) and attention over its heads.
+double layer_flops(const Shape& x, const Shape& memory, const LayerWeights& w,
+                   const LayerOptions& options) {
+  if (x.size() < 2 || w.wq.rank() != 2 || w.wk.rank() != 2 || w.wv.rank() != 2) return 0;
+  const std::int64_t h = options.heads;
+  const std::int64_t hkv = options.kv_heads == 0 ? h : options.kv_heads;
+  if (h <= 0 || hkv <= 0) return 0;
+  const Shape& m = memory.empty() ? x : memory;
+  double x_rows = 1, m_rows = 1;
+  for (std::size_t i = 0; i + 1 < x.size(); ++i) x_rows *= static_cast<double>(x[i]);
+  for (std::size_t i = 0; i + 1 < m.size(); ++i) m_rows *= static_cast<double>(m[i]);
+  const auto product = [](double rows, const TensorView& weight) {
+    return 2.0 * rows * static_cast<double>(weight.dim(0)) * static_cast<double>(weight.dim(1));
   };
-  refuse(!c.memory_path.empty(), "--memory");
-  refuse(!c.flags.weights_path.empty(), "--weights");
-  refuse(!c.flags.cu_seqlens_q_path.empty(), "--cu-seqlens-q");
-  refuse(!c.flags.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
-  refuse(!c.gradients.grad_out.empty() || c.gradients.wanted(), "--grad-*");
-  return refused;
-}
-
-// qkv layer --ring on this rank: its rows of X projected (the projections are row-local), the
-// attention over the ring (ring attention as the layer's attention step), its rows of the
-// output projected; rank 0 gathers and writes. Every rank agrees on success before the ring,
-// after it and after writing.
-void run_layer_ring(const LayerCommand& command, const dist::Communicator& comm, int ranks,
-                    int me) {
-  std::string problem;
-  Tensor x;
-  LoadedWeights loaded;
-  AttentionTensors tensors;
-  LayerOptions options;
-  DType out_dtype = DType::kF32;
-  dist::RowLayout layout = dist::RowLayout::kContiguous;
-  std::int64_t n = 0;
-  try {
-    check_weight_flags(command.weights);
-    load_weights(command.weights, loaded);
-    tensors = load_attention_tensors(command.flags);
-    options.heads = command.weights.heads;
-    options.kv_heads = command.weights.kv_heads;
-    options.attention = attention_options(command.flags, tensors);
-    layout = dist::default_layout(options.attention);
-    x = read_rows(command.x_path, ranks, me, layout, n);
-    // The mask: this rank's query rows (unless that axis broadcasts), every key.
-    if (tensors.mask && tensors.mask->shape().size() >= 2) {
-      const Shape& shape = tensors.mask->shape();
-      if (shape[shape.size() - 2] == n && n != 1) {
-        tensors.mask = dist::slice_rows(tensors.mask->view(), -2, ranks, me, layout);
-      }
-    }
-    options.attention = attention_options(command.flags, tensors);
-    options.attention.return_lse = !command.flags.lse_path.empty();
-    options.attention.max_memory = 0;  // the ring's memory is per rank; no budget yet
-    out_dtype = options.attention.out_dtype;
-    if (out_dtype == DType::kF16) options.attention.out_dtype = DType::kF32;
-  } catch (const std::exception& e) {
-    problem = e.what();
-  }
-  dist::agree(comm, problem);
-
-  bool attended = false;
-  dist::RingResult ring;
-  const AttentionStep step = [&](const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const AttentionOptions& o, const AttentionOutputs& outputs) {
-    attended = true;
-    AttentionOptions ring_options = o;
-    ring_options.out_dtype = outputs.out.dtype;
-    ring_options.return_lse = outputs.lse.has_value();
-    ring = dist::ring_attention(q, k, v, ring_options, comm, {layout});
-    copy_into(ring.out, outputs.out);
-    if (outputs.lse) copy_into(ring.lse.to(outputs.lse->dtype), *outputs.lse);
-    return ring.kernel;
-  };
-  const auto start = std::chrono::steady_clock::now();
-  LayerResult result;
-  try {
-    result = multi_head_attention(x.view(), loaded.weights, options, step);
-  } catch (const dist::AgreedError&) {
-    throw;
-  } catch (const std::exception& e) {
-    problem = e.what();
-  }
-  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-  // A rank whose projections failed never reached the ring: its agreement stands in for the
-  // ring's first one, which the other ranks are in.
-  if (!attended) dist::agree(comm, problem.empty() ? "the layer: no attention step" : problem);
-  dist::agree(comm, problem);
-  const Tensor out = dist::gather_rows(result.out.view(), -2, n, layout, comm);
-  const Tensor lse =
-      result.lse.empty() ? Tensor() : dist::gather_rows(result.lse.view(), -1, n, layout, comm);
-  if (me == 0) {
-    try {
-      std::vector<OutputFile> outputs = {{command.out_path, out.view()}};
-      add_extra_outputs(command.flags, Tensor(), lse, outputs);
-      write_outputs(outputs, out_dtype);
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
-  }
-  dist::agree(comm, problem);
-  if (command.report.verbose) {
-    print_ring_times("qkv layer --ring", ring.times, ring.kernel, ring.threads, me, ranks,
-                     x.shape().empty() ? 0 : x.shape()[x.shape().size() - 2], seconds.count());
-  }
+  double flops = product(x_rows, w.wq) + product(m_rows, w.wk) + product(m_rows, w.wv);
+  if (w.wo && w.wo->rank() == 2) flops += product(x_rows, *w.wo);
+  const std::int64_t b = x.size() == 3 ? x[0] : 1;
+  const std::int64_t dk = w.wq.dim(1) / h, dv = w.wv.dim(1) / hkv;
+  return flops + attention_flops({b, h, x[x.size() - 2], dk}, {b, hkv, m[m.size() - 2], dk},
+                                 {b, hkv, m[m.size() - 2], dv}, options.attention);
 }
 
 void run_layer(const LayerCommand& command) {
@@ -356,8 +218,11 @@ void register_layer_command(CLI::App& app) {
   gradient("--grad-bo", g.bo, "db^O output", "--bo");
   sub->add_flag("--ring", command->ring,
                 "attention across the processes of mpirun -np P: each rank projects its rows of "
-                "X, the attention is ring attention over MPI, rank 0 writes --out and --lse; not "
-                "with --memory, --weights, --cu-seqlens-*, --grad-*");
+                "X, the attention is ring attention over MPI, rank 0 writes --out and --lse; "
+                "with --grad-out each rank reads its rows of DY, the backward runs over the "
+                "ring too and rank 0 writes the --grad-* outputs (dX gathered, the weight "
+                "gradients summed in rank order); --max-memory is per rank; not with --memory, "
+                "--weights, --cu-seqlens-*");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"

@@ -61,6 +61,27 @@ Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout l
   return read_input_rows(spec, row_spans(dist::rank_rows(rows, ranks, rank, layout)));
 }
 
+std::uint64_t rows_share(const TensorInfo& info, std::int64_t rows) {
+  const std::int64_t total = info.shape[info.shape.size() - 2];
+  return total == 0
+             ? 0
+             : info.bytes / static_cast<std::uint64_t>(total) * static_cast<std::uint64_t>(rows);
+}
+
+std::int64_t widest_rank_rows(std::int64_t n, int ranks, dist::RowLayout layout) {
+  std::int64_t widest = 0;
+  for (int r = 0; r < ranks; ++r)
+    widest = std::max(widest, dist::rank_row_count(n, ranks, r, layout));
+  return widest;
+}
+
+void refuse_over_budget(std::uint64_t bytes, std::uint64_t budget, const std::string& counted) {
+  if (bytes < budget) return;
+  throw Error("--max-memory", "this rank's part of the ring takes about " +
+                                  core::format_bytes_exact(bytes) + " (" + counted +
+                                  "); the memory budget is " + core::format_bytes_exact(budget));
+}
+
 namespace {
 
 // The --mask: this rank's query rows of it (read alone, as read_rows reads them) unless that
@@ -74,14 +95,6 @@ std::optional<Tensor> load_mask_rows(const AttentionFlags& flags, std::int64_t n
   return widen_mask(
       read_input_rows(flags.mask_path, row_spans(dist::rank_rows(nq, ranks, rank, layout))),
       flags.mask_path);
-}
-
-// The bytes of `rows` of a tensor file's rows (axis -2).
-std::uint64_t rows_share(const TensorInfo& info, std::int64_t rows) {
-  const std::int64_t total = info.shape[info.shape.size() - 2];
-  return total == 0
-             ? 0
-             : info.bytes / static_cast<std::uint64_t>(total) * static_cast<std::uint64_t>(rows);
 }
 
 // Refuses, from the files' headers and before any input is read, a rank whose part of the run
@@ -107,10 +120,7 @@ void check_rank_budget(const RingCommand& command, const AttentionFlags& flags, 
   const std::int64_t nk = k.shape[k.shape.size() - 2];
   const std::int64_t my_q = dist::rank_row_count(nq, ranks, me, layout);
   const std::int64_t my_k = dist::rank_row_count(nk, ranks, me, layout);
-  std::int64_t widest_k = 0;
-  for (int r = 0; r < ranks; ++r) {
-    widest_k = std::max(widest_k, dist::rank_row_count(nk, ranks, r, layout));
-  }
+  const std::int64_t widest_k = widest_rank_rows(nk, ranks, layout);
   std::uint64_t bytes = rows_share(q, my_q) + rows_share(k, my_k) + rows_share(v, my_k) +
                         2 * (rows_share(k, widest_k) + rows_share(v, widest_k));
   // Rows of O: one per (batch, head, query row), dv values each, float64 for a float64 call,
@@ -148,14 +158,9 @@ void check_rank_budget(const RingCommand& command, const AttentionFlags& flags, 
     } catch (const Error&) {
     }
   }
-  if (bytes >= budget) {
-    throw Error("--max-memory",
-                "this rank's part of the ring takes about " + core::format_bytes_exact(bytes) +
-                    " (its rows of the inputs, two K/V blocks in flight, its output "
-                    "rows" +
-                    std::string(me == 0 ? " and the gathered output" : "") +
-                    "); the memory budget is " + core::format_bytes_exact(budget));
-  }
+  refuse_over_budget(bytes, budget,
+                     "its rows of the inputs, two K/V blocks in flight, its output rows" +
+                         std::string(me == 0 ? " and the gathered output" : ""));
 }
 
 }  // namespace

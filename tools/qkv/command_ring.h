@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "qkv/dist.h"
+#include "qkv/io.h"
 
 namespace qkv::cli {
 
@@ -44,6 +45,15 @@ void run_on_ranks(const char* command, const std::string& refused,
 // stored .npz member; a deflated member is inflated as a stream, keeping them alone).
 Tensor read_rows(const std::string& spec, int ranks, int rank, dist::RowLayout layout,
                  std::int64_t& rows);
+
+// What qkv layer --ring's per-rank --max-memory check shares with attention --ring's:
+// The bytes of `rows` of a tensor file's rows (axis -2), from its header.
+std::uint64_t rows_share(const TensorInfo& info, std::int64_t rows);
+// The most rows any rank holds of n: a K/V block in flight is that large.
+std::int64_t widest_rank_rows(std::int64_t n, int ranks, dist::RowLayout layout);
+// Throws qkv::Error("--max-memory", "this rank's part of the ring takes about BYTES (COUNTED);
+// the memory budget is BUDGET") when bytes >= budget.
+void refuse_over_budget(std::uint64_t bytes, std::uint64_t budget, const std::string& counted);
 
 // One -v line on stderr: "WHAT: rank R/P: ..." with the ring's times.
 void print_ring_times(const char* what, const dist::RingTimes& times, const std::string& kernel,
