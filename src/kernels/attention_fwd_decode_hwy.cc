@@ -125,6 +125,7 @@ class Chunk {
           const auto* k_row = static_cast<const std::byte*>(run.k) + at * run.k_row * k_elem;
           if (k_in_place && run.k_col == 1) {
             keys_[x] = reinterpret_cast<const float*>(k_row);
+            touch_row(k_row, call_.d * 4);
           } else {
             widen_row<T>(k_row, run.k_scales + at * run.k_scale_row, call_.d, run.k_col, dp_,
                          scratch_.k + x * dp_);
@@ -134,6 +135,7 @@ class Chunk {
           const auto* v_row = static_cast<const std::byte*>(run.v) + at * run.v_row * v_elem;
           if (v_in_place && run.v_col == 1) {
             values_[x] = reinterpret_cast<const float*>(v_row);
+            touch_row(v_row, call_.dv * 4);
           } else {
             widen_any(call_.v_type, v_row, run.v_scales + at * run.v_scale_row, call_.dv, run.v_col,
                       dvp_, scratch_.v + x * dvp_);

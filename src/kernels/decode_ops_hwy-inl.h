@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "core/half.h"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/decode_common.h"
 
@@ -75,6 +76,17 @@ HWY_INLINE void widen_row(const void* src, const float* scales, std::int64_t cou
     for (; c < count; ++c) dst[c] = static_cast<float>(in[c]) * scales[c / kCacheInt8Block];
   }
   for (; c < padded; ++c) dst[c] = 0.0f;
+}
+
+// Asks for every cache line of a row the kernel reads in place (float32 K and V rows), when the
+// block's rows are first met. The dot products then find K in L1 or on its way, and V's lines
+// are in flight during them instead of being requested only by P·V: many more misses
+// outstanding at once. Measured on an AMD Zen 5 (f32 cache, d = 128, nk = 32768, 2 threads):
+// 5.4-5.6 ms without, 4.75-4.77 ms with; plain tensors 7.5-8.1 against 5.7-6.1 ms. Rows that
+// are widened are already read whole by widen_row before the dot products (asking for them too
+// was slower there: bf16 3.2-4.6 ms without, 3.7-4.8 with).
+HWY_INLINE void touch_row(const std::byte* row, std::int64_t bytes) {
+  for (std::int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(row + b);
 }
 
 // widen_row for a type known at run time (plain V may be stored unlike K).
