@@ -322,6 +322,8 @@ std::vector<double> require_finite(std::initializer_list<const TensorView*> view
 
 void require_finite(const TensorView& view) { require_finite({&view}, 1); }
 
+double largest_magnitude(const TensorView& view) { return throw_if_non_finite(view); }
+
 void apply_call_options(const AttentionOptions& options, std::int64_t d, AttentionParams& p) {
   // With D = 0 every q·k is an empty sum, 0 whatever the scale: the default is then 1 rather
   // than 1/sqrt(0), and the weights are uniform over the allowed keys.

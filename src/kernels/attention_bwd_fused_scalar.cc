@@ -56,14 +56,37 @@ std::string backward_float32_declines(const core::BackwardParams& bp) {
   return gradient_bounds_declines(bp, std::numeric_limits<float>::max() / 2, "float32");
 }
 
+// The kernels that read the saved lse recompute each weight as exp(s - lse) from a score they
+// compute again, summed in their own order: s and the lse each carry a rounding error of about
+// |s|·2^-53, which the exp turns into a relative error of the weight of the same size. With
+// scores of 1e12 that was 1e-3 against the reference (which recomputes the softmax itself), at
+// 1e37 the gradients were wrong outright. Past a bound of 2^20 such kernels decline (the
+// weights' error then stays below about 1e-9, and for typical inputs, whose scores sit far
+// below the bound, near 1e-13); the reference takes those calls in one process. A softcap
+// bounds the capped score's error by about softcap·2^-53, whatever s is.
+std::string lse_recompute_declines(const core::BackwardParams& bp) {
+  constexpr double kLimit = 1048576.0;
+  const core::AttentionParams& p = bp.forward;
+  const double dot = static_cast<double>(p.shape.d) * p.magnitudes.q * p.magnitudes.k;
+  const double score = p.modifiers.softcap > 0 ? p.modifiers.softcap : std::abs(p.scale) * dot;
+  if (score <= kLimit) return {};
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "scores may reach %.3g (|scale|·D·max|Q|·max|K|): recomputed from the saved lse, "
+                "the weights would lose precision past %.0f",
+                score, kLimit);
+  return text;
+}
+
 std::string backward_float64_declines(const core::BackwardParams& bp) {
   if (std::string reason = float64_declines(bp.forward); !reason.empty()) return reason;
   return gradient_bounds_declines(bp, std::numeric_limits<double>::max() / 2, "float64");
 }
 
 std::string backward_precision_declines(const core::BackwardParams& bp) {
-  return bp.forward.compute == DType::kF64 ? backward_float64_declines(bp)
-                                           : backward_float32_declines(bp);
+  if (bp.forward.compute != DType::kF64) return backward_float32_declines(bp);
+  if (std::string reason = backward_float64_declines(bp); !reason.empty()) return reason;
+  return lse_recompute_declines(bp);
 }
 
 std::string tiled_backward_declines(const core::BackwardParams& bp) {

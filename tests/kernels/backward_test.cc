@@ -196,6 +196,39 @@ TEST(Backward, EveryDimensionMayBeZero) {
 
 TEST(Backward, PackedBatchEqualsEachSequenceAlone) { expect_packed_batch_matches_sequences(); }
 
+// Float64 gradients when the scores are huge: the kernels that recompute each weight from the
+// saved lse lose one digit per decade of |s| (1e-3 relative at scores of 1e12, garbage at
+// 1e37), so past their bound the reference, which recomputes the softmax itself, runs. Values
+// of ordinary size keep the fused kernel: the bound comes from Q's and K's exact largest
+// magnitudes, not the scan's 2^32.
+TEST(Backward, Float64HugeScoresGoToTheReference) {
+  for (const double magnitude : {1.0, 1e6, 3e18}) {
+    SCOPED_TRACE(magnitude);
+    const Tensor q = random_tensor(DType::kF64, {1, 2, 8, 16}, 1, -magnitude, magnitude);
+    const Tensor k = random_tensor(DType::kF64, {1, 2, 8, 16}, 2, -magnitude, magnitude);
+    const Tensor v = random_tensor(DType::kF64, {1, 2, 8, 16}, 3);
+    const Tensor dout = random_tensor(DType::kF64, {1, 2, 8, 16}, 4);
+    AttentionOptions options;
+    options.return_lse = true;
+    options.out_dtype = DType::kF64;  // the saved out and lse the float64 kernels read
+    const AttentionResult fwd = attention(q.view(), k.view(), v.view(), options);
+    const AttentionGradients g = attention_backward(q.view(), k.view(), v.view(), fwd.out.view(),
+                                                    fwd.lse.view(), dout.view(), options);
+    AttentionOptions reference = options;
+    reference.kernel = "reference";
+    const AttentionGradients r = attention_backward(q.view(), k.view(), v.view(), fwd.out.view(),
+                                                    fwd.lse.view(), dout.view(), reference);
+    if (magnitude == 1.0) {
+      EXPECT_NE(g.kernel, "reference");
+    } else {
+      EXPECT_EQ(g.kernel, "reference");
+    }
+    EXPECT_LE(max_error(g.dq.view(), r.dq.view()), 1e-12);
+    EXPECT_LE(max_error(g.dk.view(), r.dk.view()), 1e-12);
+    EXPECT_LE(max_error(g.dv.view(), r.dv.view()), 1e-12);
+  }
+}
+
 TEST(Backward, RefusesWhatItCannotDifferentiate) {
   GradCase c;
   GradInputs in = make_grad_inputs(c, 7);
