@@ -141,16 +141,27 @@ std::int64_t k_bytes(const Plan& plan, std::int64_t rows) { return geometry(plan
 
 std::int64_t block_bytes(const Plan& plan, std::int64_t rows) { return geometry(plan).bytes(rows); }
 
+// The query rows of one kernel call: a block's partial output is merged chunk by chunk, so that
+// its buffer holds this many rows per head (not the rank's whole output). Each call packs the
+// block's K^T and V again, O(block rows · d) beside the chunk's O(chunk · block rows · d) work.
+constexpr std::int64_t kChunkRows = 512;
+
+// The merge of one rank's partial results. Its running accumulator is the output tensor itself
+// (rows [b, h, i] of dv values, F as the output), normalised in place by finish(); each kernel
+// call writes a chunk of at most kChunkRows query rows into the part buffers, merged at once.
+// Memory beyond the output: the running (max, sum) per row and the part buffers.
 template <class F>
 class RingRun {
  public:
-  explicit RingRun(const Plan& plan) : plan_(plan) {
+  RingRun(const Plan& plan, F* acc) : plan_(plan), acc_(acc) {
     const core::AttentionShape& s = plan.base.shape;
     rows_ = s.b * s.h * plan.n_local;
+    chunk_ = std::max<std::int64_t>(1, std::min(kChunkRows, plan.n_local));
     states_.resize(static_cast<std::size_t>(rows_));
-    acc_.assign(static_cast<std::size_t>(rows_ * s.dv), F{0});
-    part_out_ = std::make_unique_for_overwrite<F[]>(acc_.size());  // the kernel writes it whole
-    part_lse_.resize(states_.size());
+    std::fill(acc_, acc_ + rows_ * s.dv, F{0});
+    const std::int64_t part_rows = s.b * s.h * chunk_;
+    part_out_ = std::make_unique_for_overwrite<F[]>(static_cast<std::size_t>(part_rows * s.dv));
+    part_lse_.resize(static_cast<std::size_t>(part_rows));
   }
 
   // The queries of this rank against the block of rank `src`, held in `block`; `poll` runs
@@ -166,16 +177,23 @@ class RingRun {
     const std::int64_t v_at = align64(k_bytes(plan, block_rows));
     bool any = false;
     std::int64_t lq = 0;
-    for (const RowRange& q : plan.mine) {
+    for (const RowRange& whole : plan.mine) {
       std::int64_t lk = 0;
       for (const RowRange& k : theirs) {
-        if (detail::visible(plan.base.masking, plan.nq, plan.nk, q, k)) {
-          any = true;
+        if (!detail::visible(plan.base.masking, plan.nq, plan.nk, whole, k)) {
+          lk += k.size();
+          continue;
+        }
+        any = true;
+        for (std::int64_t c0 = 0; c0 < whole.size(); c0 += chunk_) {
+          const RowRange q{whole.first + c0, std::min(whole.last, whole.first + c0 + chunk_)};
+          if (!detail::visible(plan.base.masking, plan.nq, plan.nk, q, k)) continue;
+          const std::int64_t lc = lq + c0;  // the chunk's first local row
           core::AttentionParams p = plan.base;
           p.shape.nq = q.size();
           p.shape.nk = k.size();
           p.q.data = static_cast<const char*>(p.q.data) +
-                     lq * p.q.strides.row * static_cast<std::int64_t>(dtype_size(p.q.dtype));
+                     lc * p.q.strides.row * static_cast<std::int64_t>(dtype_size(p.q.dtype));
           p.k = {block + lk * s.d * static_cast<std::int64_t>(plan.k_elem), p.k.dtype,
                  core::Strides4{block_rows * s.d * s.hkv, block_rows * s.d, s.d, 1}};
           p.v = {block + v_at + lk * s.dv * static_cast<std::int64_t>(plan.v_elem), p.v.dtype,
@@ -185,57 +203,57 @@ class RingRun {
           if (p.masking.mask != nullptr) {
             // The mask's rows are this rank's query rows, its columns every key.
             p.masking.mask = static_cast<const char*>(p.masking.mask) +
-                             p.masking.mask_strides.at(0, 0, lq, k.first) *
+                             p.masking.mask_strides.at(0, 0, lc, k.first) *
                                  static_cast<std::int64_t>(dtype_size(p.masking.mask_dtype));
           }
-          const std::int64_t nl = plan.n_local;
-          p.out = {part_out_.get() + lq * s.dv,
-                   std::is_same_v<F, double> ? DType::kF64 : DType::kF32,
-                   core::Strides4{s.h * nl * s.dv, nl * s.dv, s.dv, 1}};
-          p.lse = {part_lse_.data() + lq, DType::kF64, core::Strides4{s.h * nl, nl, 1, 0}};
+          p.out = {part_out_.get(), std::is_same_v<F, double> ? DType::kF64 : DType::kF32,
+                   core::Strides4{s.h * chunk_ * s.dv, chunk_ * s.dv, s.dv, 1}};
+          p.lse = {part_lse_.data(), DType::kF64, core::Strides4{s.h * chunk_, chunk_, 1, 0}};
           if (plan.kernel->run(p) != core::KernelStatus::kOk) {
             status = core::KernelStatus::kOutOfMemory;
           } else {
-            merge_rows(lq, q.size());
+            merge_rows(lc, q.size());
           }
           poll();
         }
         lk += k.size();
       }
-      lq += q.size();
+      lq += whole.size();
     }
     return any;
   }
 
-  // O and the lse of this rank's rows, the sinks merged in.
-  void finish(Tensor& out, Tensor& lse) {
+  // O (normalised in place: the accumulator is the output) and the lse of this rank's rows,
+  // the sinks merged in.
+  void finish(Tensor& lse) {
     const core::AttentionShape& s = plan_.base.shape;
-    auto* o = static_cast<F*>(out.data());
     auto* l = lse.empty() ? nullptr : static_cast<double*>(lse.data());
     for (std::int64_t r = 0; r < rows_; ++r) {
       auto& st = states_[static_cast<std::size_t>(r)];
-      F* acc = acc_.data() + r * s.dv;
+      F* acc = acc_ + r * s.dv;
       if (!plan_.sinks.empty()) {
         const std::int64_t h = (r / plan_.n_local) % s.h;
         const Factors<F> f = merge(st, state_of<F>(plan_.sinks[static_cast<std::size_t>(h)]));
         for (std::int64_t c = 0; c < s.dv; ++c) acc[c] *= f.into;
       }
       const F inv = kernels::inverse_sum(st);
-      for (std::int64_t c = 0; c < s.dv; ++c) o[r * s.dv + c] = acc[c] * inv;
+      for (std::int64_t c = 0; c < s.dv; ++c) acc[c] *= inv;
       if (l != nullptr) l[r] = kernels::log_sum_exp(st);
     }
   }
 
  private:
+  // Merges the part buffers' rows (a chunk of `count` rows from local row lq) into the state.
   void merge_rows(std::int64_t lq, std::int64_t count) {
     const core::AttentionShape& s = plan_.base.shape;
     for (std::int64_t bh = 0; bh < s.b * s.h; ++bh) {
-      for (std::int64_t i = lq; i < lq + count; ++i) {
-        const std::int64_t r = bh * plan_.n_local + i;
-        const auto part = state_of<F>(part_lse_[static_cast<std::size_t>(r)]);
+      for (std::int64_t i = 0; i < count; ++i) {
+        const std::int64_t r = bh * plan_.n_local + lq + i;
+        const std::int64_t pr = bh * chunk_ + i;
+        const auto part = state_of<F>(part_lse_[static_cast<std::size_t>(pr)]);
         const Factors<F> f = merge(states_[static_cast<std::size_t>(r)], part);
-        F* acc = acc_.data() + r * s.dv;
-        const F* o = part_out_.get() + r * s.dv;
+        F* acc = acc_ + r * s.dv;
+        const F* o = part_out_.get() + pr * s.dv;
         const F w = f.part * part.sum;
         for (std::int64_t c = 0; c < s.dv; ++c) acc[c] = f.into * acc[c] + w * o[c];
       }
@@ -243,10 +261,11 @@ class RingRun {
   }
 
   const Plan& plan_;
-  std::int64_t rows_ = 0;
+  F* acc_;                  // the output's rows, rows_ x dv
+  std::int64_t rows_ = 0;   // b · h · n_local
+  std::int64_t chunk_ = 1;  // query rows per kernel call
   std::vector<kernels::BasicSoftmaxState<F>> states_;
-  std::vector<F> acc_;
-  std::unique_ptr<F[]> part_out_;
+  std::unique_ptr<F[]> part_out_;  // b · h · chunk_ rows of dv; the kernel writes what it uses
   std::vector<double> part_lse_;
 };
 
@@ -276,7 +295,8 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
                std::make_unique_for_overwrite<char[]>(capacity)};
     // The block's K then V (at a 64-byte boundary), rows contiguous, the padding zeroed.
     detail::pack_block(geometry(plan), k, v, buffers[0].get());
-    guarded = std::make_unique<RingRun<F>>(plan);
+    // The output was allocated by the caller unless `problem` says otherwise.
+    if (problem.empty()) guarded = std::make_unique<RingRun<F>>(plan, static_cast<F*>(out.data()));
   } catch (const std::bad_alloc&) {
     if (problem.empty()) problem = "ring: out of memory allocating its K/V blocks and state";
   } catch (const std::exception& e) {
@@ -324,7 +344,7 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
               " could not allocate its workspace";
     return;
   }
-  run.finish(out, lse);
+  run.finish(lse);
 }
 
 }  // namespace

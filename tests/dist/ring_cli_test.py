@@ -49,6 +49,10 @@ CASES = [
     # masked), MF a float [1, Nk] whose query axis broadcasts.
     ("bool_mask_causal", (2, 22, 8), 1, 8, ["--causal", "--mask", "MB"], np.float32),
     ("float_mask_rows_broadcast", (2, 17, 8), 2, 8, ["--mask", "MF"], np.float32, 25),
+    # More rows per rank than the forward ring's kernel call takes at once (512): a block's
+    # partial output is merged chunk by chunk, the mask's rows and the positions following.
+    ("chunked_rows_causal_mask", (2, 1100, 8), 1, 8, ["--causal", "--mask", "MB"], np.float32),
+    ("chunked_rows_float_mask", (2, 1100, 8), 2, 8, ["--mask", "MF"], np.float32, 700),
 ]
 
 
