@@ -329,6 +329,8 @@ double largest_magnitude(const TensorView& view) {
   if ((view.dtype != DType::kF32 && view.dtype != DType::kF64) || !has_fast_scan(view)) {
     return throw_if_non_finite(view);
   }
+  // for_each_row_offset divides by every outer extent: an empty view has no rows to walk.
+  if (view.numel() == 0) return 0.0;
   const std::int64_t width = view.rank() == 0 ? 1 : view.shape.back();
   double largest = 0.0;
   const auto scan = [&](const auto* data) {
