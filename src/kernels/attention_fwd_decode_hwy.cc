@@ -241,36 +241,12 @@ class Chunk {
       std::int64_t r = 0;
 #if HWY_TARGET <= HWY_AVX3
       if (checking_) {
-        switch (rows_) {
-          case 1:
-            accumulate_group<1, true>(out, 0, xa, xe);
-            break;
-          case 2:
-            accumulate_group<2, true>(out, 0, xa, xe);
-            break;
-          case 3:
-            accumulate_group<3, true>(out, 0, xa, xe);
-            break;
-          default:
-            accumulate_group<4, true>(out, 0, xa, xe);
-            break;
-        }
         r = std::min<std::int64_t>(rows_, 4);
+        accumulate_rows_of<true>(out, 0, r, xa, xe);
       }
 #endif
-      for (; r + 4 <= rows_; r += 4) accumulate_group<4>(out, r, xa, xe);
-      switch (rows_ - r) {
-        case 3:
-          accumulate_group<3>(out, r, xa, xe);
-          break;
-        case 2:
-          accumulate_group<2>(out, r, xa, xe);
-          break;
-        case 1:
-          accumulate_group<1>(out, r, xa, xe);
-          break;
-        default:
-          break;
+      for (; r < rows_; r += 4) {
+        accumulate_rows_of<false>(out, r, std::min<std::int64_t>(rows_ - r, 4), xa, xe);
       }
     });
 #if HWY_TARGET <= HWY_AVX3
@@ -323,6 +299,22 @@ class Chunk {
  private:
   std::int64_t head(std::int64_t r) const noexcept {
     return task_.hk * call_.group() + r / call_.nq;
+  }
+
+  // accumulate_group for the `count` (1 to 4) rows from r.
+  template <bool kCheck>
+  void accumulate_rows_of(const decode::Partial& out, std::int64_t r, std::int64_t count,
+                          std::int64_t xa, std::int64_t xe) noexcept {
+    switch (count) {
+      case 1:
+        return accumulate_group<1, kCheck>(out, r, xa, xe);
+      case 2:
+        return accumulate_group<2, kCheck>(out, r, xa, xe);
+      case 3:
+        return accumulate_group<3, kCheck>(out, r, xa, xe);
+      default:
+        return accumulate_group<4, kCheck>(out, r, xa, xe);
+    }
   }
 
   template <std::size_t G, bool kCheck = false>
