@@ -23,7 +23,9 @@ demo: build
 	./build/qkv explain --html qkv-explain.html
 
 # Every test: the unit and CLI suites and the oracle cases (tests/oracle, in ctest), then the
-# whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (but the browser test:
+# it checks the page's JavaScript in Chromium, which no sanitizer sees, and took 4 minutes there;
+# `qkv explain` itself runs under the sanitizers in the CLI suites).
 test: test-unit test-asan
 
 test-unit: build
@@ -37,7 +39,7 @@ test-oracle: build
 test-asan: deps
 	@cmake --preset asan >/dev/null
 	@cmake --build build/asan -j $(JOBS)
-	ctest --preset asan -j $(JOBS)
+	ctest --preset asan -LE browser -j $(JOBS)
 
 # The threaded tests (label `threads`) under ThreadSanitizer; only what they need is built.
 test-tsan: deps
@@ -64,10 +66,12 @@ fuzz-build: deps
 fuzz: fuzz-build
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh
 
+# The build without SIMD kernels: everything the kernels reach (C++ suites, CLI, oracle, MPI, C
+# API); not the Python module (its bindings do not change with the kernels) or the browser test.
 portable: deps
 	@cmake --preset portable >/dev/null
 	@cmake --build build/portable -j $(JOBS)
-	ctest --test-dir build/portable --output-on-failure -j $(JOBS)
+	ctest --test-dir build/portable --output-on-failure -LE browser -j $(JOBS)
 
 # The README's pictures of the explain page (docs/explain.png, explain-mobile.png,
 # explain-large.png), taken by the browser test in headless Chromium.
