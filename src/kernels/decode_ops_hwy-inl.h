@@ -212,6 +212,93 @@ HWY_INLINE void dot_block(const float* HWY_RESTRICT q, std::int64_t dl, const fl
 }
 #endif
 
+#if HWY_TARGET <= HWY_AVX3
+// The 16 elements from column c of a stored row (pages or dense rows, column stride 1) as
+// float32, exactly as widen_row gives them: bfloat16 and float16 widened, int8 times the scale
+// of its block of 32 (a vector never straddles two blocks).
+template <KVType T>
+HWY_INLINE __m512 load_stored(const void* row, const float* scales, std::int64_t c) {
+  if constexpr (T == KVType::kBF16) {
+    const __m256i h = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(row) + c));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (T == KVType::kF16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(row) + c)));
+  } else if constexpr (T == KVType::kInt8) {
+    const __m128i b =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::int8_t*>(row) + c));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)),
+                         _mm512_set1_ps(scales[c / kCacheInt8Block]));
+  } else if constexpr (T == KVType::kF64) {
+    const auto* in = static_cast<const double*>(row) + c;
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_loadu_pd(in))),
+                              _mm512_cvtpd_ps(_mm512_loadu_pd(in + 8)), 1);
+  } else {
+    return _mm512_loadu_ps(static_cast<const float*>(row) + c);
+  }
+}
+
+// dot_block on stored rows (dl = d, a whole number of vectors), each K vector widened in a
+// register: for a single query row, where each widened vector is used once, the widened copy
+// in L1 (a store and a load again per vector) is work the loop can skip.
+template <KVType T, bool kCheck = false>
+HWY_INLINE void dot_block_stored(const float* HWY_RESTRICT q, std::int64_t dl,
+                                 const void* const* keys, const float* const* scales, float scale,
+                                 float* HWY_RESTRICT s, V* largest = nullptr) {
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (std::int64_t c = 0; c < dl; c += 16) {
+    const __m512 qv = _mm512_load_ps(q + c);
+    for (int i = 0; i < 16; ++i) {
+      const __m512 kv = load_stored<T>(keys[kSlotOf[i]], scales[kSlotOf[i]], c);
+      acc[i] = _mm512_fmadd_ps(qv, kv, acc[i]);
+      if constexpr (kCheck) largest[i % kCheckLanes] = max_abs(largest[i % kCheckLanes], V{kv});
+    }
+  }
+  _mm512_store_ps(s, _mm512_mul_ps(sum_16_vectors(acc), _mm512_set1_ps(scale)));
+}
+
+// any_large on stored rows.
+template <KVType T>
+HWY_INLINE bool any_large_stored(const void* const* rows, const float* const* scales,
+                                 std::int64_t count, std::int64_t width) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  __m512i largest = _mm512_setzero_si512();
+  for (std::int64_t x = 0; x < count; ++x) {
+    for (std::int64_t c = 0; c < width; c += 16) {
+      const __m512i bits = _mm512_castps_si512(load_stored<T>(rows[x], scales[x], c));
+      largest = _mm512_max_epi32(largest, _mm512_and_si512(bits, magnitude));
+    }
+  }
+  return _mm512_reduce_max_epi32(largest) >= 0x4f800000;  // 2^32
+}
+
+// accumulate_block for one row on stored V rows, each V vector widened in a register.
+template <KVType T, std::size_t U, bool kCheck = false>
+HWY_INLINE void accumulate_block_stored(float* o, const float* p, float alpha,
+                                        const void* const* values, const float* const* scales,
+                                        std::int64_t xa, std::int64_t xe, std::int64_t c0,
+                                        V* largest = nullptr) {
+  __m512 acc[U];
+  for (std::size_t u = 0; u < U; ++u) {
+    acc[u] = _mm512_mul_ps(_mm512_load_ps(o + c0 + static_cast<std::int64_t>(u) * 16),
+                           _mm512_set1_ps(alpha));
+  }
+  for (std::int64_t x = xa; x < xe; ++x) {
+    const __m512 px = _mm512_set1_ps(p[x]);
+    for (std::size_t u = 0; u < U; ++u) {
+      const __m512 v = load_stored<T>(values[x], scales[x], c0 + static_cast<std::int64_t>(u) * 16);
+      if constexpr (kCheck) largest[u] = max_abs(largest[u], V{v});
+      acc[u] = _mm512_fmadd_ps(px, v, acc[u]);
+    }
+  }
+  for (std::size_t u = 0; u < U; ++u) {
+    _mm512_store_ps(o + c0 + static_cast<std::int64_t>(u) * 16, acc[u]);
+  }
+}
+#endif
+
 // o_g = alpha_g · o_g + sum_x p_gx v_x for G rows and U vectors of columns at c0: the G x U
 // accumulators stay in registers over the block's keys; each V vector is loaded once for all
 // G rows.

@@ -10,8 +10,10 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/half.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "support/test_support.h"
@@ -29,6 +31,9 @@ struct Case {
   std::optional<Window> window;
   DType kv_dtype;
   std::int64_t d;
+  std::int64_t kv_heads = 2;  // of 8 query heads
+
+  std::int64_t kv_elements() const { return kv_heads * 700 * d; }
 };
 
 // attention() as asked (the kernel checks K and V) and the same call with an unbounded window
@@ -71,10 +76,18 @@ Both run_both(const Tensor& q, const Tensor& k, const Tensor& v, const Case& c) 
 }
 
 void set(Tensor& t, std::int64_t flat, double value) {
-  if (t.dtype() == DType::kF32) {
-    t.data_as<float>()[flat] = static_cast<float>(value);
-  } else {
-    t.data_as<double>()[flat] = value;
+  switch (t.dtype()) {
+    case DType::kF32:
+      t.data_as<float>()[flat] = static_cast<float>(value);
+      break;
+    case DType::kBF16:
+      static_cast<std::uint16_t*>(t.data())[flat] = core::float_to_bf16(static_cast<float>(value));
+      break;
+    case DType::kF16:
+      static_cast<std::uint16_t*>(t.data())[flat] = core::float_to_f16(static_cast<float>(value));
+      break;
+    default:
+      t.data_as<double>()[flat] = value;
   }
 }
 
@@ -97,14 +110,20 @@ const Case kCases[] = {
     {"d not a whole vector", 1, false, std::nullopt, DType::kF32, 40},
     {"float64 K and V", 2, false, std::nullopt, DType::kF64, 32},
     {"a window (scanned first)", 1, false, Window{8, 0}, DType::kF32, 64},
+    // One query row per kv head over 16-bit rows: the SIMD kernel reads them as stored and
+    // widens them in registers (d a whole vector), or widens them into a copy first (d = 40).
+    {"bfloat16 K and V, one row per kv head", 1, false, std::nullopt, DType::kBF16, 64, 8},
+    {"float16 K and V, one row per kv head", 1, false, std::nullopt, DType::kF16, 128, 8},
+    {"bfloat16, d not a whole vector", 1, true, std::nullopt, DType::kBF16, 40, 8},
+    {"float16 K and V, GQA", 2, true, std::nullopt, DType::kF16, 64},
 };
 
 TEST(DecodeInputCheck, FineInputsGiveTheBitsOfTheScannedCall) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
     const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
-    const Tensor k = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 2);
-    const Tensor v = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 3);
+    const Tensor k = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 2);
+    const Tensor v = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 3);
     const Both both = run_both(q, k, v, c);
     ASSERT_EQ(both.error_plain, "");
     ASSERT_EQ(both.error_into, "");
@@ -124,13 +143,14 @@ TEST(DecodeInputCheck, ABadElementAnywhereIsNamedAsTheScanNamesIt) {
     for (const bool in_v : {false, true}) {
       // The first key, one in the middle, the very last element (past the window of every row
       // but the last's, and in the last block of the last chunk).
-      for (const std::int64_t at : {std::int64_t{0}, 2 * 350 * c.d / 2 + 7, 2 * 700 * c.d - 1}) {
+      for (const std::int64_t at :
+           {std::int64_t{0}, c.kv_elements() / 4 + 7, c.kv_elements() - 1}) {
         for (const double bad : kBad) {
           SCOPED_TRACE(std::string(c.name) + (in_v ? ", V" : ", K") + " at " + std::to_string(at) +
                        " = " + std::to_string(bad));
           const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
-          Tensor k = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 2);
-          Tensor v = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 3);
+          Tensor k = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 2);
+          Tensor v = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 3);
           set(in_v ? v : k, at, bad);
           const Both both = run_both(q, k, v, c);
           EXPECT_NE(both.error_into, "");
@@ -149,39 +169,42 @@ TEST(DecodeInputCheck, ABadElementAnywhereIsNamedAsTheScanNamesIt) {
 TEST(DecodeInputCheck, ABadValueNoWeightReachesIsNamedToo) {
   const std::int64_t d = 64, nk = 700;
   const Tensor q = random_tensor(DType::kF32, {1, 8, 1, d}, 1);
-  const Tensor k0 = random_tensor(DType::kF32, {1, 2, nk, d}, 2);
-  const Tensor v0 = random_tensor(DType::kF32, {1, 2, nk, d}, 3);
   Tensor mask(DType::kBool, {1, 1, 1, nk}, "mask");
   for (std::int64_t j = 0; j < nk; ++j) mask.data_as<bool>()[j] = j >= 64;
-  for (const bool masked : {true, false}) {
-    SCOPED_TRACE(masked ? "keys 0..63 masked for every row" : "a key scored 1e4 below");
-    Tensor k = contiguous_copy(k0.view(), DType::kF32);
-    Tensor v = contiguous_copy(v0.view(), DType::kF32);
-    if (!masked) {
-      // Key 40 of kv head 0 far below every other: its weight is exactly 0 in every row.
-      for (std::int64_t c = 0; c < d; ++c) {
-        k.data_as<float>()[40 * d + c] = -1e4f * (q.data_as<float>()[c] > 0 ? 1.0f : -1.0f);
+  // float32 with 4 query rows per kv head; bfloat16 with one (read as stored, AVX-512).
+  for (const auto& [dtype, kv_heads] : {std::pair{DType::kF32, std::int64_t{2}},
+                                        std::pair{DType::kBF16, std::int64_t{8}}}) {
+    for (const bool masked : {true, false}) {
+      SCOPED_TRACE(std::string(dtype == DType::kF32 ? "float32" : "bfloat16") +
+                   (masked ? ", keys 0..63 masked for every row" : ", a key scored 1e4 below"));
+      Tensor k = random_tensor(dtype, {1, kv_heads, nk, d}, 2);
+      Tensor v = random_tensor(dtype, {1, kv_heads, nk, d}, 3);
+      if (!masked) {
+        // Key 40 of kv head 0 far below every other: its weight is exactly 0 in every row.
+        for (std::int64_t c = 0; c < d; ++c) {
+          set(k, 40 * d + c, -1e4 * (q.data_as<float>()[c] > 0 ? 1.0 : -1.0));
+        }
       }
+      set(v, 40 * d + 5, std::numeric_limits<double>::quiet_NaN());
+      AttentionOptions options;
+      options.threads = 2;
+      if (masked) options.mask = mask.view();
+      AttentionOptions scanned = options;
+      scanned.window = Window{std::int64_t{1} << 40, std::int64_t{1} << 40};
+      std::string plain, into;
+      try {
+        attention(q.view(), k.view(), v.view(), options);
+      } catch (const Error& e) {
+        plain = e.what();
+      }
+      try {
+        attention(q.view(), k.view(), v.view(), scanned);
+      } catch (const Error& e) {
+        into = e.what();
+      }
+      EXPECT_NE(into, "");
+      EXPECT_EQ(plain, into);
     }
-    v.data_as<float>()[40 * d + 5] = std::numeric_limits<float>::quiet_NaN();
-    AttentionOptions options;
-    options.threads = 2;
-    if (masked) options.mask = mask.view();
-    AttentionOptions scanned = options;
-    scanned.window = Window{std::int64_t{1} << 40, std::int64_t{1} << 40};
-    std::string plain, into;
-    try {
-      attention(q.view(), k.view(), v.view(), options);
-    } catch (const Error& e) {
-      plain = e.what();
-    }
-    try {
-      attention(q.view(), k.view(), v.view(), scanned);
-    } catch (const Error& e) {
-      into = e.what();
-    }
-    EXPECT_NE(into, "");
-    EXPECT_EQ(plain, into);
   }
 }
 
@@ -194,9 +217,9 @@ TEST(DecodeInputCheck, LargeFiniteValuesRunAgainWithTheirTrueBounds) {
       for (const bool in_v : {false, true}) {
         SCOPED_TRACE(std::string(c.name) + (in_v ? ", V" : ", K") + " = " + std::to_string(large));
         const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
-        Tensor k = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 2);
-        Tensor v = random_tensor(c.kv_dtype, {1, 2, 700, c.d}, 3);
-        set(in_v ? v : k, 2 * 700 * c.d - 3, large);
+        Tensor k = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 2);
+        Tensor v = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 3);
+        set(in_v ? v : k, c.kv_elements() - 3, large);
         const Both both = run_both(q, k, v, c);
         ASSERT_EQ(both.error_plain, both.error_into);
         if (!both.error_into.empty()) continue;
