@@ -16,9 +16,7 @@
 //            keys inside the union of the rows' causal/window ranges:
 //              widen the block's K and V rows to float32 into L1 (bf16 and f16 by a
 //              conversion, int8 by q · scale; float32 rows whose length is a whole number of
-//              vectors are read in place; on AVX-512, for a single query row per kv head, bf16,
-//              f16 and int8 rows of whole vectors are read as stored and widened in registers
-//              by the loops below, the next block's rows asked for ahead)
+//              vectors are read in place)
 //              s_rj = scale · q_r·k_j       4 rows at a time share each K vector load; one
 //                                           horizontal sum per score
 //              -inf outside row r's causal/window range
@@ -79,14 +77,7 @@ class Chunk {
         row_lo_(scratch.ranges),
         row_hi_(scratch.ranges + rows_),
         alpha_(scratch.alpha),
-        checking_(call.kv_unchecked != nullptr) {
-#if HWY_TARGET <= HWY_AVX3
-    if constexpr (T == KVType::kBF16 || T == KVType::kF16 || T == KVType::kInt8) {
-      fuse_k_ = rows_ == 1 && call.d % kLanes == 0;
-      fuse_v_ = fuse_k_ && call.dv % kLanes == 0 && call.v_type == T;
-    }
-#endif
-  }
+        checking_(call.kv_unchecked != nullptr) {}
 
   // The keys of this chunk that any row may see, [first, last); empty when none.
   void key_ranges(std::int64_t& first, std::int64_t& last) const noexcept {
@@ -129,16 +120,10 @@ class Chunk {
       const std::int64_t run_end = std::min(last, j + run.rows);
       for (std::int64_t jb = j; jb < run_end; jb += kBlockKeys) {
         const std::int64_t bk = std::min(kBlockKeys, run_end - jb);
-        const bool fused_k = fuse_k_ && run.k_col == 1;
-        fused_v_ = fuse_v_ && run.v_col == 1;
-        if (fused_k) prefetch_next(run, j, jb, run_end, need_values && fused_v_);
         for (std::int64_t x = 0; x < bk; ++x) {
           const std::int64_t at = jb - j + x;
           const auto* k_row = static_cast<const std::byte*>(run.k) + at * run.k_row * k_elem;
-          if (fused_k) {
-            k_stored_[x] = k_row;
-            k_stored_scales_[x] = run.k_scales + at * run.k_scale_row;
-          } else if (k_in_place && run.k_col == 1) {
+          if (k_in_place && run.k_col == 1) {
             keys_[x] = reinterpret_cast<const float*>(k_row);
             touch_row(k_row, call_.d * 4);
           } else {
@@ -148,10 +133,7 @@ class Chunk {
           }
           if (!need_values) continue;
           const auto* v_row = static_cast<const std::byte*>(run.v) + at * run.v_row * v_elem;
-          if (fused_v_) {
-            v_stored_[x] = v_row;
-            v_stored_scales_[x] = run.v_scales + at * run.v_scale_row;
-          } else if (v_in_place && run.v_col == 1) {
+          if (v_in_place && run.v_col == 1) {
             values_[x] = reinterpret_cast<const float*>(v_row);
             touch_row(v_row, call_.dv * 4);
           } else {
@@ -164,21 +146,7 @@ class Chunk {
 #if HWY_TARGET <= HWY_AVX3
         // K is checked as the first row's scores read it, V by accumulate()'s P·V.
         for (std::int64_t x = bk; x < kBlockKeys; ++x) keys_[x] = keys_[0];
-        if (fused_k) {
-          // One query row (fuse_k_): its scores from the stored K rows.
-          for (std::int64_t x = bk; x < kBlockKeys; ++x) {
-            k_stored_[x] = k_stored_[0];
-            k_stored_scales_[x] = k_stored_scales_[0];
-          }
-          if (need_values && checking_) {
-            dot_block_stored<T, true>(scratch_.q, dl_, k_stored_, k_stored_scales_, scale_,
-                                      scratch_.s, k_largest_);
-            poison_ = hn::MulAdd(hn::Load(D(), scratch_.s), hn::Zero(D()), poison_);
-          } else {
-            dot_block_stored<T>(scratch_.q, dl_, k_stored_, k_stored_scales_, scale_, scratch_.s);
-          }
-          r = rows_;
-        } else if (need_values && checking_ && rows_ > 0) {
+        if (need_values && checking_ && rows_ > 0) {
           dot_block<true>(scratch_.q, dl_, keys_, scale_, scratch_.s, k_largest_);
           poison_ = hn::MulAdd(hn::Load(D(), scratch_.s), hn::Zero(D()), poison_);
           r = 1;
@@ -264,11 +232,7 @@ class Chunk {
       if (checking_ && (xa > 0 || xe < bk)) {
         const std::int64_t before = std::min(xa, bk);
         const std::int64_t after = std::max(xe, before);
-        if (fused_v_ ? any_large_stored<T>(v_stored_, v_stored_scales_, before, dvl_) ||
-                           any_large_stored<T>(v_stored_ + after, v_stored_scales_ + after,
-                                               bk - after, dvl_)
-                     : any_large(values_, before, dvl_) ||
-                           any_large(values_ + after, bk - after, dvl_)) {
+        if (any_large(values_, before, dvl_) || any_large(values_ + after, bk - after, dvl_)) {
           call_.kv_unchecked->store(true, std::memory_order_relaxed);
         }
       }
@@ -276,14 +240,6 @@ class Chunk {
       if (xa >= xe) return;
       std::int64_t r = 0;
 #if HWY_TARGET <= HWY_AVX3
-      if (fused_v_) {
-        if (checking_) {
-          accumulate_stored<true>(out.o, scratch_.s, alpha_[0], xa, xe);
-        } else {
-          accumulate_stored<false>(out.o, scratch_.s, alpha_[0], xa, xe);
-        }
-        return;
-      }
       if (checking_) {
         r = std::min<std::int64_t>(rows_, 4);
         accumulate_rows_of<true>(out, 0, r, xa, xe);
@@ -341,52 +297,9 @@ class Chunk {
   }
 
  private:
-  // Asks for the stored K (and V) rows of the block after jb, within the run (the first block
-  // of a run asks for its own too), for the rows read as stored (fuse_k_). Their dot products
-  // and P·V then find the next block on its way instead of each miss waiting in turn: measured
-  // on an AMD Zen 5 (d = 128, nk = 32768, 8/8 heads, 2 threads), bfloat16 3.3-3.8 ms against
-  // 4.7-7.3 ms widened into a copy, int8 3.0-3.6 against 4.4-5.9, float16 3.6-3.9 against
-  // 7.7; reading as stored without asking ahead was no faster than the copy (5.6 ms bf16), and
-  // asking two or four blocks ahead no better than one. Float32 rows read in place keep
-  // touch_row on their own block: one block ahead was slower there (5.9 against 5.5 ms).
-  void prefetch_next(const decode::KVRun& run, std::int64_t j, std::int64_t jb,
-                     std::int64_t run_end, bool values) const noexcept {
-    const std::int64_t k_bytes = call_.d * decode::storage_bytes(T);
-    const std::int64_t v_bytes = call_.dv * decode::storage_bytes(T);
-    const std::int64_t to = std::min(run_end, jb + 2 * kBlockKeys);
-    for (std::int64_t y = jb == j ? jb : jb + kBlockKeys; y < to; ++y) {
-      const std::int64_t at = y - j;
-      touch_row(static_cast<const std::byte*>(run.k) + at * run.k_row * decode::storage_bytes(T),
-                k_bytes);
-      if (values) {
-        touch_row(static_cast<const std::byte*>(run.v) + at * run.v_row * decode::storage_bytes(T),
-                  v_bytes);
-      }
-    }
-  }
-
   std::int64_t head(std::int64_t r) const noexcept {
     return task_.hk * call_.group() + r / call_.nq;
   }
-
-#if HWY_TARGET <= HWY_AVX3
-  // accumulate_rows for the single row of fuse_v_, on the stored V rows of the block.
-  template <bool kCheck>
-  void accumulate_stored(float* o, const float* p, float alpha, std::int64_t xa,
-                         std::int64_t xe) noexcept {
-    constexpr auto kColumns = static_cast<std::int64_t>(kMaxColumnVectors) * kLanes;
-    std::int64_t c0 = 0;
-    for (; c0 + kColumns <= dvl_; c0 += kColumns) {
-      accumulate_block_stored<T, kMaxColumnVectors, kCheck>(o, p, alpha, v_stored_,
-                                                            v_stored_scales_, xa, xe, c0,
-                                                            v_largest_);
-    }
-    for (; c0 < dvl_; c0 += kLanes) {
-      accumulate_block_stored<T, 1, kCheck>(o, p, alpha, v_stored_, v_stored_scales_, xa, xe, c0,
-                                            v_largest_);
-    }
-  }
-#endif
 
   // accumulate_group for the `count` (1 to 4) rows from r.
   template <bool kCheck>
@@ -460,13 +373,6 @@ class Chunk {
   float* alpha_;
   const float* keys_[kBlockKeys] = {};
   const float* values_[kBlockKeys] = {};
-  // One query row over bfloat16, float16 or int8 rows (AVX-512): K and V read as stored and
-  // widened in registers by the dot products and P·V (fused_v_: this block's V).
-  bool fuse_k_ = false, fuse_v_ = false, fused_v_ = false;
-  const void* k_stored_[kBlockKeys] = {};
-  const float* k_stored_scales_[kBlockKeys] = {};
-  const void* v_stored_[kBlockKeys] = {};
-  const float* v_stored_scales_[kBlockKeys] = {};
   // Plain K and V are checked as they are read (kv_unchecked set on a NaN, an infinity or a
   // magnitude of 2^32 or more); on AVX-512 into these running maxima, else block by block.
   const bool checking_;
