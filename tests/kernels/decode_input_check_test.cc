@@ -172,8 +172,8 @@ TEST(DecodeInputCheck, ABadValueNoWeightReachesIsNamedToo) {
   Tensor mask(DType::kBool, {1, 1, 1, nk}, "mask");
   for (std::int64_t j = 0; j < nk; ++j) mask.data_as<bool>()[j] = j >= 64;
   // float32 with 4 query rows per kv head; bfloat16 with one (read as stored, AVX-512).
-  for (const auto& [dtype, kv_heads] : {std::pair{DType::kF32, std::int64_t{2}},
-                                        std::pair{DType::kBF16, std::int64_t{8}}}) {
+  for (const auto& [dtype, kv_heads] :
+       {std::pair{DType::kF32, std::int64_t{2}}, std::pair{DType::kBF16, std::int64_t{8}}}) {
     for (const bool masked : {true, false}) {
       SCOPED_TRACE(std::string(dtype == DType::kF32 ? "float32" : "bfloat16") +
                    (masked ? ", keys 0..63 masked for every row" : ", a key scored 1e4 below"));
