@@ -110,8 +110,8 @@ const Case kCases[] = {
     {"d not a whole vector", 1, false, std::nullopt, DType::kF32, 40},
     {"float64 K and V", 2, false, std::nullopt, DType::kF64, 32},
     {"a window (scanned first)", 1, false, Window{8, 0}, DType::kF32, 64},
-    // One query row per kv head over 16-bit rows: the SIMD kernel reads them as stored and
-    // widens them in registers (d a whole vector), or widens them into a copy first (d = 40).
+    // 16-bit rows, which the SIMD kernel widens into float32 before it reads them: one query
+    // row per kv head (d a whole vector or not) and GQA.
     {"bfloat16 K and V, one row per kv head", 1, false, std::nullopt, DType::kBF16, 64, 8},
     {"float16 K and V, one row per kv head", 1, false, std::nullopt, DType::kF16, 128, 8},
     {"bfloat16, d not a whole vector", 1, true, std::nullopt, DType::kBF16, 40, 8},
@@ -171,7 +171,7 @@ TEST(DecodeInputCheck, ABadValueNoWeightReachesIsNamedToo) {
   const Tensor q = random_tensor(DType::kF32, {1, 8, 1, d}, 1);
   Tensor mask(DType::kBool, {1, 1, 1, nk}, "mask");
   for (std::int64_t j = 0; j < nk; ++j) mask.data_as<bool>()[j] = j >= 64;
-  // float32 with 4 query rows per kv head; bfloat16 with one (read as stored, AVX-512).
+  // float32 with 4 query rows per kv head; bfloat16 (widened first) with one.
   for (const auto& [dtype, kv_heads] :
        {std::pair{DType::kF32, std::int64_t{2}}, std::pair{DType::kBF16, std::int64_t{8}}}) {
     for (const bool masked : {true, false}) {

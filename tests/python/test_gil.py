@@ -10,6 +10,12 @@ import pytest
 import qkv
 
 
+def scaled_rows(n, took, seconds):
+    """The row count on which a call that took `took` s on n rows takes about `seconds`
+    (time grows as n^2), at most 8192."""
+    return min(8192, int(n * max(1.0, seconds / took) ** 0.5))
+
+
 def long_inputs(seconds=0.3):
     """Inputs on which one single-threaded call takes about `seconds` (sized by measuring)."""
     rng = np.random.default_rng(0)
@@ -20,9 +26,7 @@ def long_inputs(seconds=0.3):
         qkv.attention(q, q, q, threads=1)
         took = time.perf_counter() - start
         if took >= seconds / 4 or n >= 8192:
-            factor = max(1.0, (seconds / took)) ** 0.5  # time grows as n^2
-            n = min(8192, int(n * factor))
-            q = rng.standard_normal((4, n, 64)).astype(np.float32)
+            q = rng.standard_normal((4, scaled_rows(n, took, seconds), 64)).astype(np.float32)
             return q, q.copy(), q.copy()
         n *= 2
 
@@ -80,8 +84,8 @@ def test_other_threads_run_during_a_call():
         span = counter_during_a_call(q, k, v)
         if span["seconds"] >= 0.1 or q.shape[1] >= 8192:
             break
-        n = min(8192, int(q.shape[1] * (0.3 / span["seconds"]) ** 0.5) + 1)
-        q = np.random.default_rng(1).standard_normal((4, n, 64)).astype(np.float32)
+        q = np.random.default_rng(1).standard_normal(
+            (4, scaled_rows(q.shape[1] + 1, span["seconds"], 0.3), 64)).astype(np.float32)
         k, v = q.copy(), q.copy()
 
     solo = count_for(0.1) / 0.1  # the same loop's rate, roughly, holding the GIL alone
