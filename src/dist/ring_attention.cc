@@ -137,8 +137,6 @@ detail::BlockGeometry geometry(const Plan& plan) {
           static_cast<std::int64_t>(plan.v_elem)};
 }
 
-std::int64_t k_bytes(const Plan& plan, std::int64_t rows) { return geometry(plan).k_bytes(rows); }
-
 std::int64_t block_bytes(const Plan& plan, std::int64_t rows) { return geometry(plan).bytes(rows); }
 
 // The query rows of one kernel call: a block's partial output is merged chunk by chunk, so that
@@ -174,7 +172,7 @@ class RingRun {
     const std::vector<RowRange> theirs = rank_rows(plan.nk, plan.ranks, src, plan.layout);
     std::int64_t block_rows = 0;
     for (const RowRange& r : theirs) block_rows += r.size();
-    const std::int64_t v_at = align64(k_bytes(plan, block_rows));
+    const detail::BlockGeometry kv = geometry(plan);
     bool any = false;
     std::int64_t lq = 0;
     for (const RowRange& whole : plan.mine) {
@@ -194,10 +192,7 @@ class RingRun {
           p.shape.nk = k.size();
           p.q.data = static_cast<const char*>(p.q.data) +
                      lc * p.q.strides.row * static_cast<std::int64_t>(dtype_size(p.q.dtype));
-          p.k = {block + lk * s.d * static_cast<std::int64_t>(plan.k_elem), p.k.dtype,
-                 core::Strides4{block_rows * s.d * s.hkv, block_rows * s.d, s.d, 1}};
-          p.v = {block + v_at + lk * s.dv * static_cast<std::int64_t>(plan.v_elem), p.v.dtype,
-                 core::Strides4{block_rows * s.dv * s.hkv, block_rows * s.dv, s.dv, 1}};
+          detail::point_at_block(kv, block, block_rows, lk, p.k, p.v);
           // Global positions: query row i at q.first + i, key row j at k.first + j.
           detail::set_offsets(p.masking, plan.nq, plan.nk, q, k);
           if (p.masking.mask != nullptr) {
