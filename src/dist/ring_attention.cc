@@ -68,15 +68,10 @@ const kernels::AttentionKernel& ring_kernel(const core::AttentionParams& p,
     throw Error("kernel " + requested, "the ring runs fused_hwy, fused_scalar or reference");
   }
   const kernels::AttentionKernel* last = nullptr;
-  for (const auto& kernel : kernels::attention_kernels()) {
-    if (!honours_offsets(kernel.name)) continue;
-    if (!requested.empty() && kernel.name != requested) continue;
-    last = &kernel;
-    const std::string reason = kernel.declines(p);
-    if (reason.empty()) return kernel;
-    if (!requested.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
+  if (const auto* kernel = detail::first_accepting(kernels::attention_kernels(), p, requested,
+                                                   honours_offsets, last)) {
+    return *kernel;
   }
-  if (last == nullptr) throw Error("kernel " + requested, "no such kernel in this build");
   return *last;  // the reference, which supports every call
 }
 

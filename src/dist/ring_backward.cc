@@ -79,15 +79,10 @@ const kernels::BackwardKernel& ring_backward_kernel(const core::BackwardParams& 
                 "read the saved lse; the reference recomputes the softmax from the keys in hand)");
   }
   const kernels::BackwardKernel* last = nullptr;
-  for (const auto& kernel : kernels::backward_kernels()) {
-    if (!reads_saved_lse(kernel.name)) continue;
-    if (!requested.empty() && kernel.name != requested) continue;
-    last = &kernel;
-    const std::string reason = kernel.declines(p);
-    if (reason.empty()) return kernel;
-    if (!requested.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
+  if (const auto* kernel = detail::first_accepting(kernels::backward_kernels(), p, requested,
+                                                   reads_saved_lse, last)) {
+    return *kernel;
   }
-  if (last == nullptr) throw Error("kernel " + requested, "no such kernel in this build");
   throw Error("ring backward", "no kernel can compute these gradients: " + last->declines(p));
 }
 

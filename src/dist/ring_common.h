@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/params.h"
 #include "qkv/attention.h"
 #include "qkv/dist.h"
+#include "qkv/error.h"
 #include "qkv/tensor.h"
 
 namespace qkv::dist::detail {
@@ -80,5 +82,26 @@ void pack_block(const BlockGeometry& g, const TensorView& k, const TensorView& v
 // K and V operands for key rows [first, first + ...) of a block of `rows` rows at `block`.
 void point_at_block(const BlockGeometry& g, const char* block, std::int64_t rows,
                     std::int64_t first, core::InputOperand& k, core::InputOperand& v);
+
+// The ring's choice among `kernels` (list order): those `eligible` admits, only `requested`
+// when one is named (an Error when it declines the call or is not in this build). Returns the
+// first that accepts `params`, else nullptr with `last` the last eligible one: the forward ring
+// then runs the reference, the backward ring refuses.
+template <class Kernel, class Params, class Eligible>
+const Kernel* first_accepting(std::span<const Kernel> kernels, const Params& params,
+                              const std::string& requested, Eligible&& eligible,
+                              const Kernel*& last) {
+  last = nullptr;
+  for (const Kernel& kernel : kernels) {
+    if (!eligible(kernel.name)) continue;
+    if (!requested.empty() && kernel.name != requested) continue;
+    last = &kernel;
+    const std::string reason = kernel.declines(params);
+    if (reason.empty()) return &kernel;
+    if (!requested.empty()) throw Error("kernel " + requested, "cannot run this call: " + reason);
+  }
+  if (last == nullptr) throw Error("kernel " + requested, "no such kernel in this build");
+  return nullptr;
+}
 
 }  // namespace qkv::dist::detail
