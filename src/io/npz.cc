@@ -419,11 +419,11 @@ class MemberBytes final : public io::NpyBytes {
       position_ = offset;
       return;
     }
-    std::vector<char> scratch(std::size_t{1} << 16);
+    if (skipped_.empty()) skipped_.resize(std::size_t{1} << 16);
     while (position_ < offset) {
       const auto count =
-          static_cast<std::size_t>(std::min<std::uint64_t>(scratch.size(), offset - position_));
-      inflate(scratch.data(), count);
+          static_cast<std::size_t>(std::min<std::uint64_t>(skipped_.size(), offset - position_));
+      inflate(skipped_.data(), count);
       position_ += count;
     }
   }
@@ -492,6 +492,7 @@ class MemberBytes final : public io::NpyBytes {
   zip_file_t* file_ = nullptr;
   std::uint64_t position_ = 0;  // bytes inflated so far
   std::string kept_;            // the first bytes inflated, while they are the header
+  std::vector<char> skipped_;   // where skip_to inflates the bytes it does not keep (64 KiB)
 };
 
 // The member `name` names, checked before a byte of it is inflated.
@@ -589,7 +590,7 @@ Tensor read_npz_tensor(const std::filesystem::path& path, const std::string& nam
 }
 
 Tensor read_npz_tensor_rows(const std::filesystem::path& path, const std::string& name,
-                                std::span<const RowSpan> spans) {
+                            std::span<const RowSpan> spans) {
   const std::string archive_subject = path.string();
   const std::string subject = member_subject(archive_subject, name);
   const Archive archive(path, archive_subject);
