@@ -7,9 +7,10 @@
 // (6 rows x 4 vectors on AVX-512: 24 accumulators, 4 B vectors and a broadcast of the 32
 // registers; 4 x 2 on 16-register targets), streams x over k with one B row load and MR
 // broadcasts of A per step, and touches C once per block: the forward's micro-kernel pattern,
-// which runs at the FMA peak from L1. Tiles are 128 query rows x 128 keys: S, dP and the
-// softcap's factor (3 x 64 KiB in float32) and the K, Kᵀ, Vᵀ, Q, dO, dK, dV and dQ tiles
-// (d = 64: 8 x 32 KiB) stay within a 1 MiB L2. P = exp(min(x - lse, 0)) is the forward's
+// which runs at the FMA peak from L1. Tiles are 128 query rows x 128 keys while rows of Q, K and
+// V take at most 256 bytes (float32 d <= 64): S, dP and the softcap's factor (3 x 64 KiB) and
+// the K, Kᵀ, Vᵀ, Q, dO, dK, dV and dQ tiles (8 x 32 KiB) stay within a 1 MiB L2; 64 x 64 for
+// wider rows (tile_for). P = exp(min(x - lse, 0)) is the forward's
 // ExpNonPositive (exp_hwy-inl.h): the argument is never positive, and P gets the forward's
 // weights.
 //
@@ -210,7 +211,18 @@ void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols, double 
 }  // namespace bwd
 
 namespace {
-constexpr std::int64_t kTile = 128;
+
+// Query rows and keys per tile: 128 while a row of Q, K or V takes at most 256 bytes (float32
+// d <= 64), 64 beyond. Why: at float32 d = 128 the 128-tile set (about 0.7 MiB per worker) and
+// the Q and dO rows read in place crowd a 1 MiB L2, and 64 x 64 tiles ran 6-8 % faster (n =
+// 2048, and n = 4096 causal; float64 at d = 64 too), while at float32 d = 64 128 x 128 stays
+// ahead (docs/performance.md). The choice depends on the shape and the type alone, as the
+// bits must.
+std::int64_t tile_for(const core::AttentionShape& s, std::size_t element) {
+  const auto row_bytes = static_cast<std::size_t>(std::max(s.d, s.dv)) * element;
+  return row_bytes > 256 ? 64 : 128;
+}
+
 }  // namespace
 
 std::string attention_bwd_fused_hwy_declines(const core::BackwardParams& bp) {
@@ -219,14 +231,13 @@ std::string attention_bwd_fused_hwy_declines(const core::BackwardParams& bp) {
 
 core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& bp) noexcept {
   apply_simd_cap();
+  const bool f64 = bp.forward.compute == DType::kF64;
+  const std::size_t element = f64 ? sizeof(double) : sizeof(float);
   bwd::TilePlan plan;
-  plan.query_tile = kTile;
-  plan.key_tile = kTile;
-  if (bp.forward.compute == DType::kF64) {
-    plan.chunks = bwd::chunks_for(bp.forward.shape, plan.key_tile, sizeof(double));
-    return HWY_DYNAMIC_DISPATCH(RunBackwardF64)(bp, plan);
-  }
-  plan.chunks = bwd::chunks_for(bp.forward.shape, plan.key_tile, sizeof(float));
+  plan.query_tile = tile_for(bp.forward.shape, element);
+  plan.key_tile = plan.query_tile;
+  plan.chunks = bwd::chunks_for(bp.forward.shape, plan.key_tile, element);
+  if (f64) return HWY_DYNAMIC_DISPATCH(RunBackwardF64)(bp, plan);
   return HWY_DYNAMIC_DISPATCH(RunBackwardF32)(bp, plan);
 }
 
