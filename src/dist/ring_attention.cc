@@ -52,7 +52,6 @@
 namespace qkv::dist {
 namespace {
 
-using detail::align64;
 using detail::Clock;
 using detail::problem_of;
 using detail::since;

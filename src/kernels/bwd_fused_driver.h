@@ -41,6 +41,7 @@
 #include <limits>
 #include <new>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/backward_params.h"
@@ -112,24 +113,23 @@ struct Tiles {
     dvp = padded<T>(s.dv);
     bcp = padded<T>(plan.key_tile);
     const auto z = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
-    const std::size_t sizes[] = {z(plan.key_tile, dp),
-                                 z(s.d, bcp),
-                                 z(s.dv, bcp),
-                                 z(plan.query_tile, dp),
-                                 z(plan.query_tile, dvp),
-                                 z(plan.query_tile, bcp),
-                                 z(plan.query_tile, bcp),
-                                 z(plan.query_tile, bcp),
-                                 z(plan.key_tile, dp),
-                                 z(plan.key_tile, dvp),
-                                 z(plan.query_tile, dp)};
+    const std::pair<std::span<T>*, std::size_t> layout[] = {{&k, z(plan.key_tile, dp)},
+                                                            {&kt, z(s.d, bcp)},
+                                                            {&vt, z(s.dv, bcp)},
+                                                            {&q, z(plan.query_tile, dp)},
+                                                            {&dout, z(plan.query_tile, dvp)},
+                                                            {&p, z(plan.query_tile, bcp)},
+                                                            {&ds, z(plan.query_tile, bcp)},
+                                                            {&factor, z(plan.query_tile, bcp)},
+                                                            {&dk, z(plan.key_tile, dp)},
+                                                            {&dv, z(plan.key_tile, dvp)},
+                                                            {&dq, z(plan.query_tile, dp)}};
     std::size_t total = 0;
-    for (const std::size_t n : sizes) total += n;
+    for (const auto& entry : layout) total += entry.second;
     T* at = zeroed_tile_memory<T>(total, own);
-    std::span<T>* tiles[] = {&k, &kt, &vt, &q, &dout, &p, &ds, &factor, &dk, &dv, &dq};
-    for (std::size_t i = 0; i < std::size(tiles); ++i) {
-      *tiles[i] = std::span<T>(at, sizes[i]);
-      at += sizes[i];
+    for (const auto& [tile, size] : layout) {
+      *tile = std::span<T>(at, size);
+      at += size;
     }
   }
 };
