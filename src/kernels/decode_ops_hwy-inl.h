@@ -1,6 +1,7 @@
 // The inner loops of the SIMD decode kernel (attention_fwd_decode_hwy.cc, whose comment works
-// through the algorithm): K and V rows widened to float32, the dot products of a block of keys,
-// P·V, and the check of plain K and V as those loops read them. Included once per Highway target
+// through the algorithm): K and V rows widened to float32 (into L1, or in registers as the loops
+// load them), the dot products of a block of keys, P·V, and the check of plain K and V as those
+// loops read them. Included once per Highway target
 // inside qkv::kernels::HWY_NAMESPACE by that file only; hence the toggling guard.
 #if defined(QKV_KERNELS_DECODE_OPS_HWY_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef QKV_KERNELS_DECODE_OPS_HWY_INL_H_
@@ -78,16 +79,57 @@ HWY_INLINE void widen_row(const void* src, const float* scales, std::int64_t cou
   for (; c < padded; ++c) dst[c] = 0.0f;
 }
 
-// Asks for every cache line of a row the kernel reads in place (float32 K and V rows), when the
-// block's rows are first met. The dot products then find K in L1 or on its way, and V's lines
-// are in flight during them instead of being requested only by P·V: many more misses
-// outstanding at once. Measured on an AMD Zen 5 (f32 cache, d = 128, nk = 32768, 2 threads):
-// 5.4-5.6 ms without, 4.75-4.77 ms with; plain tensors 7.5-8.1 against 5.7-6.1 ms. Rows that
-// are widened are already read whole by widen_row before the dot products (asking for them too
-// was slower there: bf16 3.2-4.6 ms without, 3.7-4.8 with).
+// Asks for every cache line of a row when the block's rows are first met: float32 K and V rows
+// read in place, and a cache's bf16, f16 and int8 rows widened in registers (StoredRows). The
+// dot products then find K in L1 or on its way, and V's lines are in flight during them instead
+// of being requested only by P·V: many more misses outstanding at once. Measured on an AMD
+// Zen 5 (f32 cache, d = 128, nk = 32768, 2 threads): 5.4-5.6 ms without, 4.75-4.77 ms with;
+// plain tensors 7.5-8.1 against 5.7-6.1 ms. Exactly the current block's lines, all of them:
+// every other line (6.15 against 4.96 ms), or the lines of two blocks at once (5.73 against
+// 5.50), or of the next block early (docs/performance.md), each measured slower. Rows widened
+// into L1 by widen_row are read whole there already and are not asked for.
 HWY_INLINE void touch_row(const std::byte* row, std::int64_t bytes) {
   for (std::int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(row + b);
 }
+
+// One vector of a stored row from column c (a whole vector inside the row), widened to float32
+// in registers: bf16 and f16 by a conversion, int8 as q · scale of its block of 32 (a vector
+// never straddles two blocks: 32 is a multiple of the lane count). The same floats widen_row
+// stores.
+template <KVType T>
+HWY_INLINE V load_widened(const void* row, const float* scales, std::int64_t c) {
+  const D df;
+  if constexpr (T == KVType::kBF16 || T == KVType::kF16) {
+    using Half = std::conditional_t<T == KVType::kBF16, hwy::bfloat16_t, hwy::float16_t>;
+    return hn::PromoteTo(df, hn::LoadU(hn::Rebind<Half, D>(), static_cast<const Half*>(row) + c));
+  } else {
+    static_assert(T == KVType::kInt8, "float32 rows are read with FloatRows");
+    const hn::Rebind<std::int8_t, D> d8;
+    const hn::Rebind<std::int32_t, D> d32;
+    const V x = hn::ConvertTo(
+        df, hn::PromoteTo(d32, hn::LoadU(d8, static_cast<const std::int8_t*>(row) + c)));
+    return hn::Mul(x, hn::Set(df, scales[c / kCacheInt8Block]));
+  }
+}
+
+// The rows of a block as the dot products and P·V read them, rows(x, c) being one vector of row
+// x from column c: float32 rows (read in place, or widened into L1 by widen_row), or a cache's
+// bf16, f16 or int8 rows as stored, widened in registers as they are loaded.
+struct FloatRows {
+  const float* const* rows;
+  HWY_INLINE V operator()(std::int64_t x, std::int64_t c) const {
+    return hn::LoadU(D(), rows[x] + c);
+  }
+};
+
+template <KVType T>
+struct StoredRows {
+  const void* const* rows;
+  const float* const* scales;  // int8: each row's block scales
+  HWY_INLINE V operator()(std::int64_t x, std::int64_t c) const {
+    return load_widened<T>(rows[x], scales[x], c);
+  }
+};
 
 // widen_row for a type known at run time (plain V may be stored unlike K).
 HWY_INLINE void widen_any(KVType type, const void* src, const float* scales, std::int64_t count,
@@ -193,10 +235,10 @@ HWY_INLINE __m512 sum_16_vectors(const __m512* a) {
 
 // s[j] = scale · q·k_j for the 16 keys of a block (keys past the block's end repeat a valid
 // row; their scores are masked afterwards): 16 independent accumulators, one Q load per 16
-// FMAs, then one transposing reduction.
+// FMAs, then one transposing reduction. `keys` is FloatRows or StoredRows.
 // With kCheck, every K element read also goes into `largest` (kCheckLanes vectors).
-template <bool kCheck = false>
-HWY_INLINE void dot_block(const float* HWY_RESTRICT q, std::int64_t dl, const float* const* keys,
+template <bool kCheck = false, class Rows>
+HWY_INLINE void dot_block(const float* HWY_RESTRICT q, std::int64_t dl, const Rows& keys,
                           float scale, float* HWY_RESTRICT s, V* largest = nullptr) {
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -209,7 +251,7 @@ HWY_INLINE void dot_block(const float* HWY_RESTRICT q, std::int64_t dl, const fl
   for (std::int64_t c = 0; c < dl; c += 16) {
     const __m512 qv = _mm512_load_ps(q + c);
     for (int i = 0; i < 16; ++i) {
-      __m512 kv = _mm512_loadu_ps(keys[kSlotOf[i]] + c);
+      __m512 kv = keys(kSlotOf[i], c).raw;
       if constexpr (kCheck) {
         // One load for both uses. Otherwise the compiler folds the load into the FMA and into
         // vrangeps alike: two loads per vector, and the loads become the limit. Both changes
@@ -231,12 +273,12 @@ HWY_INLINE void dot_block(const float* HWY_RESTRICT q, std::int64_t dl, const fl
 #endif
 
 // o_g = alpha_g · o_g + sum_x p_gx v_x for G rows and U vectors of columns at c0: the G x U
-// accumulators stay in registers over the block's keys; each V vector is loaded once for all
-// G rows.
+// accumulators stay in registers over the block's keys; each V vector is loaded (and, for
+// StoredRows, widened) once for all G rows. `values` is FloatRows or StoredRows.
 // With kCheck (AVX-512 only), every V element read also goes into `largest` (U vectors).
-template <std::size_t G, std::size_t U, bool kCheck = false>
+template <std::size_t G, std::size_t U, bool kCheck = false, class Rows>
 HWY_INLINE void accumulate_block(float* const* o, const float* const* p, const float* alpha,
-                                 const float* const* values, std::int64_t xa, std::int64_t xe,
+                                 const Rows& values, std::int64_t xa, std::int64_t xe,
                                  std::int64_t c0, V* largest = nullptr) {
   const D df;
   V acc[G][U];
@@ -256,7 +298,7 @@ HWY_INLINE void accumulate_block(float* const* o, const float* const* p, const f
   for (std::int64_t x = xa; x < xe; ++x) {
     V v[U];
     for (std::size_t u = 0; u < U; ++u)
-      v[u] = hn::LoadU(df, values[x] + c0 + static_cast<std::int64_t>(u) * kLanes);
+      v[u] = values(x, c0 + static_cast<std::int64_t>(u) * kLanes);
 #if HWY_TARGET <= HWY_AVX3
     if constexpr (kCheck) {
       for (std::size_t u = 0; u < U; ++u) most[u] = max_abs(most[u], v[u]);
@@ -286,9 +328,9 @@ constexpr std::size_t kMaxColumnVectors = 4;
 constexpr std::size_t kMaxColumnVectors = 2;
 #endif
 
-template <std::size_t G, bool kCheck = false>
+template <std::size_t G, bool kCheck = false, class Rows>
 HWY_INLINE void accumulate_rows(float* const* o, const float* const* p, const float* alpha,
-                                const float* const* values, std::int64_t xa, std::int64_t xe,
+                                const Rows& values, std::int64_t xa, std::int64_t xe,
                                 std::int64_t dvl, V* largest = nullptr) {
   constexpr auto kColumns = static_cast<std::int64_t>(kMaxColumnVectors) * kLanes;
   std::int64_t c0 = 0;

@@ -121,6 +121,22 @@ std::vector<CachedCase> cached_cases() {
       c.lengths = {20, 1500};
       c.page_rows = 16;
     });
+    // Rows of whole vectors, which the SIMD kernel reads as stored and widens in registers (K
+    // too at one row per kv head), with pages that end inside a block of 16 keys.
+    add("whole_vectors_one_row", [](CachedCase& c) {
+      c.h = c.hkv = 2;
+      c.d = c.dv = 64;
+      c.page_rows = 20;
+    });
+    // Four rows per kv head (16-bit K widened in registers, int8 K into L1), causal with a window.
+    add("whole_vectors_gqa_window", [](CachedCase& c) {
+      c.h = 8;
+      c.hkv = 2;
+      c.dv = 48;
+      c.causal = true;
+      c.window = Window{40, 0};
+      c.page_rows = 7;
+    });
   }
   return cases;
 }
@@ -242,6 +258,40 @@ TEST(CachedAttentionReference, EqualsThePlainReferenceOnTheGatheredRows) {
     const AttentionResult plain = attention(slice(q, s), k.view(), v.view(), options);
     EXPECT_EQ(max_abs_diff(slice(cached.out, s), plain.out.view()), 0.0);
     EXPECT_EQ(max_abs_diff(slice(cached.lse, s), plain.lse.view()), 0.0);
+  }
+}
+
+// The cache's bf16, f16 and int8 rows, read as stored and widened in registers, give the same
+// bits as the float32 decode kernel on the same values as plain tensors: the same floats summed
+// in the same order (pages of a whole number of 16-key blocks, so that both walk the same blocks).
+TEST(CachedAttentionStoredRows, SameBitsAsTheFloat32KernelOnTheGatheredRows) {
+  for (CacheStorage storage : {CacheStorage::kBF16, CacheStorage::kF16, CacheStorage::kInt8}) {
+    for (std::int64_t h : {2, 8}) {
+      SCOPED_TRACE(std::string(cache_storage_name(storage)) + " with " + std::to_string(h) +
+                   " heads");
+      CachedCase c;
+      c.storage = storage;
+      c.h = h;
+      c.hkv = 2;
+      c.d = c.dv = 64;
+      c.lengths = {2100, 300};
+      c.causal = true;
+      Filled f = fill(c, 47);
+      const auto count = static_cast<std::int64_t>(f.ids.size());
+      const Tensor q = random_tensor(DType::kF32, {count, c.h, 1, c.d}, 53);
+      AttentionOptions options = options_of(c);
+      options.out_dtype = DType::kF32;
+      const AttentionResult cached = attention_cached(q.view(), f.cache, f.ids, options);
+      ASSERT_EQ(cached.kernel, "decode_hwy");
+      for (std::size_t s = 0; s < f.ids.size(); ++s) {
+        const Tensor k = f.cache.gather(f.ids[s], false, DType::kF32);
+        const Tensor v = f.cache.gather(f.ids[s], true, DType::kF32);
+        const AttentionResult plain = attention(slice(q, s), k.view(), v.view(), options);
+        ASSERT_EQ(plain.kernel, "decode_hwy");
+        EXPECT_EQ(max_abs_diff(slice(cached.out, s), plain.out.view()), 0.0) << "sequence " << s;
+        EXPECT_EQ(max_abs_diff(slice(cached.lse, s), plain.lse.view()), 0.0) << "sequence " << s;
+      }
+    }
   }
 }
 
