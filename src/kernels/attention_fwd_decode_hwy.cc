@@ -417,7 +417,7 @@ class Chunk {
 #endif
   // A cache's bf16, f16 and int8 rows are read as stored, their lines asked for when the block is
   // first met (touch_row), and widened in registers by the loops that use them (StoredRows): V by
-  // P·V, which loads each V vector once for every row of the task; K by the dot products when
+  // P·V, which widens each V vector once per group of up to 4 rows; K by the dot products when
   // the task has few rows, as each row's dot products widen K again. Widening the block's rows
   // into L1 first (widen_row, as before) measured slower on an AMD Zen 5 (d = 128, nk = 32768,
   // 2 threads, 4 interleaved rounds, ms): 8/8 heads bf16 2.80 → 2.24, f16 2.99 → 2.25, int8
