@@ -5,7 +5,7 @@
 # build/fuzz (clang, libFuzzer).
 
 JOBS ?= $(shell nproc)
-PYTHON ?= /usr/bin/python3
+PYTHON ?= .venv/bin/python
 
 .PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build portable \
 	screenshots install install-python clean

@@ -6,20 +6,18 @@ packages=(
   build-essential cmake pkg-config
   libopenblas-dev libcli11-dev libhwy-dev nlohmann-json3-dev libzip-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-numpy python3-dev pybind11-dev python3-pytest python3-torch
-  chromium nodejs
-  clang libclang-rt-14-dev
-  openmpi-bin libopenmpi-dev python3-mpi4py
+  python3-venv patchelf
+  chromium
+  clang libclang-rt-dev
+  openmpi-bin libopenmpi-dev
 )
-# The Python module builds with pybind11 for Debian's python3; its tests (tests/python) use pytest
-# and compare with PyTorch (python3-torch).
+# Python packages (numpy, torch, pytest, pybind11, playwright, mpi4py, transformers) come from PyPI,
+# pinned in requirements.txt, into the project's venv .venv/ (scripts/install-python-deps.sh, run
+# at the end); python3-venv lets a Debian python3 make one, patchelf lets auditwheel repair a wheel.
 # OpenMPI builds and runs ring attention across processes (src/dist, `mpirun -np P qkv attention
-# --ring`); python3-mpi4py gives qkv.ring_attention its communicator.
+# --ring`); mpi4py (PyPI) gives qkv.ring_attention its communicator over it.
 # clang and its runtime libraries (libFuzzer, the sanitizers) build the fuzz targets (make fuzz).
-# The browser test (tests/browser) drives Debian's chromium with playwright-core from npm. Some
-# machines have Node.js from elsewhere with its own npm, which Debian's npm package would clash
-# with: ask for npm only where there is none.
-command -v npm >/dev/null 2>&1 || packages+=(npm)
+# The browser test (tests/browser) drives Debian's chromium with PyPI's playwright (no download).
 
 missing=()
 for p in "${packages[@]}"; do
@@ -35,11 +33,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# playwright-core for the browser test, exactly as package-lock.json pins it; only when the
-# installed version differs (npm ci starts from an empty node_modules each time).
-browser="$(cd "$(dirname "$0")/../tests/browser" && pwd)"
-wanted=$(node -p "require('$browser/package.json').dependencies['playwright-core']")
-have=$(node -p "try { require('$browser/node_modules/playwright-core/package.json').version } catch { '' }")
-if [ "$have" != "$wanted" ]; then
-  (cd "$browser" && npm ci --no-audit --no-fund --loglevel=error)
-fi
+bash "$(dirname "$0")/install-python-deps.sh"
