@@ -2,10 +2,12 @@
 #pragma once
 
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/params.h"
+#include "core/progress.h"
 #include "qkv/attention.h"
 #include "qkv/tensor.h"
 
@@ -26,6 +28,9 @@ struct AttentionCall {
   // params then describe the whole packed rows as one sequence (nq = total_q, nk = total_k)
   // and sequence_params() cuts out each sequence.
   std::vector<std::int64_t> cu_q, cu_k;
+  // The progress line of a run that reports one (options.progress); params.progress points at
+  // it, so it lives as long as the call (a local would leave that pointer dangling).
+  std::unique_ptr<Progress> progress;
 };
 
 // Sequence `s` of a packed call whose outputs are bound: its rows of Q, K, V and the outputs,

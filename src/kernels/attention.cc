@@ -72,11 +72,11 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
   // Whichever kernel runs: unfused_blas needs one-thread BLAS calls on its threads, and an
   // idle OpenBLAS pool spins beside any kernel.
   kernels::single_threaded_blas();
-  std::optional<core::Progress> progress;
   if (options.progress) {
     // A packed batch's params cover all its rows (b = 1, nq = total_q).
-    progress.emplace(options.progress, params.shape.b * params.shape.h * params.shape.nq);
-    params.progress = &*progress;
+    call.progress = std::make_unique<core::Progress>(
+        options.progress, params.shape.b * params.shape.h * params.shape.nq);
+    params.progress = call.progress.get();
   }
   // A packed batch runs sequence by sequence, each as a call of its own rows: no work crosses
   // sequences, and every kernel serves packed batches with its own per-call tasks.

@@ -2,6 +2,7 @@
 // values worked out by hand from the example's data, and the seed's two conclusions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <string>
