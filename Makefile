@@ -24,7 +24,7 @@ demo: build
 
 # Every test: the unit and CLI suites and the oracle cases (tests/oracle, in ctest), then the
 # whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (but the browser test:
-# it checks the page's JavaScript in Chromium, which no sanitizer sees, and took 4 minutes there;
+# it checks the page's JavaScript in Chromium, which no sanitizer sees;
 # `qkv explain` itself runs under the sanitizers in the CLI suites).
 test: test-unit test-asan
 
@@ -81,7 +81,7 @@ portable: deps
 # The README's pictures of the explain page (docs/explain.png, explain-mobile.png,
 # explain-large.png), taken by the browser test in headless Chromium.
 screenshots: build
-	node tests/browser/explain_page_test.mjs --qkv build/qkv --work build/screenshots \
+	$(PYTHON) tests/browser/explain_page_test.py --qkv build/qkv --work build/screenshots \
 	  --screenshots docs
 
 install: build
