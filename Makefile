@@ -7,8 +7,8 @@
 JOBS ?= $(shell nproc)
 PYTHON ?= .venv/bin/python
 
-.PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build portable \
-	screenshots install wheel clean
+.PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build \
+	portable screenshots install wheel clean
 
 all: build
 
