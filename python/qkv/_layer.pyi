@@ -1,0 +1,65 @@
+# Type stubs of qkv.linear and qkv.MultiHeadAttention (python/qkv/_layer.py).
+from collections.abc import Sequence
+from typing import Any, Literal, Optional, overload
+
+from ._attention import AttentionResult
+from ._explain import Explanation
+from ._types import AlibiIn, Array, ArrayIn, DTypeIn, Window
+
+__all__ = ["MultiHeadAttention", "linear"]
+
+def linear(
+    x: ArrayIn, w: ArrayIn, bias: Optional[ArrayIn] = None, threads: Optional[int] = None
+) -> Array: ...
+
+class MultiHeadAttention:
+    """The multi-head attention layer in the X·W layout: W^Q [d, heads·dk], W^K
+    [d_m, kv_heads·dk], W^V [d_m, kv_heads·dv], W^O [heads·dv, d_out] (the transposes of
+    torch.nn.Linear weights)."""
+
+    heads: int
+    kv_heads: int
+    # The weights as given (converted once, without copying); None where not given.
+    wq: Any
+    wk: Any
+    wv: Any
+    wo: Any
+    bq: Any
+    bk: Any
+    bv: Any
+    bo: Any
+    def __init__(
+        self, wq: ArrayIn, wk: ArrayIn, wv: ArrayIn, wo: Optional[ArrayIn] = None,
+        bq: Optional[ArrayIn] = None, bk: Optional[ArrayIn] = None,
+        bv: Optional[ArrayIn] = None, bo: Optional[ArrayIn] = None, *, heads: int,
+        kv_heads: Optional[int] = None,
+    ) -> None: ...
+    @overload
+    def __call__(
+        self, x: ArrayIn, memory: Optional[ArrayIn] = None, attn_mask: Optional[ArrayIn] = None,
+        is_causal: bool = False, scale: Optional[float] = None, window: Optional[Window] = None,
+        softcap: Optional[float] = None, alibi_slopes: AlibiIn = None,
+        sinks: Optional[ArrayIn] = None, return_lse: Literal[False] = False,
+        return_weights: Literal[False] = False, threads: Optional[int] = None,
+        dtype: Optional[DTypeIn] = None, out_dtype: Optional[DTypeIn] = None,
+    ) -> Array: ...
+    @overload
+    def __call__(
+        self, x: ArrayIn, memory: Optional[ArrayIn] = None, attn_mask: Optional[ArrayIn] = None,
+        is_causal: bool = False, scale: Optional[float] = None, window: Optional[Window] = None,
+        softcap: Optional[float] = None, alibi_slopes: AlibiIn = None,
+        sinks: Optional[ArrayIn] = None, return_lse: bool = False, return_weights: bool = False,
+        threads: Optional[int] = None, dtype: Optional[DTypeIn] = None,
+        out_dtype: Optional[DTypeIn] = None,
+    ) -> AttentionResult: ...
+    def explain(
+        self, x: ArrayIn, memory: Optional[ArrayIn] = None, *,
+        attn_mask: Optional[ArrayIn] = None, is_causal: bool = False,
+        scale: Optional[float] = None, window: Optional[Window] = None,
+        softcap: Optional[float] = None, alibi_slopes: AlibiIn = None,
+        sinks: Optional[ArrayIn] = None, dtype: Optional[DTypeIn] = None,
+        threads: Optional[int] = None, query_labels: Optional[Sequence[str]] = None,
+        key_labels: Optional[Sequence[str]] = None, title: Optional[str] = None, batch: int = 0,
+    ) -> Explanation: ...
+    @classmethod
+    def from_torch(cls, module: Any) -> "MultiHeadAttention": ...
