@@ -43,7 +43,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
         j <= i + Nk - Nq: the last query sees every key), as in FlashAttention; torch aligns
         top-left. With Nq == Nk both are the lower triangle.
       * a query row with no allowed key gives a zero output row, zero weights and lse = -inf
-        (torch gives NaN).
+        (torch 2.13's SDPA gives the zero row too; torch before 2.5 gave NaN).
       * is_causal may be combined with attn_mask (both apply).
 
     More than torch has:
@@ -68,8 +68,8 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
       kernel: force one kernel by name (qkv.kernel_names()); max_memory: a byte budget.
 
     Returns the output (a NumPy array or torch tensor, as above), or an
-    AttentionResult(out, lse, weights) when return_lse or return_weights is asked for. Raises qkv.Error (a ValueError) naming the
-    argument and the problem on any bad input.
+    AttentionResult(out, lse, weights) when return_lse or return_weights is asked for. Raises
+    qkv.Error (a ValueError) naming the argument and the problem on any bad input.
     """
     caller = "qkv.attention"
     torch_out = torch_given(q, k, v, attn_mask, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)

@@ -78,8 +78,9 @@ def ring_attention_backward(q, k, v, out, lse, grad_out, comm=None, attn_mask=No
     the gradients. The K/V blocks travel around the ring with their dK/dV accumulators, which
     come back to their owner after P steps. Returns AttentionGradients(dq, dk, dv, dsinks)
     (torch tensors when any array argument is one, else NumPy arrays): this rank's rows of dq,
-    dk and dv, and dsinks (the same on every rank; None without sinks). Gradients are float64 when the call computes in float64, else float32; a
-    bfloat16 or float16 dtype is refused as qkv.attention_backward refuses it. kernel forces a
+    dk and dv, and dsinks (the same on every rank; None without sinks). Gradients are float64
+    when the call computes in float64, else float32; a bfloat16 or float16 dtype is refused as
+    qkv.attention_backward refuses it. kernel forces a
     backward kernel that reads the saved lse ("fused_hwy", "unfused_blas", "fused_scalar").
     Equal to qkv.attention_backward on the whole sequence within the kernels' tolerance and
     bitwise repeatable for a given rank count and thread count. An error on any rank raises

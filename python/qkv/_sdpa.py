@@ -13,6 +13,8 @@ What torch allows is mapped onto what qkv reads, by views wherever a view will d
   * is_causal: torch aligns top-left (key j allowed for query i iff j <= i), qkv bottom-right.
     L <= S: keys past L are never allowed, so key and value are cut to their first L rows (a
     view) and qkv's causal is square; L > S: qkv's window=(None, L - S) is exactly j <= i.
+  * torch.nn.attention.bias's causal_upper_left(L, S) is is_causal; causal_lower_right(L, S)
+    is qkv's own causal (bottom-right), with no mask materialised either way.
   * fully masked rows: torch 2.13 (CPU, both backends) gives zero output rows and zero
     gradients; so does qkv.
 """
@@ -20,6 +22,7 @@ What torch allows is mapped onto what qkv reads, by views wherever a view will d
 import math
 
 import torch
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import _qkv
 from ._arrays import check_tensor
@@ -110,8 +113,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     softmax(query·keyᵀ·scale + mask)·value over the last two dims; query (N, ..., Hq, L, E),
     key (N, ..., H, S, E), value (N, ..., H, S, Ev): leading dims broadcast; attn_mask (bool,
     True = may attend; or float32 / query's dtype, added to the scores) broadcasts to
-    (N, ..., Hq, L, S); is_causal is torch's top-left triangle (key j for query i iff j <= i)
-    and excludes attn_mask; scale defaults to 1/sqrt(E); enable_gqa lets key/value have fewer
+    (N, ..., Hq, L, S), or is torch.nn.attention.bias.causal_upper_left / causal_lower_right;
+    is_causal is torch's top-left triangle (key j for query i iff j <= i) and excludes
+    attn_mask; scale defaults to 1/sqrt(E); enable_gqa lets key/value have fewer
     heads dividing Hq (query head h reads head h // (Hq / H)). float32, float64, bfloat16
     (qkv's bfloat16 kernel) and float16; the output has query's dtype. A row with no allowed
     key gives zeros and zero gradients, as torch 2.13 does.
@@ -126,6 +130,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _check_inputs(query, key, value)
     if dropout_p != 0.0:
         raise _qkv.Error("dropout_p: qkv has no attention dropout yet; pass 0.0")
+    bottom_right = False
+    if isinstance(attn_mask, CausalBias):
+        if is_causal:
+            raise _qkv.Error("attn_mask: a CausalBias should not be used with is_causal=True")
+        if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (query.shape[-2], key.shape[-2]):
+            raise _qkv.Error(f"attn_mask: a CausalBias for {attn_mask.seq_len_q} queries and "
+                             f"{attn_mask.seq_len_kv} keys, given {query.shape[-2]} and "
+                             f"{key.shape[-2]}")
+        is_causal = attn_mask.variant == CausalVariant.UPPER_LEFT
+        bottom_right = attn_mask.variant == CausalVariant.LOWER_RIGHT
+        attn_mask = None
     if attn_mask is not None:
         _check_mask(attn_mask, query, is_causal)
     dims = max(query.dim(), key.dim(), value.dim(), 3)
@@ -165,9 +180,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         k4, v4 = k4[..., :rows, :], v4[..., :rows, :]
     elif is_causal:
         window = (None, rows - keys)
-    options = {"attn_mask": mask4, "is_causal": bool(is_causal) and window is None,
+    causal = bottom_right or (bool(is_causal) and window is None)
+    options = {"attn_mask": mask4, "is_causal": causal,
                "scale": None if scale is None else float(scale), "window": window,
                "softcap": None, "alibi_slopes": None, "cu_seqlens_q": None,
                "cu_seqlens_k": None, "dtype": None, "threads": None}
-    out = Attention.apply(q4, k4, v4, None, options)
+    try:
+        out = Attention.apply(q4, k4, v4, None, options)
+    except _qkv.Error as e:  # qkv names q, k, v; this function's arguments are named in full
+        subject, _, rest = str(e).partition(": ")
+        names = {"q": "query", "k": "key", "v": "value"}
+        raise _qkv.Error(f"{names.get(subject, subject)}: {rest}") from None
     return out.reshape(tuple(lead) + (rows, value.shape[-1]))
