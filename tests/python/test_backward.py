@@ -192,3 +192,24 @@ def test_multihead_attention_gradients_equal_plain_torch_and_it_trains():
         opt.step()
         losses.append(step.item())
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_attention_differentiates_16_bit_inputs_in_float32(dtype):
+    """qkv has no 16-bit backward: qkv.torch runs the 16-bit forward (its kernel), then the
+    float32 backward on the 16-bit inputs as stored, and rounds the gradients to their dtype.
+    So the gradients are exactly the float32 backward's on those values, rounded once."""
+    q, k, v, dout, _, _ = inputs({"causal": True}, dtype=torch.float32, seed=3)
+    q16, k16, v16 = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    out = qt.attention(q16, k16, v16, is_causal=True)
+    assert out.dtype == dtype
+    (out * dout.to(dtype)).sum().backward()
+    stored = [t.detach() for t in (q16, k16, v16)]
+    fwd = qkv.attention(*stored, is_causal=True, out_dtype="float32", return_lse=True)
+    assert torch.equal(out, fwd.out.to(dtype))  # the 16-bit output: the float32 one, rounded
+    # The float32 backward on the 16-bit values, given as float32 copies of them.
+    want = qkv.attention_backward(*(t.float() for t in stored), fwd.out, fwd.lse,
+                                  dout.to(dtype).float(), is_causal=True, dtype="float32")
+    for got, expected in zip((q16.grad, k16.grad, v16.grad), want[:3]):
+        assert got.dtype == dtype
+        assert torch.equal(got, expected.to(dtype))

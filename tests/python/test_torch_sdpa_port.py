@@ -374,8 +374,9 @@ def check_against_torch(q, k, v, **kwargs):
     default and the plain math one: STYLE's "twice a naive implementation of the same
     precision"), plus four units in the last place of that dtype at the answer's scale: the
     floor where both err by a few roundings (dq passes through exp(s - lse) with lse rounded,
-    then two products; measured up to 2.6x torch's error at 2-3 ulp). In float64 torch's answer is the reference itself: ours
-    within 1e-12 of its scale, the project's float64 tolerance. The reference is the math
+    then two products; measured up to 2.6x torch's error at 2-3 ulp). In float64 torch's
+    answer is the reference itself: ours within 1e-12 of its scale, the project's float64
+    tolerance. The reference is the math
     backend because torch 2.13's default CPU kernel returns NaN everywhere for float64 with a
     negative scale and is_causal (test_scale_and_bfloat16_kernel meets it)."""
     dtype = q.dtype
