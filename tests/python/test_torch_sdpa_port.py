@@ -331,6 +331,7 @@ def test_invalid_inputs():
     one_line_error(lambda: SDPA(q.to(torch.complex64), q, q), "query", "dtype complex64")
     one_line_error(lambda: SDPA(q, q.to_sparse(), q), "key", "sparse_coo tensor")
     one_line_error(lambda: SDPA(q, q, q.numpy()), "value", "expected a torch tensor")
+    one_line_error(lambda: SDPA(q, q, q.to("meta")), "value", "qkv computes on the CPU")
     one_line_error(lambda: SDPA(q, q[..., :8], q), "key", "16")
     one_line_error(lambda: SDPA(q, q, q[..., :5, :]), "value", "5 rows differ from key's 8")
     one_line_error(lambda: SDPA(q, torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16)), "key",
