@@ -1,7 +1,7 @@
 """qkv: transformer self-attention on a CPU, and a look inside it.
 
     import numpy as np, qkv
-    out = qkv.attention(q, k, v, is_causal=True)      # NumPy arrays or torch tensors in
+    out = qkv.attention(q, k, v, is_causal=True)      # NumPy in, NumPy out; torch in, torch out
 
 See docs/python.md for a walk-through. Errors are qkv.Error (a ValueError); problems with a
 file are qkv.FileError, which is also an OSError.

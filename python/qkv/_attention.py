@@ -3,14 +3,14 @@
 from collections import namedtuple
 
 from . import _qkv
-from ._arrays import as_input
+from ._arrays import all_bfloat16, as_input, as_output, output_dtype, torch_given
 from ._options import attention_options
 
 AttentionResult = namedtuple("AttentionResult", ["out", "lse", "weights"])
 AttentionGradients = namedtuple("AttentionGradients", ["dq", "dk", "dv", "dsinks"])
 AttentionGradients.__doc__ = """What qkv.attention_backward returns: the gradients of
 sum(out * grad_out) with respect to q, k, v (each of its input's shape) and the sinks ([H], or
-None without sinks)."""
+None without sinks); torch tensors when any array argument was one, else NumPy arrays."""
 AttentionResult.__doc__ = """What qkv.attention returns when an extra output is asked for.
 
 out: [..., Nq, Dv]; lse: the log-sum-exp of each row's scores, [..., Nq] (None unless
@@ -30,6 +30,12 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     float64 and float16 arrays, C-contiguous or strided, are read where they are, never copied;
     the GIL is released while qkv computes.
 
+    Torch in, torch out: when any array argument (q, k, v, attn_mask, sinks, ...) is a torch
+    tensor, the results are torch tensors sharing the memory qkv wrote (no copy), else NumPy
+    arrays. This function does not differentiate: a tensor that requires grad raises qkv.Error
+    while autograd is recording (use qkv.torch.attention, or detach()); under torch.no_grad()
+    or torch.inference_mode() it is read like any other.
+
     Arguments named as torch.nn.functional.scaled_dot_product_attention names them mean what
     they mean there: attn_mask is bool (True = may attend) or float (added to the scaled
     scores), broadcast to [.., Nq, Nk]; scale defaults to 1/sqrt(D). Where qkv differs:
@@ -37,7 +43,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
         j <= i + Nk - Nq: the last query sees every key), as in FlashAttention; torch aligns
         top-left. With Nq == Nk both are the lower triangle.
       * a query row with no allowed key gives a zero output row, zero weights and lse = -inf
-        (torch gives NaN).
+        (torch 2.13's SDPA gives the zero row too; torch before 2.5 gave NaN).
       * is_causal may be combined with attn_mask (both apply).
 
     More than torch has:
@@ -55,21 +61,27 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
       return_lse, return_weights: ask for the log-sum-exp [.., Nq] and the weights [.., Nq, Nk].
       threads: how many threads (None or 0: one per core, fewer for a call too small to share);
         results are bitwise the same for any.
-      out_dtype: the output's dtype; default float64 or float16 when q, k, v all are, else
-        float32.
+      out_dtype: the output's dtype; default float64, float16 or (torch tensors only)
+        bfloat16 when q, k, v all are, else float32. A bfloat16 output is computed as float32
+        and rounded once (nearest even); NumPy has no bfloat16, so only a torch output can be
+        one.
       kernel: force one kernel by name (qkv.kernel_names()); max_memory: a byte budget.
 
-    Returns the output as a NumPy array, or an AttentionResult(out, lse, weights) when
-    return_lse or return_weights is asked for. Raises qkv.Error (a ValueError) naming the
-    argument and the problem on any bad input.
+    Returns the output (a NumPy array or torch tensor, as above), or an
+    AttentionResult(out, lse, weights) when return_lse or return_weights is asked for. Raises
+    qkv.Error (a ValueError) naming the argument and the problem on any bad input.
     """
+    caller = "qkv.attention"
+    torch_out = torch_given(q, k, v, attn_mask, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    q, k, v = as_input(q, "q", caller), as_input(k, "k", caller), as_input(v, "v", caller)
+    out_dtype, to_bfloat16 = output_dtype(out_dtype, torch_out, all_bfloat16(q, k, v))
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, out_dtype, return_lse, return_weights, threads,
-                                cu_seqlens_q, cu_seqlens_k, kernel, max_memory)
-    out, lse, weights, _, _ = _qkv.attention(as_input(q, "q"), as_input(k, "k"), as_input(v, "v"),
-                                             options)
+                                cu_seqlens_q, cu_seqlens_k, kernel, max_memory, caller=caller)
+    out, lse, weights, _, _ = _qkv.attention(q, k, v, options)
+    out = as_output(out, torch_out, to_bfloat16)
     if return_lse or return_weights:
-        return AttentionResult(out, lse, weights)
+        return AttentionResult(out, as_output(lse, torch_out), as_output(weights, torch_out))
     return out
 
 
@@ -90,13 +102,19 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
     Gradients are float64 when the call computes in float64 (q, k, v all float64), else
     float32; a bfloat16 or float16 dtype is refused (pass dtype="float32" to differentiate
     16-bit inputs in float32). kernel forces a backward kernel (qkv.backward_kernel_names()).
-    Returns AttentionGradients(dq, dk, dv, dsinks) of NumPy arrays (dsinks None without sinks).
-    Raises qkv.Error naming the argument on bad input.
+    Returns AttentionGradients(dq, dk, dv, dsinks) (dsinks None without sinks): torch tensors
+    when any array argument is one, else NumPy arrays. A tensor that requires grad raises
+    qkv.Error while autograd is recording, as for qkv.attention. Raises qkv.Error naming the
+    argument on bad input.
     """
+    caller = "qkv.attention_backward"
+    torch_out = torch_given(q, k, v, out, lse, grad_out, attn_mask, sinks, alibi_slopes,
+                            cu_seqlens_q, cu_seqlens_k)
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, None, False, False, threads, cu_seqlens_q,
-                                cu_seqlens_k, kernel, max_memory)
+                                cu_seqlens_k, kernel, max_memory, caller=caller)
     dq, dk, dv, dsinks, _, _ = _qkv.attention_backward(
-        as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), as_input(out, "out"),
-        as_input(lse, "lse"), as_input(grad_out, "grad_out"), options)
-    return AttentionGradients(dq, dk, dv, dsinks)
+        as_input(q, "q", caller), as_input(k, "k", caller), as_input(v, "v", caller),
+        as_input(out, "out", caller), as_input(lse, "lse", caller),
+        as_input(grad_out, "grad_out", caller), options)
+    return AttentionGradients(*(as_output(g, torch_out) for g in (dq, dk, dv, dsinks)))

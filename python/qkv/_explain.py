@@ -40,7 +40,9 @@ def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=No
       .walk_through(head, row)             one row's steps as NumPy arrays (a dict)
       .weights(head)                       the [nq, nk] weights, recomputed from the lse
       .heads, .nq, .nk, .parts
-    The heavy parts run with the GIL released.
+    The explanation is a report, not a tensor operation: its arrays are NumPy arrays whatever
+    came in (torch tensors included; one that requires grad raises qkv.Error unless under
+    torch.no_grad()). The heavy parts run with the GIL released.
     """
     given = [name for name, value in (("q", q), ("k", k), ("v", v)) if value is not None]
     if not given:
@@ -60,9 +62,11 @@ def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=No
     if len(given) < 3:
         missing = next(name for name in ("q", "k", "v") if name not in given)
         raise _qkv.Error(f"{missing}: is needed: q, k and v go together")
+    caller = "qkv.explain"
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
-                                sinks, dtype, threads=threads)
-    return _qkv.explain_attention(as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), options,
+                                sinks, dtype, threads=threads, caller=caller)
+    return _qkv.explain_attention(as_input(q, "q", caller), as_input(k, "k", caller),
+                                  as_input(v, "v", caller), options,
                                   _labels(query_labels, "query_labels"),
                                   _labels(key_labels, "key_labels"), text(title, "title"),
                                   int(batch))
@@ -70,7 +74,9 @@ def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=No
 
 def explain_layer(layer, x, memory, options, query_labels, key_labels, title, batch):
     """MultiHeadAttention.explain's call (python/qkv/_layer.py)."""
-    return _qkv.explain_layer(as_input(x, "x"), as_input(memory, "memory"), layer._weights,
+    caller = "qkv.MultiHeadAttention.explain"
+    return _qkv.explain_layer(as_input(x, "x", caller), as_input(memory, "memory", caller),
+                              layer._weights,
                               layer.heads, layer.kv_heads, options,
                               _labels(query_labels, "query_labels"),
                               _labels(key_labels, "key_labels"), text(title, "title"),

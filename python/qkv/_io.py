@@ -3,6 +3,8 @@
 Every problem with a file (missing, unreadable, truncated, malformed, not writable) raises
 qkv.FileError — both a qkv.Error and an OSError — with the library's one-line message naming
 the file. Paths may be str, bytes or os.PathLike; one holding a NUL byte raises qkv.Error.
+Readers return NumPy arrays: reading a file takes no tensor whose kind the result could follow
+(torch.from_numpy shares the array with torch).
 """
 
 import operator
@@ -55,5 +57,6 @@ def write_npy(path, array, dtype=None):
     """Writes `array` to a .npy file atomically (a temporary file beside it, then a rename: never
     a partial file). dtype: "float32", "float64" or "float16" (default: the array's own; a
     bfloat16 torch tensor is written as float32). Problems with the destination raise
-    qkv.FileError; an array qkv cannot take raises qkv.Error."""
-    _qkv.write_npy(path, as_input(array, "array"), dtype_name(dtype))
+    qkv.FileError; an array qkv cannot take raises qkv.Error, as does a torch tensor that
+    requires grad while autograd records (as tensor.numpy() refuses one: pass detach())."""
+    _qkv.write_npy(path, as_input(array, "array", "qkv.write_npy"), dtype_name(dtype))

@@ -3,7 +3,7 @@
 import numbers
 
 from . import _qkv
-from ._arrays import as_input, text
+from ._arrays import as_input, as_output, text, torch_given
 from ._attention import AttentionResult
 from ._options import attention_options
 
@@ -81,8 +81,11 @@ class KVCache:
         """Appends n rows to `seq`: k [kv_heads, n, d] and v [kv_heads, n, dv] (or [n, d] and
         [n, dv] when kv_heads is 1); float32, float64, float16 or bfloat16, every value finite
         (and within float16's range for an "f16" cache). On any error (qkv.Error naming k, v,
-        the sequence or the capacity) the cache is left exactly as it was."""
-        self._cache.append(seq, as_input(k, "k"), as_input(v, "v"))
+        the sequence or the capacity) the cache is left exactly as it was. Torch tensors go in as
+        they are; one that requires grad raises qkv.Error unless under torch.no_grad() (the
+        cache keeps values, not a graph)."""
+        caller = "qkv.KVCache.append"
+        self._cache.append(seq, as_input(k, "k", caller), as_input(v, "v", caller))
 
     def forget_before(self, seq, row):
         """Frees the pages holding only rows before `row` (a sliding window's past); attention
@@ -112,7 +115,8 @@ class KVCache:
 
     def gather(self, seq, values=False):
         """The stored rows [first_stored_row, length) of K (values=False) or V, dequantised
-        exactly into float64: [kv_heads, rows, d or dv]. What attention reads."""
+        exactly into float64: [kv_heads, rows, d or dv]. What attention reads. A NumPy array
+        (no tensor comes in here to follow; torch.from_numpy shares it)."""
         return self._cache.gather(seq, bool(values))
 
     def attention(self, q, sequences, is_causal=False, scale=None, window=None,
@@ -136,7 +140,9 @@ def attention_cached(q, cache, sequences, is_causal=False, scale=None, window=No
 
     out_dtype: "float32" or "float64" (default float64 when q is float64, else float32; a
     float16 output is not offered here). Returns the output
-    [S, H, Nq, dv] (or [H, Nq, dv]), or qkv.AttentionResult(out, lse, None) with return_lse.
+    [S, H, Nq, dv] (or [H, Nq, dv]), or qkv.AttentionResult(out, lse, None) with return_lse:
+    torch tensors when q is one, else NumPy arrays (a q that requires grad raises qkv.Error
+    unless under torch.no_grad(): this does not differentiate).
     Raises qkv.Error on an unknown sequence, heads that do not match the cache, or a window
     reaching a forgotten row. The GIL is released while qkv computes.
     """
@@ -144,10 +150,11 @@ def attention_cached(q, cache, sequences, is_causal=False, scale=None, window=No
         raise _qkv.Error(f"cache: expected a qkv.KVCache, got {type(cache).__name__}")
     if isinstance(sequences, numbers.Integral):
         sequences = [sequences]
-    q = as_input(q, "q")
+    torch_out = torch_given(q)
     options = attention_options(is_causal=is_causal, scale=scale, window=window,
                                 out_dtype=out_dtype, return_lse=return_lse, threads=threads)
-    out, lse, _ = _qkv.attention_cached(q, cache._cache, [int(s) for s in sequences], options)
+    out, lse, _ = _qkv.attention_cached(as_input(q, "q", "qkv.attention_cached"), cache._cache,
+                                        [int(s) for s in sequences], options)
     if return_lse:
-        return AttentionResult(out, lse, None)
-    return out
+        return AttentionResult(as_output(out, torch_out), as_output(lse, torch_out), None)
+    return as_output(out, torch_out)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from . import _qkv
-from ._arrays import as_input
+from ._arrays import all_bfloat16, as_input, as_output, output_dtype, torch_given
 from ._attention import AttentionResult
 from ._options import attention_options
 
@@ -17,9 +17,14 @@ def linear(x, w, bias=None, threads=None):
 
     The X·W layout: w is [d, n_out], the transpose of a torch.nn.Linear weight (which computes
     x·Wᵀ + b). float32 when x, w and bias all are float32 (or narrower), float64 otherwise.
+    A torch tensor among x, w, bias gives a torch tensor back (else NumPy); one that requires
+    grad raises qkv.Error while autograd records (this does not differentiate).
     Raises qkv.Error naming the argument on a shape mismatch or a non-finite value.
     """
-    return _qkv.linear(as_input(x, "x"), as_input(w, "w"), as_input(bias, "bias"), threads)
+    caller = "qkv.linear"
+    out = _qkv.linear(as_input(x, "x", caller), as_input(w, "w", caller),
+                      as_input(bias, "bias", caller), threads)
+    return as_output(out, torch_given(x, w, bias))
 
 
 def _shape(array):
@@ -39,14 +44,19 @@ class MultiHeadAttention:
     biases are 1-D of the matching width. These are the transposes of torch.nn.Linear weights
     (see from_torch). The arrays (NumPy, torch, DLPack or __array__) are converted once, here,
     without copying, and checked against each other: a mismatch raises qkv.Error naming them.
-    kv_heads < heads is grouped-query attention (default: kv_heads = heads).
+    kv_heads < heads is grouped-query attention (default: kv_heads = heads). Torch weights
+    that require grad raise qkv.Error unless given under torch.no_grad(): this layer does not
+    differentiate (qkv.torch.MultiheadAttention does).
     """
 
     def __init__(self, wq, wk, wv, wo=None, bq=None, bk=None, bv=None, bo=None, *, heads,
                  kv_heads=None):
         names = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")
         weights = (wq, wk, wv, wo, bq, bk, bv, bo)
-        self._weights = tuple(as_input(w, n) for w, n in zip(weights, names))
+        self._weights = tuple(as_input(w, n, "qkv.MultiHeadAttention")
+                              for w, n in zip(weights, names))
+        # Torch weights make the layer's results torch tensors, whatever x is.
+        self._torch_weights = torch_given(*weights)
         self.heads = int(heads)
         self.kv_heads = self.heads if kv_heads is None else int(kv_heads)
         if self.kv_heads < 1:  # the library's 0 ("as many as heads") is None here
@@ -75,7 +85,9 @@ class MultiHeadAttention:
                 f"weights={'/'.join(present)})")
 
     def _call(self, x, memory, options):
-        return _qkv.multi_head_attention(as_input(x, "x"), as_input(memory, "memory"),
+        caller = "qkv.MultiHeadAttention"
+        return _qkv.multi_head_attention(as_input(x, "x", caller),
+                                         as_input(memory, "memory", caller),
                                          self._weights, self.heads, self.kv_heads, options)
 
     def __call__(self, x, memory=None, attn_mask=None, is_causal=False, scale=None, window=None,
@@ -93,17 +105,24 @@ class MultiHeadAttention:
         "float16", ...) as there. The projections compute in float32 when x, the weights and the
         output are all float32 or float16 (or bfloat16), else in float64.
 
-        out_dtype: default float64 or float16 when x and every weight are stored so, else
-        float32. Returns the output [.., N, d_out] ([.., N, heads·dv] without W^O), or
-        qkv.AttentionResult(out, lse, weights) when return_lse or return_weights is asked for:
-        lse [B, heads, N], weights [B, heads, N, Nk] per head (not averaged over heads, unlike
-        torch's default). The GIL is released while qkv computes.
+        out_dtype: default float64, float16 or (torch only) bfloat16 when x and every weight are
+        stored so, else float32. Returns the output [.., N, d_out] ([.., N, heads·dv] without
+        W^O), or qkv.AttentionResult(out, lse, weights) when return_lse or return_weights is
+        asked for: lse [B, heads, N], weights [B, heads, N, Nk] per head (not averaged over
+        heads, unlike torch's default). Torch tensors when x, memory, a mask, sinks or the
+        layer's weights are torch tensors, else NumPy arrays (see qkv.attention). The GIL is
+        released while qkv computes.
         """
+        torch_out = self._torch_weights or torch_given(x, memory, attn_mask, alibi_slopes, sinks)
+        bfloat16_in = all_bfloat16(x, memory, *(w for w in self._weights if w is not None))
+        out_dtype, to_bfloat16 = output_dtype(out_dtype, torch_out, bfloat16_in)
         options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
-                                    sinks, dtype, out_dtype, return_lse, return_weights, threads)
+                                    sinks, dtype, out_dtype, return_lse, return_weights, threads,
+                                    caller="qkv.MultiHeadAttention")
         out, lse, weights, _ = self._call(x, memory, options)
+        out = as_output(out, torch_out, to_bfloat16)
         if return_lse or return_weights:
-            return AttentionResult(out, lse, weights)
+            return AttentionResult(out, as_output(lse, torch_out), as_output(weights, torch_out))
         return out
 
     def explain(self, x, memory=None, *, attn_mask=None, is_causal=False, scale=None,
@@ -116,7 +135,8 @@ class MultiHeadAttention:
         from ._explain import explain_layer
         return explain_layer(self, x, memory, attention_options(
             attn_mask, is_causal, scale, window, softcap, alibi_slopes, sinks, dtype,
-            threads=threads), query_labels, key_labels, title, batch)
+            threads=threads, caller="qkv.MultiHeadAttention.explain"), query_labels, key_labels,
+            title, batch)
 
     @classmethod
     def from_torch(cls, module):

@@ -1,7 +1,7 @@
 """qkv.ring_attention: attention across the processes of an MPI communicator (mpi4py)."""
 
 from . import _qkv
-from ._arrays import as_input
+from ._arrays import as_input, as_output, torch_given
 from ._attention import AttentionGradients, AttentionResult
 from ._options import attention_options
 
@@ -46,18 +46,22 @@ def ring_attention(q, k, v, comm=None, attn_mask=None, is_causal=False, scale=No
     return_lse). layout: "contiguous" or "zigzag"; default ring_layout(is_causal, window).
     The keyword arguments mean what they mean for qkv.attention; attn_mask covers this rank's
     query rows and every key ([.., n_local, Nk] after broadcasting). The weights and packed
-    batches are not offered. An error on any rank raises the same qkv.Error on every rank,
-    naming the rank.
+    batches are not offered. Torch tensors in give torch tensors out, as for qkv.attention
+    (out_dtype bfloat16 is not offered here). An error on any rank raises the same qkv.Error on
+    every rank, naming the rank.
     """
+    caller = "qkv.ring_attention"
     comm, layout = _ring_of(comm, layout, is_causal, window)
+    torch_out = torch_given(q, k, v, attn_mask, alibi_slopes, sinks)
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, out_dtype, return_lse, False, threads, None, None,
-                                kernel, None)
-    out, lse, _, _, _, _ = _qkv.ring_attention(as_input(q, "q"), as_input(k, "k"),
-                                               as_input(v, "v"), options, comm.py2f(), layout)
+                                kernel, None, caller=caller)
+    out, lse, _, _, _, _ = _qkv.ring_attention(as_input(q, "q", caller), as_input(k, "k", caller),
+                                               as_input(v, "v", caller), options, comm.py2f(),
+                                               layout)
     if return_lse:
-        return AttentionResult(out, lse, None)
-    return out
+        return AttentionResult(as_output(out, torch_out), as_output(lse, torch_out), None)
+    return as_output(out, torch_out)
 
 
 def ring_attention_backward(q, k, v, out, lse, grad_out, comm=None, attn_mask=None,
@@ -72,20 +76,24 @@ def ring_attention_backward(q, k, v, out, lse, grad_out, comm=None, attn_mask=No
     lse and grad_out (its query rows: what qkv.ring_attention(..., return_lse=True) returned to
     it, and the output's gradient), with the same options as the forward, and gets its rows of
     the gradients. The K/V blocks travel around the ring with their dK/dV accumulators, which
-    come back to their owner after P steps. Returns AttentionGradients(dq, dk, dv, dsinks) of
-    NumPy arrays: this rank's rows of dq, dk and dv, and dsinks (the same on every rank; None
-    without sinks). Gradients are float64 when the call computes in float64, else float32; a
-    bfloat16 or float16 dtype is refused as qkv.attention_backward refuses it. kernel forces a
+    come back to their owner after P steps. Returns AttentionGradients(dq, dk, dv, dsinks)
+    (torch tensors when any array argument is one, else NumPy arrays): this rank's rows of dq,
+    dk and dv, and dsinks (the same on every rank; None without sinks). Gradients are float64
+    when the call computes in float64, else float32; a bfloat16 or float16 dtype is refused as
+    qkv.attention_backward refuses it. kernel forces a
     backward kernel that reads the saved lse ("fused_hwy", "unfused_blas", "fused_scalar").
     Equal to qkv.attention_backward on the whole sequence within the kernels' tolerance and
     bitwise repeatable for a given rank count and thread count. An error on any rank raises
     the same qkv.Error on every rank, naming the rank.
     """
+    caller = "qkv.ring_attention_backward"
     comm, layout = _ring_of(comm, layout, is_causal, window)
+    torch_out = torch_given(q, k, v, out, lse, grad_out, attn_mask, alibi_slopes, sinks)
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, None, False, False, threads, None, None,
-                                kernel, None)
+                                kernel, None, caller=caller)
     dq, dk, dv, dsinks, _, _, _ = _qkv.ring_attention_backward(
-        as_input(q, "q"), as_input(k, "k"), as_input(v, "v"), as_input(out, "out"),
-        as_input(lse, "lse"), as_input(grad_out, "grad_out"), options, comm.py2f(), layout)
-    return AttentionGradients(dq, dk, dv, dsinks)
+        as_input(q, "q", caller), as_input(k, "k", caller), as_input(v, "v", caller),
+        as_input(out, "out", caller), as_input(lse, "lse", caller),
+        as_input(grad_out, "grad_out", caller), options, comm.py2f(), layout)
+    return AttentionGradients(*(as_output(g, torch_out) for g in (dq, dk, dv, dsinks)))

@@ -3,6 +3,7 @@
     import torch, qkv.torch
     out = qkv.torch.attention(q, k, v, is_causal=True)    # q.requires_grad: out.backward() works
     layer = qkv.torch.MultiheadAttention(64, 8)           # an nn.Module; its parameters train
+    out = qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # torch's SDPA
 
 Importing this module imports torch; `import qkv` alone does not.
 """
@@ -11,37 +12,10 @@ import math
 
 import torch
 
-from ._attention import attention as _attention, attention_backward as _attention_backward
+from ._autograd import Attention as _Attention
+from ._sdpa import scaled_dot_product_attention
 
-__all__ = ["attention", "MultiheadAttention"]
-
-
-class _Attention(torch.autograd.Function):
-    """qkv.attention forward (with its lse kept), qkv.attention_backward backward."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, options):
-        result = _attention(q, k, v, sinks=sinks, return_lse=True, **options)
-        out = torch.from_numpy(result.out)
-        lse = torch.from_numpy(result.lse)
-        ctx.options = options
-        ctx.save_for_backward(q, k, v, sinks, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, sinks, out, lse = ctx.saved_tensors
-        need_q, need_k, need_v, need_sinks, _ = ctx.needs_input_grad
-        if not (need_q or need_k or need_v or need_sinks):
-            return None, None, None, None, None
-        g = _attention_backward(q, k, v, out, lse, grad_out.contiguous(), sinks=sinks,
-                                **ctx.options)
-
-        def grad(array, like, needed):
-            return torch.from_numpy(array).to(like.dtype) if needed else None
-
-        return (grad(g.dq, q, need_q), grad(g.dk, k, need_k), grad(g.dv, v, need_v),
-                grad(g.dsinks, sinks, need_sinks) if sinks is not None else None, None)
+__all__ = ["attention", "scaled_dot_product_attention", "MultiheadAttention"]
 
 
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
@@ -50,10 +24,12 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     """qkv.attention on CPU torch tensors, as a torch.autograd.Function.
 
     The arguments mean what they mean for qkv.attention; the output is a torch tensor of the
-    dtype qkv.attention gives (float64 for float64 inputs, float32 for float32). Gradients flow
-    to q, k, v and sinks (those that require them) through qkv.attention_backward, the fused
-    backward; attn_mask, alibi_slopes and the offsets get none. Gradients need float32 or
-    float64 computation: for 16-bit inputs pass dtype="float32".
+    dtype qkv.attention gives for torch inputs (float64 for float64, float32 for float32,
+    bfloat16 or float16 when q, k, v all are). Gradients flow to q, k, v and sinks (those that
+    require them) through qkv.attention_backward, the fused backward; attn_mask, alibi_slopes
+    and the offsets get none. A 16-bit computation (bfloat16 or float16 inputs, or
+    dtype="bfloat16") is differentiated in float32 (qkv has no 16-bit backward), reading the
+    16-bit inputs as they are, and the gradients are rounded to each input's dtype.
     """
     options = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale,
                "window": window, "softcap": softcap, "alibi_slopes": alibi_slopes,

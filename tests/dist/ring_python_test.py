@@ -4,7 +4,8 @@ Every rank slices its rows of the same inputs, calls qkv.ring_attention over COM
 qkv.ring_attention_backward on what it returned, and rank 0 gathers the rows and compares them
 with qkv.attention and qkv.attention_backward on the whole sequence by the oracle's rule
 (2e-5 · max(1, max|whole|)); then an error on one rank must raise the same qkv.Error on every
-rank, for each."""
+rank, for each; and, when torch imports, torch tensors in give torch tensors out, bit for bit
+what NumPy in gives."""
 import sys
 
 sys.path.insert(0, sys.argv[1])
@@ -92,6 +93,28 @@ except qkv.Error as e:
     if "rank 0" not in str(e) or "grad_out" not in str(e):
         print("FAIL rank", me, "backward error", e)
         failed = True
+
+# Torch in, torch out: the same calls on torch tensors hand back torch tensors holding the same
+# bits as the NumPy calls' arrays.
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    rows = qkv.ring_rows(n, P, me, "contiguous")
+    mine = lambda x: np.ascontiguousarray(np.concatenate([x[:, a:b] for a, b in rows], axis=1))
+    arrays = [mine(x) for x in (q, k, v, do)]
+    tensors = [torch.from_numpy(a) for a in arrays]
+    plain = qkv.ring_attention(*arrays[:3], return_lse=True)
+    res = qkv.ring_attention(*tensors[:3], return_lse=True)
+    plain_g = qkv.ring_attention_backward(*arrays[:3], plain.out, plain.lse, arrays[3])
+    g = qkv.ring_attention_backward(*tensors[:3], res.out, res.lse, tensors[3])
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"),
+                               (res.out, res.lse, g.dq, g.dk, g.dv),
+                               (plain.out, plain.lse, plain_g.dq, plain_g.dk, plain_g.dv)):
+        if type(got) is not torch.Tensor or not np.array_equal(got.numpy(), want):
+            print("FAIL rank", me, "torch in:", name, type(got).__name__)
+            failed = True
 
 failed = comm.allreduce(failed, op=MPI.LOR)
 if me == 0:

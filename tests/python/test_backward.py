@@ -99,7 +99,7 @@ def test_attention_backward_matches_torch_autograd(name):
     options = options_of(case, mask, sinks)
     r = qkv.attention(q, k, v, return_lse=True, **options)
     g = qkv.attention_backward(q, k, v, r.out, r.lse, dout, **options)
-    assert g.dq.dtype == np.float64
+    assert g.dq.dtype == torch.float64  # torch in, torch out
     for got, want in zip((g.dq, g.dk, g.dv), expected[:3]):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
     if sinks is None:
@@ -115,10 +115,10 @@ def test_attention_backward_matches_torch_autograd(name):
     for kernel in qkv.backward_kernel_names():
         g32 = qkv.attention_backward(q32, k32, v32, r32.out, r32.lse, do32, kernel=kernel,
                                      **options32)
-        assert g32.dq.dtype == np.float32
+        assert g32.dq.dtype == torch.float32
         for got, want in zip((g32.dq, g32.dk, g32.dv), expected[:3]):
             scale = max(1.0, float(want.abs().max()))
-            assert np.abs(got - want.numpy()).max() <= 2e-5 * scale, kernel
+            assert np.abs(got.numpy() - want.numpy()).max() <= 2e-5 * scale, kernel
 
 
 def test_attention_backward_refuses_with_one_line_naming_the_argument():
@@ -192,3 +192,24 @@ def test_multihead_attention_gradients_equal_plain_torch_and_it_trains():
         opt.step()
         losses.append(step.item())
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_attention_differentiates_16_bit_inputs_in_float32(dtype):
+    """qkv has no 16-bit backward: qkv.torch runs the 16-bit forward (its kernel), then the
+    float32 backward on the 16-bit inputs as stored, and rounds the gradients to their dtype.
+    So the gradients are exactly the float32 backward's on those values, rounded once."""
+    q, k, v, dout, _, _ = inputs({"causal": True}, dtype=torch.float32, seed=3)
+    q16, k16, v16 = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    out = qt.attention(q16, k16, v16, is_causal=True)
+    assert out.dtype == dtype
+    (out * dout.to(dtype)).sum().backward()
+    stored = [t.detach() for t in (q16, k16, v16)]
+    fwd = qkv.attention(*stored, is_causal=True, out_dtype="float32", return_lse=True)
+    assert torch.equal(out, fwd.out.to(dtype))  # the 16-bit output: the float32 one, rounded
+    # The float32 backward on the 16-bit values, given as float32 copies of them.
+    want = qkv.attention_backward(*(t.float() for t in stored), fwd.out, fwd.lse,
+                                  dout.to(dtype).float(), is_causal=True, dtype="float32")
+    for got, expected in zip((q16.grad, k16.grad, v16.grad), want[:3]):
+        assert got.dtype == dtype
+        assert torch.equal(got, expected.to(dtype))

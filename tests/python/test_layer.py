@@ -173,10 +173,10 @@ def test_from_torch_float32_torch_tensors_in():
     with torch.no_grad():
         expected, _ = module(x, x, x)
     out = layer(x)
-    assert out.dtype == np.float32
+    assert out.dtype == torch.float32  # torch in, torch out
     with torch.no_grad():
         reference, _ = module.double()(x.double(), x.double(), x.double())
-    close(out, reference.numpy(), F32_TOL)
+    close(out.numpy(), reference.numpy(), F32_TOL)
     # torch's own float32 answer agrees with the same reference at the same tolerance.
     close(expected.numpy(), reference.numpy(), 1e-5)
 

@@ -1,0 +1,65 @@
+"""The torch.autograd.Function behind qkv.torch: qkv's forward (its lse kept) and qkv's fused
+backward. Imported by qkv.torch only (it imports torch)."""
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._arrays import dtype_name
+from ._attention import attention as _attention, attention_backward as _attention_backward
+
+_SIXTEEN_BIT = {torch.bfloat16, torch.float16}
+_SIXTEEN_BIT_NAMES = {"bfloat16", "bf16", "float16", "f16", "fp16", "half"}
+
+
+def _shared_dtype(q, k, v):
+    """The dtype q, k and v all have, or None when they differ."""
+    return q.dtype if q.dtype == k.dtype == v.dtype else None
+
+
+def _backward_dtype(q, k, v, dtype):
+    """The dtype the backward computes in: the forward's, except that a 16-bit forward (asked
+    for, or the default for 16-bit inputs) is differentiated in float32. qkv's backward has no
+    16-bit kernel; float32 reads the 16-bit inputs in place, as they are, and the gradients are
+    rounded to the inputs' dtype once at the end."""
+    name = dtype_name(dtype)
+    if name is None:
+        shared = _shared_dtype(q, k, v)
+        name = dtype_name(shared) if shared in _SIXTEEN_BIT else None
+    return "float32" if name in _SIXTEEN_BIT_NAMES else dtype
+
+
+class Attention(torch.autograd.Function):
+    """qkv.attention forward (with its lse kept), qkv.attention_backward backward.
+
+    apply(q, k, v, sinks, options): options are qkv.attention's keyword arguments besides the
+    tensors that take gradients. A 16-bit output (q, k, v all bfloat16 or all float16) is
+    rounded from the float32 output, which is kept for the backward (D_i = Σ dO·O in float32)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, options):
+        # Nothing is recorded inside forward; the detach says so to the plain functions, which
+        # refuse tensors that require grad.
+        q, k, v = q.detach(), k.detach(), v.detach()
+        sinks = sinks.detach() if sinks is not None else None
+        shared = _shared_dtype(q, k, v)
+        out_dtype = "float32" if shared in _SIXTEEN_BIT else None
+        result = _attention(q, k, v, sinks=sinks, return_lse=True, out_dtype=out_dtype, **options)
+        ctx.options = dict(options, dtype=_backward_dtype(q, k, v, options.get("dtype")))
+        ctx.save_for_backward(q, k, v, sinks, result.out, result.lse)
+        return result.out.to(shared) if out_dtype else result.out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, sinks, out, lse = ctx.saved_tensors
+        need_q, need_k, need_v, need_sinks, _ = ctx.needs_input_grad
+        if not (need_q or need_k or need_v or need_sinks):
+            return None, None, None, None, None
+        g = _attention_backward(q, k, v, out, lse, grad_out.contiguous(), sinks=sinks,
+                                **ctx.options)
+
+        def grad(tensor, like, needed):
+            return tensor.to(like.dtype) if needed else None
+
+        return (grad(g.dq, q, need_q), grad(g.dk, k, need_k), grad(g.dv, v, need_v),
+                grad(g.dsinks, sinks, need_sinks) if sinks is not None else None, None)
