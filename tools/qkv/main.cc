@@ -9,6 +9,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -92,8 +93,19 @@ int main(int argc, char** argv) {
     }
   }
 
+  // -v is --verbose (run_report.cc says why CLI11 is not told so). CLI11 reads a word "-v" as
+  // a flag wherever it stands, never as an option's value, so rewriting each one changes
+  // nothing else.
+  std::vector<std::string> words(argv, argv + argc);
+  for (std::size_t i = 2; i < words.size(); ++i) {
+    if (words[i] == "-v") words[i] = "--verbose";
+  }
+  std::vector<char*> args;
+  for (std::string& word : words) args.push_back(word.data());
+  args.push_back(nullptr);
+
   try {
-    app.parse(argc, argv);
+    app.parse(argc, args.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help on a subcommand, --version
     // One line that names the command and points at its help: "qkv attention: unknown option

@@ -93,9 +93,12 @@ double allowed_pairs(const core::Masking& masking, std::int64_t nq, std::int64_t
 }  // namespace
 
 void add_report_flags(CLI::App& command, ReportFlags& flags) {
-  command.add_flag("-v,--verbose", flags.verbose,
-                   "after success, one line on stderr: shapes, kernel, SIMD target, threads, "
-                   "time, GFLOP/s, peak memory");
+  // Registered by its long name only: CLI11 2.4 (Debian 13) refuses a short -v beside the
+  // one-letter long option --v (the values file) as the same name, so main() reads -v as
+  // --verbose before CLI11 sees it.
+  command.add_flag("--verbose", flags.verbose,
+                   "(or -v) after success, one line on stderr: shapes, kernel, SIMD target, "
+                   "threads, time, GFLOP/s, peak memory");
   command.add_flag("--quiet", flags.quiet,
                    "no progress line (shown on a terminal for runs longer than about a second)");
 }
