@@ -13,6 +13,7 @@ rank, refused flags and refused gradients, each ending every rank non-zero with 
 stderr and no output file.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -246,9 +247,22 @@ def wide_range(qkv, launcher, rng):
     return problems
 
 
+def qkv_lines(stderr):
+    """stderr without the launcher's own report of a non-zero status: OpenMPI 5's mpirun
+    (Debian 13) prints it between two lines of dashes and has no -q to silence it, as 4's has,
+    and its PMIx server may add a line of its own ("[host:pid] PMIX ERROR: ...") as it ends."""
+    lines, in_report = [], False
+    for line in stderr.strip().splitlines():
+        if line.startswith("-----"):
+            in_report = not in_report
+        elif not in_report and not re.match(r"\[[^]]*\] PMIX ERROR", line):
+            lines.append(line)
+    return lines
+
+
 def one_line_failure(r, what, expect_in, status=None):
     problems = []
-    lines = r.stderr.strip().splitlines()
+    lines = qkv_lines(r.stderr)
     if r.returncode == 0 or (status is not None and r.returncode != status):
         problems.append("%s: exit status %d" % (what, r.returncode))
     if len(lines) != 1 or expect_in not in lines[0]:
