@@ -374,7 +374,9 @@ void OutputFiles::commit() {
     // Where the mask could not be set (it always can), the handler might run on this very
     // thread: then no handshake, which would wait for itself.
     std::optional<RenamesInProgress> renaming;
-    if (blocked.blocked() && !pending.empty()) renaming.emplace(pending.front()->destination.string());
+    if (blocked.blocked() && !pending.empty()) {
+      renaming.emplace(pending.front()->destination.string());
+    }
     // With one output there is nothing to roll back: a failed rename leaves it as it was.
     std::vector<std::filesystem::path> backups(pending.size());
     if (pending.size() > 1) {
