@@ -127,9 +127,20 @@ extern "C" void remove_temp_files_and_reraise(int signal_number) {
   errno = saved_errno;
 }
 
+// A forked child starts with none of its parent's temporary files and no commit: its handler
+// must not unlink the files its parent is still writing and renaming (before, a child that
+// died of a signal made its parent's commit fail with ENOENT), nor wait for a commit that was
+// renaming on another thread of the parent (it would wait for ever).
+void forget_parent_outputs_in_child() {
+  for (TempSlot& slot : g_temp_slots) slot.state.store(kSlotFree);
+  g_commits_renaming.store(0);
+  g_process_ending.store(false);
+}
+
 void install_cleanup_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
+    ::pthread_atfork(nullptr, nullptr, forget_parent_outputs_in_child);
     for (const int signal_number : kCleanupSignals) {
       struct sigaction current {};
       if (::sigaction(signal_number, nullptr, &current) != 0) continue;

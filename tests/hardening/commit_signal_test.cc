@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -127,6 +129,46 @@ TEST(CommitInterrupted, ParkedWorkerDoesNotTakeTheSignalMidCommit) {
 
 TEST(CommitInterrupted, ApplicationThreadWaitsForTheCommit) {
   for (int run = 0; run < 3; ++run) commit_interrupted(true, 48);
+}
+
+// A process forked while another thread of its parent is renaming has no such thread: a signal
+// must still end it at once (its handler must not wait for the parent's commit). A harness
+// process commits 16 outputs at a time on one thread while its main thread forks children that
+// raise SIGTERM; each child must die of it within 5 s.
+TEST(CommitInterrupted, ChildForkedMidCommitStillDiesOfTheSignal) {
+  testing::ScratchDir dir;
+  const pid_t harness = fork();
+  if (harness == 0) {
+    install_output_cleanup_on_signals();
+    std::atomic<bool> stop{false};
+    std::thread committer([&] {
+      try {
+        while (!stop.load()) {
+          OutputFiles files;
+          for (int i = 0; i < 16; ++i) {
+            files.stage(dir / ("out" + std::to_string(i) + ".bin"), std::vector<char>{'x'});
+          }
+          files.commit();
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "committer: %s\n", e.what());
+        _exit(2);
+      }
+    });
+    int failures = 0;
+    for (int child = 0; child < 100; ++child) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        raise(SIGTERM);
+        _exit(3);
+      }
+      failures += testing::wait_status_within(pid, 5) != 128 + SIGTERM;
+    }
+    stop.store(true);
+    committer.join();
+    _exit(failures == 0 ? 0 : 1);
+  }
+  EXPECT_EQ(testing::wait_status_within(harness, 120), 0);
 }
 
 // The executable, as the red team ran it: `attention` with gradients over existing outputs on
