@@ -95,6 +95,21 @@ class AgreedError : public Error {
 // otherwise returns on every rank.
 void agree(const Communicator& comm, const std::string& problem);
 
+// One setting every rank of a job must hold alike (a flag, an option, a file's shape): its
+// name as the caller knows it ("--causal", "causal", "--k's shape") and its value in words.
+struct Setting {
+  std::string name;
+  std::string value;
+};
+
+// Collective: every rank compares its settings, in order, with rank 0's. When any differ, every
+// rank throws the same AgreedError, subject "rank R" for the lowest rank R with a difference and
+// its first: "NAME differs from rank 0's: VALUE here, VALUE0 on rank 0". Every rank passes the
+// same names in the same order (one build of the caller); a count or a name that differs is
+// reported the same way. ring_attention and ring_attention_backward call it on their options
+// before any other collective that depends on them.
+void agree_on_settings(const Communicator& comm, const std::vector<Setting>& settings);
+
 // Collective: returns once every rank of `comm` has called it.
 void barrier(const Communicator& comm);
 

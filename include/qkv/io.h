@@ -78,7 +78,11 @@ class OutputFiles {
 // those signals whose disposition is still the default, it installs a handler that removes
 // them and then re-raises the signal with its default action, so the process ends as it would
 // have. Signals the program handles itself are left alone. The qkv executable calls it at
-// startup. Idempotent; thread-safe.
+// startup. Idempotent; thread-safe. A signal that arrives while OutputFiles::commit() renames
+// its outputs takes effect once the last is in place, whichever thread takes it (the handler
+// waits for the renames), so a set of outputs is all old or all new. qkv's own worker threads
+// block these ten signals, so that a signal sent to the process reaches one of the program's
+// threads.
 void install_output_cleanup_on_signals();
 
 // Writes one .npy file atomically.

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/termination_signals.h"
+
 namespace qkv::core {
 namespace {
 
@@ -27,6 +29,11 @@ int run_fresh_team(int wanted, const std::function<void(int member, Team& team)>
   std::atomic<bool> gate{false};
   std::vector<std::jthread> threads;
   threads.reserve(static_cast<std::size_t>(wanted - 1));
+  // Started with the termination signals blocked (they inherit this mask), so that a signal
+  // sent to the process goes to one of the caller's threads (termination_signals.h). The
+  // caller's own mask is restored once the threads exist.
+  std::optional<TerminationSignalsBlocked> blocked_while_starting;
+  blocked_while_starting.emplace();
   for (int member = 1; member < wanted; ++member) {
     try {
       threads.emplace_back([&, member] {
@@ -38,6 +45,7 @@ int run_fresh_team(int wanted, const std::function<void(int member, Team& team)>
       break;
     }
   }
+  blocked_while_starting.reset();
   team.emplace(static_cast<int>(threads.size()) + 1);
   gate.store(true, std::memory_order_release);
   gate.notify_all();
@@ -82,6 +90,10 @@ class Pool {
       try {
         Worker* w = worker.get();
         const int member = static_cast<int>(workers_.size()) + 1;
+        // A worker parks for the life of the process: it must never be the thread that takes
+        // a signal sent to the process (termination_signals.h), so it starts with them
+        // blocked (it inherits this mask); the caller's own mask is back at the end of scope.
+        const TerminationSignalsBlocked blocked_while_starting;
         std::thread([this, w, member] { serve(*w, member); }).detach();
       } catch (const std::system_error&) {
         g_threads_not_started.fetch_add(wanted - 1 - static_cast<std::int64_t>(workers_.size()),

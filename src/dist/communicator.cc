@@ -144,6 +144,62 @@ void agree(const Communicator& comm, const std::string& problem) {
   throw AgreedError("rank " + std::to_string(first), text);
 }
 
+namespace {
+
+// Settings as one buffer, "name\0value\0" each, for the broadcast.
+std::string serialised(const std::vector<Setting>& settings) {
+  std::string text;
+  for (const Setting& s : settings) {
+    text += s.name;
+    text += '\0';
+    text += s.value;
+    text += '\0';
+  }
+  return text;
+}
+
+std::vector<Setting> parsed(const std::string& text) {
+  std::vector<Setting> settings;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t name_end = text.find('\0', at);
+    const std::size_t value_end = text.find('\0', name_end + 1);
+    if (name_end == std::string::npos || value_end == std::string::npos) break;
+    settings.push_back({text.substr(at, name_end - at),
+                        text.substr(name_end + 1, value_end - name_end - 1)});
+    at = value_end + 1;
+  }
+  return settings;
+}
+
+// The first difference between this rank's settings and rank 0's, or "".
+std::string first_difference(const std::vector<Setting>& mine, const std::vector<Setting>& root) {
+  for (std::size_t i = 0; i < std::max(mine.size(), root.size()); ++i) {
+    if (i >= mine.size() || i >= root.size() || mine[i].name != root[i].name) {
+      return "its settings (" + std::to_string(mine.size()) + ", from another build?) differ " +
+             "from rank 0's (" + std::to_string(root.size()) + ")";
+    }
+    if (mine[i].value != root[i].value) {
+      return mine[i].name + " differs from rank 0's: " + mine[i].value + " here, " +
+             root[i].value + " on rank 0";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+void agree_on_settings(const Communicator& comm, const std::vector<Setting>& settings) {
+  const MPI_Comm c = mpi_comm(comm);
+  std::string text = serialised(settings);
+  int length = mpi_count(static_cast<std::int64_t>(text.size()), "the settings");
+  bounded_bcast(&length, 1, MPI_INT, 0, c, "rank 0's settings");
+  std::string root(static_cast<std::size_t>(length), '\0');
+  if (comm.rank() == 0) root = text;
+  bounded_bcast(root.data(), length, MPI_CHAR, 0, c, "rank 0's settings");
+  agree(comm, first_difference(settings, parsed(root)));
+}
+
 void barrier(const Communicator& comm) {
   const MPI_Comm c = mpi_comm(comm);
   MPI_Request request = MPI_REQUEST_NULL;

@@ -20,6 +20,7 @@ int Communicator::rank() const { return 0; }
 int Communicator::size() const { return 1; }
 
 void agree(const Communicator&, const std::string&) { no_mpi(); }
+void agree_on_settings(const Communicator&, const std::vector<Setting>&) { no_mpi(); }
 void barrier(const Communicator&) { no_mpi(); }
 
 RingResult ring_attention(const TensorView&, const TensorView&, const TensorView&,

@@ -383,6 +383,8 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
     problem = problem_of(e);
   }
   agree(comm, problem);
+  // Before any collective that depends on the options (the mask's agreement below).
+  agree_on_settings(comm, detail::ring_settings(options, call.params, plan.layout, true));
 
   const std::array<std::int64_t, 2> rows =
       detail::agree_on_shapes(q, k, v, call.params, comm, plan.layout);

@@ -441,6 +441,8 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
   }
   agree(comm, problem);
   core::BackwardParams& base = call.params;
+  // Before any collective that depends on the options (the mask's agreement below).
+  agree_on_settings(comm, detail::ring_settings(options, base.forward, plan.layout, false));
   const std::array<std::int64_t, 2> rows =
       detail::agree_on_shapes(q, k, v, base.forward, comm, plan.layout);
   plan.nq = rows[0];

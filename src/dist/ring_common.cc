@@ -4,7 +4,10 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 #include <cstring>
+#include <system_error>
 #include <tuple>
 
 #include "core/mask_rule.h"
@@ -87,6 +90,70 @@ std::array<std::int64_t, 2> agree_on_shapes(const TensorView& q, const TensorVie
   }
   agree(comm, problem);
   return total;
+}
+
+namespace {
+
+// The shortest decimal that reads back as `x`: equal text, equal bits.
+std::string number(double x) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, x);
+  return error == std::errc() ? std::string(text, end) : "?";
+}
+
+// A few values in full; more (the slopes or sinks of many heads) as their count and a hash of
+// their bits, enough to tell two ranks' apart.
+std::string numbers(const std::vector<double>& values) {
+  if (values.empty()) return "none";
+  if (values.size() > 8) {
+    std::uint64_t hash = 14695981039346656037ull;  // FNV-1a
+    for (const double v : values) {
+      std::uint64_t bits = 0;
+      std::memcpy(&bits, &v, sizeof bits);
+      for (int byte = 0; byte < 8; ++byte) {
+        hash = (hash ^ ((bits >> (8 * byte)) & 0xff)) * 1099511628211ull;
+      }
+    }
+    char text[64];
+    std::snprintf(text, sizeof text, "%zu values hashing to %016llx", values.size(),
+                  static_cast<unsigned long long>(hash));
+    return text;
+  }
+  std::string text = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + number(values[i]);
+  return text + "]";
+}
+
+}  // namespace
+
+std::vector<Setting> ring_settings(const AttentionOptions& options, const core::AttentionParams& p,
+                                   RowLayout layout, bool forward) {
+  const core::Masking& m = p.masking;
+  std::string mask = "none";
+  if (options.mask) {
+    const Shape& shape = options.mask->shape;
+    std::string dims = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      const bool rows = i + 2 == shape.size();
+      dims += (i ? ", " : "") + (rows ? std::string("rows") : std::to_string(shape[i]));
+    }
+    mask = std::string(dtype_name(options.mask->dtype)) + " " + dims + "]";
+  }
+  std::vector<Setting> settings = {
+      {"causal", m.causal ? "true" : "false"},
+      {"window", "(" + std::to_string(m.window_left) + ", " + std::to_string(m.window_right) + ")"},
+      {"scale", number(p.scale)},
+      {"softcap", p.modifiers.softcap > 0 ? number(p.modifiers.softcap) : "none"},
+      {"alibi_slopes", numbers(p.modifiers.alibi_slopes)},
+      {"sinks", numbers(p.modifiers.sinks)},
+      {"mask", mask},
+      {"dtype", dtype_name(p.compute)},
+      {"out_dtype", dtype_name(options.out_dtype)},
+      {"kernel", options.kernel.empty() ? "(the fastest)" : options.kernel},
+      {"layout", layout_name(layout)},
+  };
+  if (forward) settings.push_back({"return_lse", options.return_lse ? "true" : "false"});
+  return settings;
 }
 
 bool visible(const core::Masking& m, std::int64_t nq, std::int64_t nk, const RowRange& q,

@@ -43,6 +43,13 @@ std::array<std::int64_t, 2> agree_on_shapes(const TensorView& q, const TensorVie
                                             const TensorView& v, const core::AttentionParams& p,
                                             const Communicator& comm, RowLayout layout);
 
+// The options every rank must call the ring with alike (agree_on_settings), named as
+// AttentionOptions' fields: each that changes what is computed or returned, as validated into
+// `p` (the scale and ALiBi slopes resolved), the mask's dtype and shape but for its query-row
+// axis (each rank holds its own rows), and the row layout. `forward`: return_lse too.
+std::vector<Setting> ring_settings(const AttentionOptions& options, const core::AttentionParams& p,
+                                   RowLayout layout, bool forward);
+
 // A float64 copy of Q, K or V for a call whose float32 kernels decline its range (scores or
 // gradient sums beyond float32's): rounded to float32 first, as the float32 call would have
 // read it, so that only the arithmetic widens. The ring then runs that call in float64 on

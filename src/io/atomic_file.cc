@@ -36,8 +36,12 @@
 // names carry the process id and a random suffix and are created with O_EXCL, so a path entered
 // just before its file is created can name nothing but ours, and a leftover of a killed run
 // (SIGKILL cannot be handled) is never reused. Commits run with those signals blocked, so a
-// signal arriving during a commit takes effect after every output is in place (or rolled back).
+// signal arriving during a commit takes effect after every output is in place (or rolled back);
+// qkv's own worker threads block them for good (core/termination_signals.h), and a handler that
+// runs on any other thread waits for a commit's renames to finish before it cleans up (the
+// handshake below), so a set of outputs is all old or all new whichever thread takes the signal.
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -50,11 +54,13 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <system_error>
 #include <utility>
 
+#include "core/termination_signals.h"
 #include "io/input_file.h"
 #include "io/output_paths.h"
 #include "qkv/error.h"
@@ -78,12 +84,8 @@ namespace {
 
 constexpr std::size_t kTempSlots = 64;
 constexpr std::size_t kTempPathBytes = 4096;
-// Every signal whose default action ends the process and that a run may meet: the terminal's
-// (INT, QUIT, HUP), a supervisor's (TERM, USR1, USR2, ALRM), the shell's limits (XFSZ, XCPU) and
-// a closed pipe (PIPE). Not SIGKILL and SIGSTOP, which cannot be caught, nor the signals of a
-// fault (SEGV, BUS, ...), whose handler must not touch a state that may be corrupt.
-constexpr std::array<int, 10> kCleanupSignals = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGXFSZ,
-                                                 SIGXCPU, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM};
+// The signals handled (core/termination_signals.h).
+constexpr const auto& kCleanupSignals = core::kTerminationSignals;
 
 enum SlotState : int { kSlotFree = 0, kSlotWriting = 1, kSlotReady = 2 };
 
@@ -96,8 +98,26 @@ static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs l
 
 TempSlot g_temp_slots[kTempSlots];
 
+// A commit's renames and a handler's cleanup exclude each other, whichever threads run them.
+// The committing thread blocks the signals, but another thread may take one (a thread of the
+// application's, or a BLAS library's, that does not block them): its handler must then neither
+// unlink the temporary files the commit is about to rename nor end the process between two
+// renames. The handshake (sequentially consistent, so that one side always sees the other):
+// the handler raises g_process_ending and then waits while g_commits_renaming is not zero; a
+// commit counts itself in g_commits_renaming and then, seeing g_process_ending, backs out before
+// its first rename. So a signal ends the process with each set of outputs all old (temporary
+// files removed by the handler) or all new (renamed, backups removed by the commit).
+std::atomic<bool> g_process_ending{false};
+std::atomic<int> g_commits_renaming{0};
+
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs lock-free atomics");
+
 extern "C" void remove_temp_files_and_reraise(int signal_number) {
   const int saved_errno = errno;
+  g_process_ending.store(true);
+  // A commit is a few renames: milliseconds at most. poll() is async-signal-safe, and this
+  // thread is never the committing one (the commit blocks these signals).
+  while (g_commits_renaming.load() != 0) ::poll(nullptr, 0, 1);
   for (TempSlot& slot : g_temp_slots) {
     if (slot.state.load(std::memory_order_acquire) == kSlotReady) ::unlink(slot.path);
   }
@@ -107,9 +127,20 @@ extern "C" void remove_temp_files_and_reraise(int signal_number) {
   errno = saved_errno;
 }
 
+// A forked child starts with none of its parent's temporary files and no commit: its handler
+// must not unlink the files its parent is still writing and renaming (before, a child that
+// died of a signal made its parent's commit fail with ENOENT), nor wait for a commit that was
+// renaming on another thread of the parent (it would wait for ever).
+void forget_parent_outputs_in_child() {
+  for (TempSlot& slot : g_temp_slots) slot.state.store(kSlotFree);
+  g_commits_renaming.store(0);
+  g_process_ending.store(false);
+}
+
 void install_cleanup_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
+    ::pthread_atfork(nullptr, nullptr, forget_parent_outputs_in_child);
     for (const int signal_number : kCleanupSignals) {
       struct sigaction current {};
       if (::sigaction(signal_number, nullptr, &current) != 0) continue;
@@ -143,24 +174,22 @@ void unregister_temp(int slot) {
   if (slot >= 0) g_temp_slots[static_cast<std::size_t>(slot)].state.store(kSlotFree);
 }
 
-// Blocks the cleanup signals on this thread for its lifetime.
-class SignalsBlocked {
+// The commit's side of the handshake above: counted among the commits renaming for its
+// lifetime, or, when a handler has begun ending the process, an Error before any rename (the
+// process dies of the signal as soon as the handler re-raises it). Only on a thread that blocks
+// the cleanup signals, so that the handler never waits for the thread it runs on.
+class RenamesInProgress {
  public:
-  SignalsBlocked() {
-    sigset_t set;
-    sigemptyset(&set);
-    for (const int signal_number : kCleanupSignals) sigaddset(&set, signal_number);
-    blocked_ = ::pthread_sigmask(SIG_BLOCK, &set, &previous_) == 0;
+  explicit RenamesInProgress(const std::string& subject) {
+    g_commits_renaming.fetch_add(1);
+    if (g_process_ending.load()) {
+      g_commits_renaming.fetch_sub(1);
+      throw Error(subject, "not moved into place: the process is ending on a signal");
+    }
   }
-  ~SignalsBlocked() {
-    if (blocked_) ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  SignalsBlocked(const SignalsBlocked&) = delete;
-  SignalsBlocked& operator=(const SignalsBlocked&) = delete;
-
- private:
-  sigset_t previous_{};
-  bool blocked_ = false;
+  ~RenamesInProgress() { g_commits_renaming.fetch_sub(1); }
+  RenamesInProgress(const RenamesInProgress&) = delete;
+  RenamesInProgress& operator=(const RenamesInProgress&) = delete;
 };
 
 }  // namespace
@@ -352,7 +381,13 @@ void OutputFiles::commit() {
   }
   {
     const FolderLocks locks(targets);
-    const SignalsBlocked blocked;
+    const core::TerminationSignalsBlocked blocked;
+    // Where the mask could not be set (it always can), the handler might run on this very
+    // thread: then no handshake, which would wait for itself.
+    std::optional<RenamesInProgress> renaming;
+    if (blocked.blocked() && !pending.empty()) {
+      renaming.emplace(pending.front()->destination.string());
+    }
     // With one output there is nothing to roll back: a failed rename leaves it as it was.
     std::vector<std::filesystem::path> backups(pending.size());
     if (pending.size() > 1) {

@@ -349,11 +349,18 @@ def layer(qkv, launcher, rng):
                                                         "_again.npy"))):
             os.remove(name)
     tail = weights + ["--causal", "--out", "fault_out.npy"]
-    script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then x=x_wide.npy; else x=x.npy; fi; '
-              'exec "$0" layer --ring --x "$x" "$@"')
-    r = run(launcher + ["-np", "3", "sh", "-c", script, qkv] + tail)
-    problems += one_line_failure(r, "layer: a projection failing on rank 1 of 3",
-                                 "rank 1: wq.npy", 1)
+    # An X of another width on rank 1: refused when the ranks compare their files' shapes
+    # (ring_agreement_test.py has the other disagreements). An X of the same shape holding NaN
+    # on rank 1: its layer fails there alone, after the ranks agreed, before its ring.
+    x_nan = np.load("x.npy")
+    x_nan[:] = np.nan
+    np.save("x_nan.npy", x_nan)
+    for other, what, expect in (("x_wide.npy", "an X of another width", "rank 1: --x differs"),
+                                ("x_nan.npy", "a projection failing", "rank 1: x_nan.npy")):
+        script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then x=%s; else x=x.npy; fi; '
+                  'exec "$0" layer --ring --x "$x" "$@"' % other)
+        r = run(launcher + ["-np", "3", "sh", "-c", script, qkv] + tail)
+        problems += one_line_failure(r, "layer: %s on rank 1 of 3" % what, expect, 1)
     fault_grads = layer_grad_flags("fault", "dy_narrow.npy")
     r = run(launcher + ["-np", "3", qkv, "layer", "--ring", "--x", "x.npy"] + fault_grads + tail)
     problems += one_line_failure(r, "layer: DY of the wrong shape", "dy_narrow.npy", 1)

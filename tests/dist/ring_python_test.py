@@ -3,9 +3,9 @@
 Every rank slices its rows of the same inputs, calls qkv.ring_attention over COMM_WORLD, then
 qkv.ring_attention_backward on what it returned, and rank 0 gathers the rows and compares them
 with qkv.attention and qkv.attention_backward on the whole sequence by the oracle's rule
-(2e-5 · max(1, max|whole|)); then an error on one rank must raise the same qkv.Error on every
-rank, for each; and, when torch imports, torch tensors in give torch tensors out, bit for bit
-what NumPy in gives."""
+(2e-5 · max(1, max|whole|)); then an error on one rank, and an option that differs on one rank,
+must raise the same qkv.Error on every rank, for each; and, when torch imports, torch tensors in
+give torch tensors out, bit for bit what NumPy in gives."""
 import sys
 
 sys.path.insert(0, sys.argv[1])
@@ -93,6 +93,26 @@ except qkv.Error as e:
     if "rank 0" not in str(e) or "grad_out" not in str(e):
         print("FAIL rank", me, "backward error", e)
         failed = True
+
+# Options that differ between ranks (issue 37, item 3): the ring agrees on them before it
+# computes, so every rank raises the same error naming the last rank and the option (before,
+# is_causal on one rank gave a wrong answer and no error).
+qs, ks, vs = (mine(t) for t in (q, k, v))
+for name, kwargs in (("causal", {"is_causal": me == P - 1}),
+                     ("softcap", {"softcap": 5.0 if me == P - 1 else 4.0}),
+                     ("sinks", {"sinks": sinks + (me == P - 1)})):
+    for entry in ("forward", "backward"):
+        try:
+            if entry == "forward":
+                qkv.ring_attention(qs, ks, vs, **kwargs)
+            else:
+                qkv.ring_attention_backward(qs, ks, vs, res.out, res.lse, mine(do), **kwargs)
+            print("FAIL rank", me, entry, name, "differs: no error")
+            failed = True
+        except qkv.Error as e:
+            if ("rank %d: %s differs from rank 0's" % (P - 1, name)) not in str(e):
+                print("FAIL rank", me, entry, name, "differs: error", e)
+                failed = True
 
 # Torch in, torch out: the same calls on torch tensors hand back torch tensors holding the same
 # bits as the NumPy calls' arrays.

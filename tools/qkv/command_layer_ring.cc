@@ -190,7 +190,9 @@ void run_layer_ring(const LayerCommand& command, const dist::Communicator& comm,
   DType out_dtype = DType::kF32;
   dist::RowLayout layout = dist::RowLayout::kContiguous;
   std::int64_t n = 0;
+  std::vector<dist::Setting> settings;
   try {
+    settings = layer_ring_settings(command);
     check_gradient_flags(command);
     check_weight_flags(command.weights);
     tensors = load_attention_tensors(command.flags);
@@ -223,6 +225,8 @@ void run_layer_ring(const LayerCommand& command, const dist::Communicator& comm,
     problem = e.what();
   }
   dist::agree(comm, problem);
+  // Before any collective that depends on the flags (the ring's, the gathers, the sums).
+  dist::agree_on_settings(comm, settings);
 
   bool attended = false;
   dist::RingResult ring;

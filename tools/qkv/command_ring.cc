@@ -225,7 +225,9 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
   AttentionTensors tensors;
   AttentionOptions options;
   dist::RowLayout layout = dist::RowLayout::kContiguous;
+  std::vector<dist::Setting> settings;
   try {
+    settings = attention_ring_settings(command);
     if (!ring_backward_kernel(wanted.backward_kernel)) {
       throw Error("--backward-kernel",
                   "the ring's backward runs fused_hwy, unfused_blas or "
@@ -257,6 +259,8 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
     problem = e.what();
   }
   dist::agree(comm, problem);
+  // Before any collective that depends on the flags (the backward, the gathers).
+  dist::agree_on_settings(comm, settings);
 
   const auto start = std::chrono::steady_clock::now();
   const dist::RingResult result = within_memory_budget("attention --ring", [&] {

@@ -55,6 +55,14 @@ std::int64_t widest_rank_rows(std::int64_t n, int ranks, dist::RowLayout layout)
 // the memory budget is BUDGET") when bytes >= budget.
 void refuse_over_budget(std::uint64_t bytes, std::uint64_t budget, const std::string& counted);
 
+// The settings every rank of a --ring job must share (dist::agree_on_settings), compared
+// before any rank computes: each input file's shape and dtype as its header gives them (paths
+// may differ: node-local files), each flag that changes the computation or the outputs, and
+// whether each optional output or input was given. ring_settings.cc.
+std::vector<dist::Setting> attention_ring_settings(const RingCommand& command);
+struct LayerCommand;
+std::vector<dist::Setting> layer_ring_settings(const LayerCommand& command);
+
 // One -v line on stderr: "WHAT: rank R/P: ..." with the ring's times.
 void print_ring_times(const char* what, const dist::RingTimes& times, const std::string& kernel,
                       int threads, int rank, int ranks, std::int64_t rows, double seconds);
