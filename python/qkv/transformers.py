@@ -37,7 +37,7 @@ __all__ = ["attention_forward", "attention_mask", "NAME"]
 
 NAME = "qkv"
 _FLOAT_DTYPES = (torch.float32, torch.float64)
-_HALF_DTYPES = (torch.bfloat16, torch.float16)
+_16BIT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _closure(function):
@@ -111,7 +111,7 @@ def _refuse(module, query, dropout, kwargs):
     if query.device.type != "cpu":
         raise _qkv.Error(f"device: the model is on {query.device}; qkv computes on the CPU "
                          f"(model.to(\"cpu\"))")
-    if query.dtype not in _FLOAT_DTYPES + _HALF_DTYPES:
+    if query.dtype not in _FLOAT_DTYPES + _16BIT_DTYPES:
         raise _qkv.Error(f"dtype: the model computes in {query.dtype}; qkv takes float32, "
                          f"float64, bfloat16 and float16")
 
@@ -142,14 +142,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     wants_grad = torch.is_grad_enabled() and (
         query.requires_grad or key.requires_grad or value.requires_grad
         or (s_aux is not None and s_aux.requires_grad))
-    half = query.dtype in _HALF_DTYPES
+    sixteen_bit = query.dtype in _16BIT_DTYPES
     options = {"attn_mask": mask, "is_causal": causal, "scale": scaling, "window": window,
                "softcap": softcap}
     if wants_grad:
         # The backward takes float32 or float64: 16-bit storage is read and differentiated in
         # float32 and the output cast back.
         out = _attention_with_grad(query, key, value, sinks=s_aux,
-                                   dtype="float32" if half else None, **options)
+                                   dtype="float32" if sixteen_bit else None, **options)
     else:
         out = torch.from_numpy(_attention(query, key, value, sinks=s_aux, **options))
     if out.dtype != query.dtype:
