@@ -142,16 +142,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     wants_grad = torch.is_grad_enabled() and (
         query.requires_grad or key.requires_grad or value.requires_grad
         or (s_aux is not None and s_aux.requires_grad))
-    sixteen_bit = query.dtype in _16BIT_DTYPES
-    options = {"attn_mask": mask, "is_causal": causal, "scale": scaling, "window": window,
-               "softcap": softcap}
-    if wants_grad:
-        # The backward takes float32 or float64: 16-bit storage is read and differentiated in
-        # float32 and the output cast back.
-        out = _attention_with_grad(query, key, value, sinks=s_aux,
-                                   dtype="float32" if sixteen_bit else None, **options)
-    else:
-        out = torch.from_numpy(_attention(query, key, value, sinks=s_aux, **options))
+    options = {"sinks": s_aux, "attn_mask": mask, "is_causal": causal, "scale": scaling,
+               "window": window, "softcap": softcap}
+    # qkv.torch.attention differentiates 16-bit inputs in float32 and rounds the output back;
+    # without gradients the plain call skips the autograd bookkeeping and the lse.
+    out = (_attention_with_grad if wants_grad else _attention)(query, key, value, **options)
     if out.dtype != query.dtype:
         out = out.to(query.dtype)
     # The model reshapes this to [B, Nq, H·Dv]: one copy here, as sdpa's, and a view there.
