@@ -377,12 +377,16 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
   const std::int64_t chunk = all_at_once ? heads : 1;
   const std::int64_t chunks = heads / chunk;
   decltype(Tiles::make(0)) slots[2];
+  // Packing writes every element of the K^T tiles (the short last one zero-filled first);
+  // a packed V leaves its padding columns and rows unwritten (unless Tiles::kWritesPadding),
+  // and they must read as zeros. A V without padding (dv a whole number of vectors, nk a whole
+  // number of key tiles) is written whole: no zeroing. Zeroing the K^T alone was 2 % of a
+  // causal n = 512, d = 128, H = 8 call (perf); zeroing K^T and a strided V (transformers'
+  // heads, B 32, N 128, H 12, d 32: 12 MB) was a memset of every call.
+  const bool v_has_padding = dvp != sh.dv || sh.nk % fused::kKeyTile != 0;
+  const bool zeroed = !v_in_place && !Tiles::kWritesPadding && v_has_padding;
   for (std::int64_t slot = 0; slot < std::min<std::int64_t>(2, chunks); ++slot) {
-    // Packing writes every element of the K^T tiles (the short last one zero-filled first);
-    // a packed V leaves its padding columns and rows unwritten (unless Tiles::kWritesPadding),
-    // and they must read as zeros.
-    // Zeroing the K^T alone was 2 % of a causal n = 512, d = 128, H = 8 call (perf).
-    slots[slot] = Tiles::make(chunk * head_elements, !v_in_place && !Tiles::kWritesPadding);
+    slots[slot] = Tiles::make(chunk * head_elements, zeroed);
     if (!slots[slot]) return core::KernelStatus::kOutOfMemory;
   }
   // Task order. Without causal/window every task costs the same: head by head, so that a kv

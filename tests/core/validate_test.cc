@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "core/half.h"
 #include "qkv/error.h"
@@ -81,6 +83,44 @@ TEST(ValidateSixteenBit, MagnitudeBounds) {
   }
   b.data_as<std::uint16_t>()[200] = 0x7f7f;  // bfloat16's largest finite value
   EXPECT_EQ(core::require_finite({&bv}, 1)[0], static_cast<double>(core::bf16_to_float(0x7f7f)));
+}
+
+TEST(Validate, ScansInMemoryOrderAndNamesInCOrder) {
+  // transformers' heads: [B, H, N, D] views of a contiguous [B, N, H, D] (B 2, N 4, H 3, D 8),
+  // a view broadcast over a stride-0 dimension, and a fully transposed one: each is scanned in
+  // memory order (a clean view gets the scan's 2^32 bound, not a walk's exact maximum, for any
+  // thread count), and a bad element is still named by the view's own C-order index.
+  Tensor t = testing::random_tensor(DType::kF32, {2, 4, 3, 8}, 4);
+  const TensorView heads{t.data(), DType::kF32, {2, 3, 4, 8}, {96, 8, 24, 1}, "q"};
+  const TensorView repeated{t.data(), DType::kF32, {2, 5, 96}, {96, 0, 1}, "k"};
+  const TensorView transposed{t.data(), DType::kF32, {8, 3, 4, 2}, {1, 8, 24, 96}, "v"};
+  for (const int threads : {1, 3}) {
+    EXPECT_EQ(core::require_finite({&heads, &repeated, &transposed}, threads),
+              (std::vector<double>(3, 4294967296.0)));
+  }
+  // Element [1, 2, 3, 5] of `heads` is stored at 96 + 2·8 + 3·24 + 5 = 189.
+  t.data_as<float>()[189] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(message_of(heads), "holds NaN at [1, 2, 3, 5] (inputs must be finite)");
+  EXPECT_EQ(message_of(repeated), "holds NaN at [1, 0, 93] (inputs must be finite)");
+  EXPECT_EQ(message_of(transposed), "holds NaN at [5, 2, 3, 1] (inputs must be finite)");
+}
+
+TEST(Validate, ALongContiguousRunIsSharedBetweenThreads) {
+  // A transposed [3, 2^18]: one run of 3 · 2^18 floats in memory order, cut into rows of 6144
+  // that up to 3 threads share (2^18 elements each at least); the infinity stored last is found
+  // by whichever thread reads it and named in the view's index.
+  constexpr std::int64_t kLength = std::int64_t{1} << 18;
+  Tensor t = testing::random_tensor(DType::kF32, {3, kLength}, 5);
+  const TensorView columns{t.data(), DType::kF32, {kLength, 3}, {1, kLength}, "x"};
+  t.data_as<float>()[3 * kLength - 1] = std::numeric_limits<float>::infinity();
+  for (const int threads : {1, 2, 4}) {
+    try {
+      core::require_finite({&columns}, threads);
+      ADD_FAILURE() << "the infinity was not found with " << threads << " threads";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.problem(), "holds an infinity at [262143, 2] (inputs must be finite)");
+    }
+  }
 }
 
 }  // namespace
