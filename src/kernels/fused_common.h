@@ -57,8 +57,22 @@ inline std::int64_t round_up(std::int64_t n, std::int64_t m) noexcept {
 
 // A 64-byte aligned buffer of E (float, or double for the float64 path), zeroed unless the
 // caller writes every element it reads.
+// Huge buffers (kHugeBytes and more, below) go back to a cache of one (huge_buffer_cache.cc)
+// instead of the system, so that the next call of the same shape packs into pages already
+// mapped: `huge_bytes` is their size, 0 for every other buffer.
+// take_huge_buffer returns a 2 MiB aligned block of at least `bytes` (a cached one, or a new
+// one asked to be backed by transparent huge pages) and sets `bytes` to its size.
+void* take_huge_buffer(std::size_t& bytes) noexcept;
+void give_back_huge_buffer(void* p, std::size_t bytes) noexcept;
 struct FreeDeleter {
-  void operator()(void* p) const noexcept { std::free(p); }
+  std::size_t huge_bytes = 0;
+  void operator()(void* p) const noexcept {
+    if (huge_bytes != 0) {
+      give_back_huge_buffer(p, huge_bytes);
+    } else {
+      std::free(p);
+    }
+  }
 };
 template <class E>
 using BufferOf = std::unique_ptr<E[], FreeDeleter>;
@@ -76,11 +90,15 @@ inline BufferOf<E> make_buffer(std::int64_t count, bool zeroed = true) noexcept 
   std::size_t bytes =
       static_cast<std::size_t>(round_up(std::max<std::int64_t>(count, 1) * kSize, 64));
   const bool huge = bytes >= kHugeBytes;
-  if (huge) bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  auto* p = static_cast<E*>(std::aligned_alloc(huge ? kHugePage : 64, bytes));
-  if (p != nullptr && huge) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: errors are harmless
+  if (!huge) {
+    auto* p = static_cast<E*>(std::aligned_alloc(64, bytes));
+    if (p != nullptr && zeroed) std::memset(p, 0, bytes);
+    return BufferOf<E>(p);
+  }
+  bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  auto* p = static_cast<E*>(take_huge_buffer(bytes));
   if (p != nullptr && zeroed) std::memset(p, 0, bytes);
-  return BufferOf<E>(p);
+  return BufferOf<E>(p, FreeDeleter{bytes});
 }
 
 // Tasks are (batch, kv head, query tile); a query tile holds bq rows of each of the g query
