@@ -42,6 +42,10 @@ constexpr std::int64_t kTaskRows = 256;
 // Packed K^T and V of every (batch, kv head) at once when they fit in this many floats
 // (32 MiB), else of one head at a time in two alternating slots.
 constexpr std::int64_t kPackBudgetFloats = std::int64_t{8} << 20;
+// A (batch, kv head) whose packed K^T and V fit in this many bytes is packed by the worker that
+// computes it, into its own slot, when there are at least 4 heads per worker: the tiles then
+// stay in that core's L2 (1 MiB on Zen 4, 2 MiB on recent Xeons) beside the task's Q and o.
+constexpr std::int64_t kPrivatePackBytes = std::int64_t{256} << 10;
 // The widest vector of floats of any compiled target (AVX-512), for workspace bounds.
 constexpr std::int64_t kMaxLanes = 16;
 

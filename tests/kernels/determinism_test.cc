@@ -21,6 +21,8 @@ TEST_P(Determinism, BitwiseIdenticalForThreads1238) {
     GTEST_SKIP() << kernel << " is not compiled in this build";
   }
   for (bool causal : {false, true}) {
+    // 4 (batch, kv head) pairs: one thread packs each head into its own slot (4 heads per
+    // worker), 2, 3 and 8 threads share the packing: the two paths must give the same bits.
     KernelCase c;
     c.b = 2;
     c.h = 4;
