@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The docs tests can fail: run_snippets.py on a page with a failing block must exit 1 and name
 that block's line (and the marker without a reason), while running the blocks before it, saved
-files included; check_words.py on the same page must find its three banned words."""
+files included; check_words.py on the same page must find its three banned words, and
+check_links.py its two broken links (and not its good one)."""
 
 import pathlib
 import subprocess
@@ -32,4 +33,11 @@ print(words.stdout)
 assert words.returncode == 1, "check_words.py passed a page with banned words"
 for word in ("'issue 24'", "'session'", "'the seed'"):
     assert word in words.stdout, f"check_words.py missed {word}"
-print("the runner and the word check catch what they must")
+links = subprocess.run([sys.executable, str(here / "check_links.py"), str(page)],
+                       capture_output=True, text=True)
+print(links.stdout)
+assert links.returncode == 1, "check_links.py passed a page with broken links"
+assert "#no-such-heading: no heading or id 'no-such-heading'" in links.stdout
+assert "no-such-file.md: no such file" in links.stdout
+assert "2 broken links" in links.stdout, "a good link was reported broken"
+print("the runner, the word check and the link check catch what they must")
