@@ -213,9 +213,10 @@ qkv_status qkv_multi_head_attention(const qkv_tensor* x, const qkv_layer_weights
 
 /* The gradients of sum(out ∘ grad_out) for out = qkv_multi_head_attention(x, weights, options,
  * memory): grad_out has out's shape. The chain rule through the output projection, each head's
- * attention backward (every option of the forward honoured; options.attention->kernel names a
- * backward kernel, as for qkv_attention_backward) and the input projections. The forward runs
- * again inside the call (the C API keeps no state between calls). The result's parts are
+ * attention backward (every option of the forward honoured) and the input projections. The
+ * forward runs again inside the call (the C API keeps no state between calls), so
+ * options.attention->kernel, when set, names a kernel of both lists ("fused_hwy",
+ * "unfused_blas", "fused_scalar", "reference"), for that forward and the backward. The result's parts are
  * QKV_RESULT_DX (x's shape), _DMEMORY (with a memory), _DWQ, _DWK, _DWV, and _DWO, _DBQ, _DBK,
  * _DBV, _DBO where that weight was given (each its weight's shape), _DSINKS ([H], with sinks);
  * float32, or float64 when the layer computes in float64; bitwise the same for any thread

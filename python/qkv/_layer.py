@@ -24,7 +24,8 @@ class LayerState:
     """What MultiHeadAttention.__call__(..., return_state=True) keeps for the layer's backward:
     the forward's projections, heads and lse (so that the backward computes none of them
     again), the inputs x and memory and the call's options. Pass it to the same layer's
-    backward, any number of times; it holds its own copy of what the forward computed."""
+    backward, any number of times; it holds its own copy of what the forward computed, but x,
+    memory and the weights as given (no copies): change them and the state no longer matches."""
 
     __slots__ = ("_layer", "_x", "_memory", "_options", "_state", "_torch_out", "_shape")
 
