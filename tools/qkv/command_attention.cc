@@ -46,7 +46,6 @@ void add_gradients(const AttentionCommand& command, const Tensor& q, const Tenso
   const GradientFlags& flags = command.gradients;
   const Tensor grad_out = read_input(flags.grad_out);
   options.kernel = flags.backward_kernel;
-  options.progress = nullptr;
   // What the forward allocated is no longer the backward's to spend.
   if (options.max_memory > 0) {
     const std::uint64_t held =
@@ -77,8 +76,12 @@ void add_gradients(const AttentionCommand& command, const Tensor& q, const Tenso
     }
     std::fputs(lines.c_str(), stderr);
   }
+  // The backward's own line: it counts key rows (the kernels' tasks own dK and dV rows).
+  ProgressLine progress(!command.report.quiet, "qkv attention, backward", "key row");
+  options.progress = progress.callback();
   try {
     gradients = within_memory_budget("attention backward", backward);
+    progress.erase();
   } catch (const Error& e) {
     // options.kernel is --backward-kernel here, not --kernel.
     if (e.subject().rfind("kernel", 0) == 0) throw Error("--backward-kernel", e.problem());

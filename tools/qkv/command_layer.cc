@@ -154,11 +154,14 @@ void run_layer(const LayerCommand& command) {
   std::vector<Tensor> transposed;
   if (gradients) {
     const Tensor grad_out = read_input(command.gradients.grad_out);
-    options.attention.progress = nullptr;
+    ProgressLine backward_progress(!command.report.quiet, "qkv layer, backward", "key row");
+    options.attention.progress = backward_progress.callback();
     grads = within_memory_budget("the layer's backward", [&] {
       return multi_head_attention_backward(x->view(), weights, options, grad_out.view(),
                                            view_of(memory), &state);
     });
+    backward_progress.erase();
+    options.attention.progress = nullptr;
     add_gradients(command, grads, transposed, outputs);
   }
   write_outputs(outputs, out_dtype);
