@@ -106,10 +106,9 @@ py::tuple multi_head_attention_backward(const py::handle& x_in, const py::handle
     g = qkv::multi_head_attention_backward(call.x, call.weights, call.options, grad_out,
                                            call.memory, state);
   }
-  const auto array = [](Tensor& t) {
-    return t.empty() ? py::object(py::none()) : py::object(to_numpy(std::move(t)));
-  };
-  // dx and dmemory are empty only when absent or of no elements; the latter keep their shape.
+  // What the layer has comes back, of no elements when its input has none; the rest is None.
+  py::object dsinks = call.options.attention.sinks ? py::object(to_numpy(std::move(g.dsinks)))
+                                                   : py::object(py::none());
   py::object dx = to_numpy(std::move(g.dx));
   py::object dmemory = call.memory ? py::object(to_numpy(std::move(g.dmemory))) : py::none();
   py::object dwo = call.weights.wo ? py::object(to_numpy(std::move(g.dwo))) : py::none();
@@ -119,7 +118,7 @@ py::tuple multi_head_attention_backward(const py::handle& x_in, const py::handle
   return py::make_tuple(dx, dmemory, to_numpy(std::move(g.dwq)), to_numpy(std::move(g.dwk)),
                         to_numpy(std::move(g.dwv)), dwo, bias(call.weights.bq, g.dbq),
                         bias(call.weights.bk, g.dbk), bias(call.weights.bv, g.dbv),
-                        bias(call.weights.bo, g.dbo), array(g.dsinks), g.kernel);
+                        bias(call.weights.bo, g.dbo), dsinks, g.kernel);
 }
 
 }  // namespace
