@@ -241,6 +241,7 @@ void register_attention_command(CLI::App& app) {
       "Outputs are always written as .npy (no .npz).\n"
       "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in float32 (float64 for\n"
       "float64 inputs) and written in --out-dtype; a bf16 or f16 --dtype is refused with them.\n"
+      "On a terminal the backward draws its own progress line, in key rows.\n"
       "Across processes: mpirun -np P qkv attention --ring --q q.npy --k k.npy --v v.npy\n"
       "--causal --out o.npy splits the sequence over P ranks (zig-zag under --causal or\n"
       "--window, else contiguous blocks) and passes K/V around a ring; -v prints each rank's\n"
