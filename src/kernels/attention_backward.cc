@@ -85,7 +85,7 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
     bp.dsinks = dsinks.data();
   }
   const kernels::BackwardKernel& kernel = choose_backward_kernel(bp, options.kernel);
-  kernels::single_threaded_blas();
+  const kernels::SingleThreadedBlas one_blas_thread;
   core::KernelStatus status = core::KernelStatus::kOk;
   if (call.forward.cu_q.empty()) {
     status = kernel.run(bp);
