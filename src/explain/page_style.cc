@@ -37,7 +37,10 @@ th { font-weight: 600; color: #44506a; }
 td.label, th.label { text-align: left; }
 th.group { text-align: center; border-bottom: 2px solid #c9d2e3; }
 #summary th { vertical-align: bottom; }  /* one word each: one line from 360 px up */
-@media (max-width: 420px) { #summary th, #summary td { padding: 2px 5px; } }
+@media (max-width: 420px) {
+  #summary { font-size: 12px; }
+  #summary th, #summary td { padding: 2px 3px; }
+}
 #summary tr.head-row { cursor: pointer; }
 #summary tr.selected { background: #e7efff; }
 #heatmap { position: relative; min-height: 80px; max-width: 100%; overflow-x: auto; outline: none; }
