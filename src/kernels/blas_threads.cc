@@ -16,8 +16,10 @@ extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
 extern "C" int openblas_get_num_threads(void) __attribute__((weak));
 extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 extern "C" char* openblas_get_corename(void) __attribute__((weak));
-// Non-zero while OpenBLAS's pool of threads exists (0.3.21 exports it).
+// Non-zero while OpenBLAS's pool of threads exists, and the thread count its calls use (what
+// openblas_get_num_threads returns); 0.3.21 exports both.
 extern "C" int blas_server_avail __attribute__((weak));
+extern "C" int blas_cpu_number __attribute__((weak));
 
 namespace qkv::kernels {
 
@@ -32,10 +34,22 @@ bool is_openblas() noexcept {
   return openblas_set_num_threads != nullptr && openblas_get_num_threads != nullptr;
 }
 
-// In this order: setting the count restarts the pool (measured: any change of thread count
-// re-creates it), the shutdown then joins it, and one-thread calls never start it again.
+// Sets the count OpenBLAS's calls use without starting its pool. openblas_set_num_threads
+// first re-creates a pool that was joined (its lazy re-initialisation after fork), and where
+// the system refuses threads (RLIMIT_NPROC) OpenBLAS then prints two lines and raises SIGINT;
+// the count itself is one variable, which the qkv executable also sets before OpenBLAS loads.
+// A program's next threaded call on that count starts the pool again (exec_blas's own lazy
+// re-initialisation), on the program's thread.
+void set_thread_count(int threads) noexcept {
+  if (&blas_cpu_number != nullptr) {
+    blas_cpu_number = threads;
+  } else {
+    openblas_set_num_threads(threads);
+  }
+}
+
 void join_pool_at_one_thread() noexcept {
-  openblas_set_num_threads(1);
+  set_thread_count(1);
   if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
 }
 
@@ -59,7 +73,7 @@ SingleThreadedBlas::~SingleThreadedBlas() {
   if (!is_openblas()) return;
   const std::lock_guard<std::mutex> lock(g_scopes_mutex);
   if (--g_scopes == 0 && g_saved_threads != 1 && g_saved_threads > 0) {
-    openblas_set_num_threads(g_saved_threads);
+    set_thread_count(g_saved_threads);
   }
 }
 

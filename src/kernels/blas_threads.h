@@ -19,8 +19,10 @@ namespace qkv::kernels {
 // NumPy on the same OpenBLAS, say) keeps the BLAS threads it chose (docs/python.md). Scopes may
 // overlap on different threads: the first to begin saves the count, the last to end restores
 // it. The pool is joined (its fork-safety shutdown, blas_thread_shutdown_) when a scope finds
-// OpenBLAS at more than one thread; restoring that count starts it again. A scope that finds
-// one thread (the qkv executable tells OpenBLAS so before it loads) changes nothing. A no-op for
+// it alive; the count given back starts no thread (OpenBLAS starts its pool again at the
+// program's next threaded call), so a process the system refuses threads is never made to
+// ask for them. A scope that finds one thread and no pool (the qkv executable tells OpenBLAS
+// so before it loads) changes nothing. A no-op for
 // any other CBLAS. Held by the attention entry points, the layer's projections, the ring and
 // the speed probes while their kernels run.
 class SingleThreadedBlas {

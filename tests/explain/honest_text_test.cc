@@ -280,8 +280,7 @@ TEST_F(HonestText, OneKeyRow) {
   labels.close();
   const CommandRun run =
       qkv_run(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--causal",
-                            "--row", "0,1", "--head", "0", "--labels-k", "keys20.txt", "--layout",
-                            "bhnd"});
+                            "--row", "0,1", "--head", "0", "--labels-k", "keys20.txt"});
   ASSERT_EQ(run.status, 0) << run.err;
   const std::vector<Section> sections = sections_of(run.out);
   ASSERT_EQ(sections.size(), 2u) << run.out;
@@ -354,7 +353,7 @@ TEST_F(HonestText, SinkKeepsEffectiveKeysWithinAllowed) {
   write_npy(dir_ / "s.npy", sinks.view(), DType::kF64);
   const CommandRun run =
       qkv_run(dir_.path(), {"explain", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--causal",
-                            "--sinks", "s.npy", "--row", "0,1,5", "--layout", "bhnd"});
+                            "--sinks", "s.npy", "--row", "0,1,5"});
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_EQ(sections_of(run.out).size(), 6u) << run.out;
   expect_honest_everywhere(run.out, "sinks");
