@@ -118,11 +118,12 @@ TEST_F(CliUsability, LayerAndGradientOutputsFollowTheirExtensionsToo) {
 }
 
 TEST_F(CliUsability, AQueryThatReadsTwoWaysIsRefusedUnlessLayoutSaysWhich) {
-  // [N, H, D] = [8, 4, 16] queries against [Nk, Hkv, D] = [4, 4, 16] keys: heads first, this
-  // is 8 query heads grouped over 4 kv heads, which ran without a word.
+  // [N, H, D] = [8, 4, 16] queries against [Nk, Hkv, D] = [8, 2, 16] keys (grouped heads, as
+  // transformers keeps them): heads first, this is 8 heads of 4 rows against 2 keys, which ran
+  // without a word.
   const Tensor q = testing::random_tensor(DType::kF32, {8, 4, 16}, 7);
-  const Tensor k = testing::random_tensor(DType::kF32, {4, 4, 16}, 8);
-  const Tensor v = testing::random_tensor(DType::kF32, {4, 4, 8}, 9);
+  const Tensor k = testing::random_tensor(DType::kF32, {8, 2, 16}, 8);
+  const Tensor v = testing::random_tensor(DType::kF32, {8, 2, 8}, 9);
   const Tensor dout = testing::random_tensor(DType::kF32, {8, 4, 8}, 10);
   save("q.npy", q);
   save("k.npy", k);
@@ -135,8 +136,8 @@ TEST_F(CliUsability, AQueryThatReadsTwoWaysIsRefusedUnlessLayoutSaysWhich) {
   const CommandRun refused = run(args);
   EXPECT_EQ(refused.status, 1);
   EXPECT_EQ(refused.err,
-            "--q: [8, 4, 16] against K [4, 4, 16] reads two ways: [H, N, D] (H 8, Nq 4, Hkv 4, "
-            "Nk 4) or [N, H, D] (Nq 8, H 4, Nk 4, Hkv 4); say which with --layout bhnd (heads "
+            "--q: [8, 4, 16] against K [8, 2, 16] reads two ways: [H, N, D] (H 8, Nq 4, Hkv 8, "
+            "Nk 2) or [N, H, D] (Nq 8, H 4, Nk 8, Hkv 2); say which with --layout bhnd (heads "
             "first) or --layout bnhd (tokens first)\n");
   EXPECT_FALSE(std::filesystem::exists(dir_.path() / "o.npy"));
   save("q6.npy", testing::random_tensor(DType::kF32, {6, 4, 16}, 14));
@@ -144,8 +145,8 @@ TEST_F(CliUsability, AQueryThatReadsTwoWaysIsRefusedUnlessLayoutSaysWhich) {
       run({"attention", "--q", "q6.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"});
   EXPECT_EQ(unfit.status, 1);
   EXPECT_EQ(unfit.err,
-            "--q: [6, 4, 16] against K [4, 4, 16] does not fit as [H, N, D] (H 6, Hkv 4) but "
-            "does as [N, H, D] (Nq 6, H 4, Nk 4, Hkv 4); say which with --layout bhnd (heads "
+            "--q: [6, 4, 16] against K [8, 2, 16] does not fit as [H, N, D] (H 6, Hkv 8) but "
+            "does as [N, H, D] (Nq 6, H 4, Nk 8, Hkv 2); say which with --layout bhnd (heads "
             "first) or --layout bnhd (tokens first)\n");
   auto explain = std::vector<std::string>{"explain", "--q", "q.npy", "--k", "k.npy", "--v",
                                           "v.npy", "--svg", "h.svg"};
@@ -174,8 +175,11 @@ TEST_F(CliUsability, AQueryThatReadsTwoWaysIsRefusedUnlessLayoutSaysWhich) {
   explain.insert(explain.end(), {"--layout", "bnhd", "--row", "1"});
   ok(explain);
 
-  // Equal shapes read heads first as they always were; so do K/V that only heads first fits.
+  // Heads first with Nq = Nk (self-attention, grouped or not) is read so, as it always was;
+  // so are K/V that only heads first fits.
   ok({"attention", "--q", "q.npy", "--k", "q.npy", "--v", "q.npy", "--out", "same.npy"});
+  save("k1.npy", testing::random_tensor(DType::kF32, {2, 4, 16}, 15));
+  ok({"attention", "--q", "q.npy", "--k", "k1.npy", "--v", "k1.npy", "--out", "mqa.npy"});
   save("k5.npy", testing::random_tensor(DType::kF32, {2, 5, 16}, 11));
   ok({"attention", "--q", "q.npy", "--k", "k5.npy", "--v", "k5.npy", "--out", "gqa.npy"});
   const CommandRun bad_word = run({"attention", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy",

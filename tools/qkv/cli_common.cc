@@ -468,11 +468,12 @@ void add_extra_outputs(const AttentionFlags& flags, const Tensor& weights, const
   if (!flags.lse_path.empty()) outputs.push_back({flags.lse_path, lse.view(), "--lse"});
 }
 
-CLI::Option* add_layout_option(CLI::App& command, std::string& layout) {
+CLI::Option* add_layout_option(CLI::App& command, std::string& layout, bool writes_tensors) {
   return command
       .add_option("--layout", layout,
-                  "order of Q, K, V's last 3 dims: bhnd = [.., H, N, D] (the default), bnhd = "
-                  "[.., N, H, D] (tokens first); out and the gradients are written in it")
+                  std::string("order of Q, K, V's last 3 dims: bhnd = [.., H, N, D] (the "
+                              "default), bnhd = [.., N, H, D] (tokens first)") +
+                      (writes_tensors ? "; out and the gradients are written in it" : ""))
       ->check(CLI::IsMember({"bhnd", "bnhd"}));
 }
 
@@ -486,10 +487,11 @@ HeadLayout resolve_layout(const std::string& layout, const Shape& q, const Shape
   // An empty dimension reads the same either way (no rows or no heads: an empty answer).
   const bool empty = q[0] == 0 || q[1] == 0 || k[0] == 0 || k[1] == 0;
   const bool tokens_first_fits = same_kv && !empty && q[1] % k[1] == 0;
-  // Tokens first fits (heads first too, or not): [N, H, D] files read heads first became other
-  // heads, rows and grouping (grouped-query attention) without a word. Only Q and K of equal
-  // shapes (self-attention, as many kv heads as heads either way) are read heads first.
-  if (!tokens_first_fits || (q[0] == k[0] && q[1] == k[1])) return HeadLayout::kHeadsFirst;
+  // Tokens first fits (heads first too, or not): [N, H, D] files of grouped heads (Hkv < H)
+  // read heads first became other heads, rows and grouping without a word. Heads first with
+  // as many query rows as keys (self-attention, grouped or not) is what 3-D files have always
+  // meant, and stays so; [N, H, D] files with Hkv = H cannot be told from it by their shapes.
+  if (!tokens_first_fits || q[1] == k[1]) return HeadLayout::kHeadsFirst;
   const bool heads_first_fits = q[0] % k[0] == 0;  // k[0] > 0: not empty
   const auto n = [](std::int64_t value) { return std::to_string(value); };
   const std::string tokens_first = "[N, H, D] (Nq " + n(q[0]) + ", H " + n(q[1]) + ", Nk " +

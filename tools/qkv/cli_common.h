@@ -169,10 +169,11 @@ Window parse_window(const std::string& text);
 // transformers and flash-attn keep them) is read as a strided view, and the outputs of Q's,
 // K's and V's shape (out, the gradients) are written in it too.
 enum class HeadLayout { kHeadsFirst, kTokensFirst };
-CLI::Option* add_layout_option(CLI::App& command, std::string& layout);
+CLI::Option* add_layout_option(CLI::App& command, std::string& layout,
+                               bool writes_tensors = true);
 // The layout --layout names; with no --layout, a 3-D query that K and V let be read tokens
-// first is refused with one line naming the layouts and --layout, unless Q's first two dims
-// equal K's (then heads first, as a 3-D input has always been read).
+// first is refused with one line naming the layouts and --layout, unless heads first gives
+// as many query rows as keys (then heads first, as a 3-D input has always been read).
 // Packed batches (`packed`) are read heads first unless --layout says otherwise.
 HeadLayout resolve_layout(const std::string& layout, const Shape& q, const Shape& k,
                           const Shape& v, bool packed);

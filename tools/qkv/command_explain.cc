@@ -326,7 +326,7 @@ void register_explain_command(CLI::App& app) {
   sub->add_option("--q", command->q_path, "queries, as for qkv attention");
   sub->add_option("--k", command->k_path, "keys, as for qkv attention");
   sub->add_option("--v", command->v_path, "values, as for qkv attention");
-  add_layout_option(*sub, command->layout);
+  add_layout_option(*sub, command->layout, /*writes_tensors=*/false);
   sub->add_option("--x", command->x_path, "samples, one per row, as for qkv layer");
   add_weight_flags(*sub, command->weights, /*heads_required=*/false);
   sub->add_option("--memory", command->memory_path, "cross-attention: K and V from M");
@@ -373,7 +373,9 @@ void register_explain_command(CLI::App& app) {
       "--heads is required with them. A batched input: the terminal walks through --batch "
       "(default 0),\n"
       "the page holds every batch element when there are at most 8 (else the one --batch "
-      "names).");
+      "names).\n"
+      "Above 256 query rows the terminal gives the overview alone unless --row names rows\n"
+      "(--brief: at any size); the page (--html) shows every row.");
   sub->callback([command] { run_explain(*command); });
 }
 
