@@ -35,6 +35,7 @@ def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=No
     Returns a qkv.Explanation:
       .text(rows=None, head=None, top=8)  what `qkv explain` prints: the overview and the
                                            walk-through of the most and least focused rows
+                                           (brief=True: the overview alone)
       .save_html(path)                     the self-contained attention page (atomic write)
       ._repr_html_()                       the page in an iframe, for Jupyter
       .walk_through(head, row)             one row's steps as NumPy arrays (a dict)

@@ -86,7 +86,7 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
     bp.dsinks = dsinks.data();
   }
   const kernels::BackwardKernel& kernel = choose_backward_kernel(bp, options.kernel);
-  kernels::single_threaded_blas();
+  const kernels::SingleThreadedBlas one_blas_thread;
   if (options.progress) {
     // The backward counts key rows of single kv heads: its tasks own dK and dV rows. A packed
     // batch's params cover all its rows (b = 1, nk = total_k), and each sequence's params are
