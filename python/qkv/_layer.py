@@ -122,7 +122,8 @@ class MultiHeadAttention:
         out, lse, weights, _ = self._call(x, memory, options)
         out = as_output(out, torch_out, to_bfloat16)
         if return_lse or return_weights:
-            return AttentionResult(out, as_output(lse, torch_out), as_output(weights, torch_out))
+            return AttentionResult(out, as_output(lse, torch_out, to_bfloat16),
+                                   as_output(weights, torch_out, to_bfloat16))
         return out
 
     def explain(self, x, memory=None, *, attn_mask=None, is_causal=False, scale=None,
