@@ -1,12 +1,11 @@
 // The floating-point environment inside qkv: the default one (round to nearest, every
 // exception masked, no flag raised), whatever the caller's.
 //
-// The kernels raise IEEE exception flags on ordinary inputs: "invalid" where a masked score
-// (-inf) meets another (-inf - -inf in a running maximum's rescale), "overflow"/"underflow" in
-// exp of scores far below the row's maximum, "inexact" everywhere. A caller that unmasked an
-// exception (feenableexcept(FE_INVALID), numpy.seterr(all="raise") does not, but C and Fortran
-// programs do) would die of SIGFPE inside qkv, and a caller that tests the flags after a call
-// would find qkv's. So each public entry point runs under FloatingPointScope: it saves the
+// The kernels raise IEEE exception flags on ordinary inputs (the SIMD kernels' vector exp and
+// their handling of masked -inf scores raise "invalid" or "overflow", and "inexact" is raised
+// everywhere), which is harmless while the exceptions are masked. A caller that unmasked one
+// (feenableexcept(FE_INVALID): C and Fortran programs do) died of SIGFPE inside qkv, and a
+// caller that tests the flags after a call found qkv's. So each public entry point runs under FloatingPointScope: it saves the
 // calling thread's environment, installs the default one, and puts the caller's back (its
 // flags and traps as they were) on the way out, however it leaves. The team's worker threads
 // install the default environment once, when they start (they inherit the creating thread's).

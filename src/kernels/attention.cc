@@ -145,6 +145,9 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
   result.compute = call.params.compute;
   result.threads = call.params.threads;
   if (computed != options.out_dtype) {
+    for (const Tensor* t : {&result.out, &result.weights, &result.lse}) {
+      if (!t->empty()) core::require_fits_float16(*t);
+    }
     result.out = result.out.to(options.out_dtype);
     if (!result.weights.empty()) result.weights = result.weights.to(options.out_dtype);
     if (!result.lse.empty()) result.lse = result.lse.to(options.out_dtype);

@@ -263,6 +263,11 @@ LayerResult run_layer(const TensorView& x, const LayerWeights& weights, const La
     state->concat = std::move(concat);
   }
   out.reshape(batched ? Shape{batch, nq, d_out} : Shape{nq, d_out});
+  if (out_dtype == DType::kF16) {
+    for (const Tensor* t : {&out, &result.weights, &result.lse}) {
+      if (!t->empty()) core::require_fits_float16(*t);
+    }
+  }
   result.out = out.dtype() == out_dtype ? std::move(out) : out.to(out_dtype);
   if (held != out_dtype) {
     if (!result.weights.empty()) result.weights = result.weights.to(out_dtype);

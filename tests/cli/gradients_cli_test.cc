@@ -230,12 +230,34 @@ TEST_F(CliGradients, AGradientPastFloat16sRangeIsRefusedNotWrittenAsInfinity) {
   for (std::int64_t i = 0; i < big.numel(); ++i) big.data_as<float>()[i] = 60000.0f;
   write_npy(dir_ / "big.npy", big.view(), DType::kF32);
   expect_refused({"--out-dtype", "f16", "--grad-out", "big.npy", "--grad-v", "dv.npy"},
-                 "--out-dtype: f16 cannot hold dv.npy's value", 1);
+                 "--out-dtype: float16 cannot hold dv.npy's value", 1);
   // Within range it is written, rounded.
   const testing::CommandRun r =
       run({"--out-dtype", "f16", "--grad-out", "do.npy", "--grad-v", "dv.npy"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_npy(dir_ / "dv.npy").dtype(), DType::kF16);
+}
+
+// The same for the output itself: V of 1e5 gives an output of 1e5, which float16 cannot hold
+// (it was written as infinity); the layer too. Refused naming --out-dtype, nothing written.
+TEST_F(CliGradients, AnOutputPastFloat16sRangeIsRefusedNotWrittenAsInfinity) {
+  Tensor big_v = v_.to(DType::kF32);
+  for (std::int64_t i = 0; i < big_v.numel(); ++i) big_v.data_as<float>()[i] = 1e5f;
+  write_npy(dir_ / "bigv.npy", big_v.view(), DType::kF32);
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(),
+                          {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "bigv.npy", "--out",
+                           "o.npy", "--out-dtype", "f16"},
+                          "--out-dtype: float16 cannot hold the output's value 100000", {1, 1});
+  const Tensor x = testing::random_tensor(DType::kF32, {5, 6}, 31, 0.5, 1.0);  // V >= 9e4
+  Tensor w = testing::random_tensor(DType::kF32, {6, 6}, 32);
+  write_npy(dir_ / "x.npy", x.view(), DType::kF32);
+  write_npy(dir_ / "w.npy", w.view(), DType::kF32);
+  for (std::int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = 3e4f;
+  write_npy(dir_ / "bigw.npy", w.view(), DType::kF32);
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(),
+                          {"layer", "--x", "x.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv",
+                           "bigw.npy", "--heads", "2", "--out", "y.npy", "--out-dtype", "f16"},
+                          "--out-dtype: float16 cannot hold y.npy's value", {1, 1});
 }
 
 // --max-memory with gradients: the forward's outputs and the backward's gradients and

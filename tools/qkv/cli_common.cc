@@ -429,7 +429,7 @@ void require_fits_float16(const OutputFile& output) {
       char text[32];
       std::snprintf(text, sizeof text, "%.6g", value);
       throw Error("--out-dtype",
-                  "f16 cannot hold " + output.path + "'s value " + text + " at " +
+                  "float16 cannot hold " + output.path + "'s value " + text + " at " +
                       core::index_string(t.shape, i) +
                       " (float16's largest is 65504; it would be written as infinity): use "
                       "--out-dtype f32");
