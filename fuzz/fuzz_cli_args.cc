@@ -71,7 +71,9 @@ void prepare_scratch_folder() {
   // Gradients: dY for the layer on x.npy with w.npy's (float and bool), dO for q.npy's output
   // (ordinary, and large enough that dV passes float16's range).
   qkv::write_npy(dir / "dy.npy", filled({5, 8}, 0.7f).view(), qkv::DType::kF32);
-  qkv::write_npy(dir / "dyb.npy", mask.view(), qkv::DType::kBool);
+  qkv::Tensor dy_bool(qkv::DType::kBool, {5, 8}, "dyb");
+  for (std::int64_t i = 0; i < dy_bool.numel(); ++i) dy_bool.data_as<bool>()[i] = i % 2 == 0;
+  qkv::write_npy(dir / "dyb.npy", dy_bool.view(), qkv::DType::kBool);
   qkv::write_npy(dir / "do.npy", filled({2, 5, 3}, 0.8f).view(), qkv::DType::kF32);
   qkv::write_npy(dir / "dobig.npy", filled({2, 5, 3}, 60000.0f).view(), qkv::DType::kF32);
   // Version 2: float16 queries, one value per query head (slopes or sinks, H = 2), and the
