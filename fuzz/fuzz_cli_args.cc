@@ -3,7 +3,8 @@
 // where there is one) holding a few small valid inputs that the seeds name (q.npy, k.npy, v.npy,
 // x.npy, w.npy, m.npy, model.safetensors, model.npz, and for the version-2 flags --dtype,
 // --softcap, --alibi, --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy,
-// s.npy, cq.npy, ck.npy; for explain's labels, l.txt). explain's walk-through goes to stdout,
+// s.npy, cq.npy, ck.npy; for explain's labels, l.txt; for the gradient flags, dy.npy, dyb.npy
+// (bool), do.npy and dobig.npy). explain's walk-through goes to stdout,
 // which is /dev/null here. Whatever the arguments, parsing and running must end in
 // success, a usage error (CLI::Error) or qkv::Error with a one-line message; any other
 // exception or crash is a finding.
@@ -67,6 +68,14 @@ void prepare_scratch_folder() {
   qkv::Tensor mask(qkv::DType::kBool, {5, 6}, "m");
   for (std::int64_t i = 0; i < mask.numel(); ++i) mask.data_as<bool>()[i] = i % 3 != 0;
   qkv::write_npy(dir / "m.npy", mask.view(), qkv::DType::kBool);
+  // Gradients: dY for the layer on x.npy with w.npy's (float and bool), dO for q.npy's output
+  // (ordinary, and large enough that dV passes float16's range).
+  qkv::write_npy(dir / "dy.npy", filled({5, 8}, 0.7f).view(), qkv::DType::kF32);
+  qkv::Tensor dy_bool(qkv::DType::kBool, {5, 8}, "dyb");
+  for (std::int64_t i = 0; i < dy_bool.numel(); ++i) dy_bool.data_as<bool>()[i] = i % 2 == 0;
+  qkv::write_npy(dir / "dyb.npy", dy_bool.view(), qkv::DType::kBool);
+  qkv::write_npy(dir / "do.npy", filled({2, 5, 3}, 0.8f).view(), qkv::DType::kF32);
+  qkv::write_npy(dir / "dobig.npy", filled({2, 5, 3}, 60000.0f).view(), qkv::DType::kF32);
   // Version 2: float16 queries, one value per query head (slopes or sinks, H = 2), and the
   // offsets of a packed batch of q.npy's 5 and k.npy's 6 rows in two sequences.
   qkv::write_npy(dir / "q16.npy", filled({2, 5, 4}, 0.1f).view(), qkv::DType::kF16);

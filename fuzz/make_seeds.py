@@ -135,6 +135,17 @@ def main():
                                     "--cu-seqlens-k ck.npy --mask m.npy --out o.npy",
         "layer_dtype": "layer --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --dtype bf16 --softcap 5 "
                        "--alibi --out o.npy",
+        # Gradients: a bool dY (refused as attention refuses it), --out-dtype f16 with a
+        # gradient past float16's range (refused, not written as infinity), a budget that
+        # holds the forward but not the backward (refused before the forward runs).
+        "layer_grad": "layer --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --out o.npy "
+                      "--grad-out dy.npy --grad-x gx.npy --grad-wq gq.npy",
+        "layer_grad_bool": "layer --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --out o.npy "
+                           "--grad-out dyb.npy --grad-x gx.npy",
+        "attention_grad_f16": "attention --q q.npy --k k.npy --v v.npy --out o.npy --out-dtype f16 "
+                              "--grad-out dobig.npy --grad-v dv.npy --grad-q dq.npy",
+        "attention_grad_budget": "attention --q q.npy --k k.npy --v v.npy --out o.npy "
+                                 "--grad-out do.npy --grad-k dk.npy --max-memory 1500",
         "help": "layer --help",
         # explain: the built-in example, Q/K/V files, and the layer form read as qkv layer reads it.
         "explain_builtin": "explain --quiet --html p.html --head 0",

@@ -13,6 +13,7 @@
 // A row with no allowed key has P = 0 and contributes nothing: zero gradients, never NaN.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,13 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
                                       const TensorView& out, const TensorView& lse,
                                       const TensorView& grad_out,
                                       const AttentionOptions& options = {});
+
+// The bytes attention_backward allocates for these inputs and options (the gradients and the
+// kernels' workspace), from the shapes alone, as it counts them against options.max_memory; with
+// the forward's outputs it is what a forward and its backward need together, so a budget can be
+// checked for both before either runs. Throws qkv::Error on inputs attention() would refuse.
+std::uint64_t attention_backward_memory(const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const AttentionOptions& options = {});
 
 // The backward kernels, fastest first, the reference last; any name may go in options.kernel.
 std::vector<std::string> attention_backward_kernel_names();

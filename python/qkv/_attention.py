@@ -85,10 +85,10 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
       return_lse, return_weights: ask for the log-sum-exp [.., Nq] and the weights [.., Nq, Nk].
       threads: how many threads (None or 0: one per core, fewer for a call too small to share);
         results are bitwise the same for any.
-      out_dtype: the output's dtype; default float64, float16 or (torch tensors only)
-        bfloat16 when q, k, v all are, else float32. A bfloat16 output is computed as float32
-        and rounded once (nearest even); NumPy has no bfloat16, so only a torch output can be
-        one.
+      out_dtype: the dtype of every output (out, lse, weights); default float64, float16 or
+        (torch tensors only) bfloat16 when q, k, v all are, else float32. A bfloat16 output is
+        computed as float32 and rounded once (nearest even); NumPy has no bfloat16, so only a
+        torch output can be one.
       kernel: force one kernel by name (qkv.kernel_names()); max_memory: a byte budget.
       layout: "bhnd" (the default: q, k, v as above) or "bnhd": q [B, Nq, H, D] (or
         [Nq, H, D]), k and v [.., Nk, Hkv, D], as transformers and flash-attn keep them; read
@@ -114,7 +114,9 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
         out = np.swapaxes(out, -3, -2)
     out = as_output(out, torch_out, to_bfloat16)
     if return_lse or return_weights:
-        return AttentionResult(out, as_output(lse, torch_out), as_output(weights, torch_out))
+        # Every output in the output dtype, as float16 gives them (out_dtype applies to all).
+        return AttentionResult(out, as_output(lse, torch_out, to_bfloat16),
+                               as_output(weights, torch_out, to_bfloat16))
     return out
 
 

@@ -4,6 +4,7 @@ backward. Imported by qkv.torch only (it imports torch)."""
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import _qkv
 from ._arrays import dtype_name
 from ._attention import attention as _attention, attention_backward as _attention_backward
 
@@ -49,8 +50,22 @@ class Attention(torch.autograd.Function):
         return result.out.to(shared) if out_dtype else result.out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out):
+        # create_graph=True runs the backward with autograd recording, to differentiate the
+        # gradients again. qkv's backward is not itself differentiable: its gradients would be
+        # constants to autograd, and a gradient penalty through them silently zero. Refused.
+        if torch.is_grad_enabled():
+            raise _qkv.Error(
+                "qkv.torch.attention: has no second derivative (its backward is qkv's fused "
+                "kernel, which autograd cannot differentiate); a gradient taken with "
+                "create_graph=True through it would be treated as a constant. Use "
+                "torch.nn.functional.scaled_dot_product_attention where a double backward "
+                "is needed")
+        return Attention._backward(ctx, grad_out)
+
+    @staticmethod
+    @once_differentiable
+    def _backward(ctx, grad_out):
         q, k, v, sinks, out, lse = ctx.saved_tensors
         need_q, need_k, need_v, need_sinks, _ = ctx.needs_input_grad
         if not (need_q or need_k or need_v or need_sinks):

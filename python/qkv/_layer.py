@@ -153,7 +153,8 @@ class MultiHeadAttention:
         out, lse, weights, _, state = self._call(x_in, memory_in, options, return_state)
         out = as_output(out, torch_out, to_bfloat16)
         if return_lse or return_weights:
-            out = AttentionResult(out, as_output(lse, torch_out), as_output(weights, torch_out))
+            out = AttentionResult(out, as_output(lse, torch_out, to_bfloat16),
+                                  as_output(weights, torch_out, to_bfloat16))
         if return_state:
             return out, LayerState(self, x_in, memory_in, options, state, torch_out, _shape(x_in))
         return out

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from . import _qkv
 from ._autograd import Attention as _Attention
 from ._sdpa import scaled_dot_product_attention
 
@@ -31,6 +32,14 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     dtype="bfloat16") is differentiated in float32 (qkv has no 16-bit backward), reading the
     16-bit inputs as they are, and the gradients are rounded to each input's dtype.
     """
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        # A NumPy array (or a list) takes no gradient; as a tensor it passes through autograd's
+        # bookkeeping like any other input.
+        try:
+            sinks = torch.as_tensor(sinks)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise _qkv.Error(f"sinks: expected a torch tensor or an array of [H] logits, got "
+                             f"{type(sinks).__name__} ({e})") from None
     options = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale,
                "window": window, "softcap": softcap, "alibi_slopes": alibi_slopes,
                "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dtype": dtype,

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/floating_point.h"
 #include "core/termination_signals.h"
 
 namespace qkv::core {
@@ -37,6 +38,7 @@ int run_fresh_team(int wanted, const std::function<void(int member, Team& team)>
   for (int member = 1; member < wanted; ++member) {
     try {
       threads.emplace_back([&, member] {
+        use_default_floating_point();  // not the creating thread's (floating_point.h)
         gate.wait(false, std::memory_order_acquire);
         body(member, *team);
       });
@@ -142,6 +144,7 @@ class Pool {
   };
 
   void serve(Worker& w, int member) {
+    use_default_floating_point();  // not the creating thread's (floating_point.h)
     for (;;) {
       w.go.wait(0, std::memory_order_acquire);
       (*body_)(member, *team_);

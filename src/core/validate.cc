@@ -63,6 +63,22 @@ std::string index_string(const Shape& shape, std::int64_t flat) {
   return text + "]";
 }
 
+void require_fits_float16(const Tensor& computed) {
+  if (computed.dtype() != DType::kF32 && computed.dtype() != DType::kF64) return;
+  for (std::int64_t i = 0; i < computed.numel(); ++i) {
+    const double value = computed.dtype() == DType::kF32
+                             ? static_cast<double>(computed.data_as<float>()[i])
+                             : computed.data_as<double>()[i];
+    if (std::isfinite(value) && std::fabs(value) >= 65520.0) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.6g", value);
+      throw Error("out_dtype", "float16 cannot hold the " + computed.name() + "'s value " + text +
+                                   " at " + index_string(computed.shape(), i) +
+                                   " (its largest is 65504; rounding would make it infinite)");
+    }
+  }
+}
+
 void require_view_consistent(const TensorView& view) {
   if (view.strides.size() != view.shape.size()) {
     throw Error(view.name, "has " + str(view.rank()) + " dims but " +

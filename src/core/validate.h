@@ -80,6 +80,12 @@ Strides4 canonical_strides(const Shape& strides);
 // name it: "[2, 3]" ("[]" for a scalar).
 std::string index_string(const Shape& shape, std::int64_t flat);
 
+// Before a computed float32 or float64 output is rounded to float16 (out_dtype kF16): a finite
+// value of 65520 or more in magnitude would become infinity. Throws qkv::Error (subject
+// "out_dtype") naming the tensor, the value and its index; infinities are left (an lse of -inf
+// is a row with no allowed key).
+void require_fits_float16(const Tensor& computed);
+
 // Throws qkv::Error naming `view` and the element's index if any element is NaN or infinite.
 void require_finite(const TensorView& view);
 // The same for several views, the first bad one (in the order given) named; large views are

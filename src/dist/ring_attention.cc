@@ -38,6 +38,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/floating_point.h"
 #include "core/mask_rule.h"
 #include "core/params.h"
 #include "core/validate.h"
@@ -357,6 +358,7 @@ RingResult widened_ring_attention(const TensorView& q, const TensorView& k, cons
 RingResult ring_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, const Communicator& comm,
                           const RingOptions& ring) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
   const MPI_Comm c = mpi_comm(comm);
   Plan plan;
   plan.ranks = comm.size();

@@ -45,6 +45,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/floating_point.h"
 #include "core/mask_rule.h"
 #include "core/validate_backward.h"
 #include "dist/mpi_comm.h"
@@ -420,6 +421,7 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
                                       const TensorView& out, const TensorView& lse,
                                       const TensorView& grad_out, const AttentionOptions& options,
                                       const Communicator& comm, const RingOptions& ring) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
   const MPI_Comm c = mpi_comm(comm);
   Plan plan;
   plan.ranks = comm.size();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/format_bytes.h"
+#include "core/floating_point.h"
 #include "core/memory_budget.h"
 #include "core/overlap.h"
 #include "core/parallel_for.h"
@@ -118,6 +119,7 @@ std::string run_checking_kv(core::AttentionCall& call, const AttentionOptions& o
 
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
   core::AttentionCall call = core::validate_attention(q, k, v, options, true);
   if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64 &&
       options.out_dtype != DType::kF16) {
@@ -143,6 +145,9 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
   result.compute = call.params.compute;
   result.threads = call.params.threads;
   if (computed != options.out_dtype) {
+    for (const Tensor* t : {&result.out, &result.weights, &result.lse}) {
+      if (!t->empty()) core::require_fits_float16(*t);
+    }
     result.out = result.out.to(options.out_dtype);
     if (!result.weights.empty()) result.weights = result.weights.to(options.out_dtype);
     if (!result.lse.empty()) result.lse = result.lse.to(options.out_dtype);
@@ -152,6 +157,7 @@ AttentionResult attention(const TensorView& q, const TensorView& k, const Tensor
 
 std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionOptions& options, const AttentionOutputs& outputs) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
   core::AttentionCall call = core::validate_attention(q, k, v, options, true);
   // An output that shares memory with an input would be read after it was overwritten.
   std::vector<const TensorView*> inputs = {&q, &k, &v};

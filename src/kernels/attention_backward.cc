@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/floating_point.h"
 #include "core/format_bytes.h"
 #include "core/memory_budget.h"
 #include "core/progress.h"
@@ -23,22 +24,35 @@ const kernels::BackwardKernel& choose_backward_kernel(const core::BackwardParams
   return kernels::choose_from(kernels::backward_kernels(), params, requested, "backward kernel");
 }
 
+}  // namespace
+
+namespace kernels {
+
 // The output and workspace bytes a backward call allocates: the gradients, the per-row lse and
 // D, the dQ partials and each thread's tiles (the unfused kernel's 256 x nk blocks bound them).
-core::MemoryEstimate backward_memory(const core::BackwardCall& call, const TensorView& q,
-                                     const TensorView& k, const TensorView& v, DType grad) {
-  const core::AttentionShape& s = call.params.forward.shape;
+core::MemoryEstimate backward_memory(const core::AttentionShape& s, int threads, DType grad,
+                                     bool sinks) noexcept {
   core::MemoryEstimate estimate;
-  estimate.outputs = core::saturating_add(
-      core::saturating_add(core::tensor_bytes(q.shape, grad), core::tensor_bytes(k.shape, grad)),
-      core::tensor_bytes(v.shape, grad));
-  const auto element = static_cast<std::uint64_t>(dtype_size(grad));
   const auto u = [](std::int64_t x) {
     return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0));
   };
+  const auto element = static_cast<std::uint64_t>(dtype_size(grad));
+  const std::uint64_t q_elements =
+      core::saturating_mul(core::saturating_mul(core::saturating_mul(u(s.b), u(s.h)), u(s.nq)),
+                           u(s.d));
+  const std::uint64_t kv_rows =
+      core::saturating_mul(core::saturating_mul(u(s.b), u(s.hkv)), u(s.nk));
+  const std::uint64_t kv_elements =
+      core::saturating_mul(kv_rows, core::saturating_add(u(s.d), u(s.dv)));
+  estimate.outputs =
+      core::saturating_mul(element, core::saturating_add(q_elements, kv_elements));
+  if (sinks) {
+    estimate.outputs =
+        core::saturating_add(estimate.outputs, core::saturating_mul(element + 8, u(s.h)));
+  }
   const std::uint64_t rows = core::saturating_mul(core::saturating_mul(u(s.b), u(s.h)), u(s.nq));
   std::uint64_t workspace = core::saturating_mul(2 * element + 8, rows);
-  const std::int64_t chunks = kernels::bwd::chunks_for(s, 64, dtype_size(grad));
+  const std::int64_t chunks = bwd::chunks_for(s, 64, dtype_size(grad));
   workspace = core::saturating_add(
       workspace, core::saturating_mul(core::saturating_mul(rows, u(s.d)),
                                       core::saturating_mul(element, u(chunks - 1))));
@@ -47,11 +61,15 @@ core::MemoryEstimate backward_memory(const core::BackwardCall& call, const Tenso
       element, core::saturating_add(
                    core::saturating_mul(3 * tile, std::max(u(s.nk), tile)),
                    core::saturating_mul(2 * tile + 2 * std::max(u(s.nk), tile), u(s.d) + u(s.dv))));
-  workspace = core::saturating_add(
-      workspace, core::saturating_mul(per_thread, u(call.params.forward.threads)));
+  const auto members = static_cast<std::uint64_t>(std::max(threads, 1));
+  workspace = core::saturating_add(workspace, core::saturating_mul(per_thread, members));
   estimate.workspace = workspace;
   return estimate;
 }
+
+}  // namespace kernels
+
+namespace {
 
 // A gradient tensor's slot in the params: contiguous, of the compute type.
 core::OutputOperand slot_of(Tensor& tensor) {
@@ -61,17 +79,28 @@ core::OutputOperand slot_of(Tensor& tensor) {
 
 }  // namespace
 
+std::uint64_t attention_backward_memory(const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const AttentionOptions& options) {
+  const core::AttentionCall call = core::validate_attention(q, k, v, options);
+  const DType grad = call.params.compute == DType::kF64 ? DType::kF64 : DType::kF32;
+  return kernels::backward_memory(call.params.shape, call.params.threads, grad,
+                                  options.sinks.has_value())
+      .total();
+}
+
 AttentionGradients attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const TensorView& out, const TensorView& lse,
                                       const TensorView& grad_out, const AttentionOptions& options) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
   core::BackwardCall call = core::validate_attention_backward(q, k, v, out, lse, grad_out, options);
   core::BackwardParams& bp = call.params;
   if (const std::string reason = kernels::backward_float64_declines(bp); !reason.empty()) {
     throw Error("attention_backward", "cannot compute these gradients: " + reason);
   }
   const DType grad = bp.forward.compute == DType::kF64 ? DType::kF64 : DType::kF32;
-  core::check_memory_budget(backward_memory(call, q, k, v, grad), options.max_memory,
-                            "attention_backward");
+  core::check_memory_budget(kernels::backward_memory(bp.forward.shape, bp.forward.threads, grad,
+                                                     options.sinks.has_value()),
+                            options.max_memory, "attention_backward");
   AttentionGradients result;
   result.dq = Tensor(grad, q.shape, "dq");
   result.dk = Tensor(grad, k.shape, "dk");
@@ -81,7 +110,8 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
   bp.dv = slot_of(result.dv);
   const core::AttentionShape& s = bp.forward.shape;
   std::vector<double> dsinks;
-  if (!bp.forward.modifiers.sinks.empty()) {
+  const bool has_sinks = options.sinks.has_value();
+  if (has_sinks && s.h > 0) {
     dsinks.assign(static_cast<std::size_t>(s.h), 0.0);
     bp.dsinks = dsinks.data();
   }
@@ -109,7 +139,8 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
     throw Error("attention_backward", "out of memory: kernel " + std::string(kernel.name) +
                                           " could not allocate its workspace");
   }
-  if (!dsinks.empty()) {
+  // Sinks given: a [H] gradient, [0] when there are no query heads.
+  if (has_sinks) {
     result.dsinks = Tensor(grad, {s.h}, "dsinks");
     for (std::int64_t h = 0; h < s.h; ++h) {
       core::store_real(result.dsinks.data(), grad, h, dsinks[static_cast<std::size_t>(h)]);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cache/kv_cache_impl.h"
+#include "core/floating_point.h"
 #include "core/mask_rule.h"
 #include "core/memory_budget.h"
 #include "core/parallel_for.h"
@@ -74,6 +75,7 @@ void run_reference(const TensorView& q, const KVCache& cache,
 AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
                                  std::span<const SequenceId> sequences,
                                  const AttentionOptions& options) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
   const KVCache::Impl& impl = cache.impl();
   const KVCacheOptions& co = impl.options;
   const auto count = static_cast<std::int64_t>(sequences.size());

@@ -13,6 +13,8 @@
 
 #include "core/backward_params.h"
 
+#include "core/memory_budget.h"
+
 namespace qkv::kernels {
 
 struct BackwardKernel {
@@ -49,5 +51,11 @@ std::string backward_float64_declines(const core::BackwardParams& params);
 std::string backward_precision_declines(const core::BackwardParams& params);
 // The tiled kernels' (bwd_fused_driver.h): precision, and gradients they can write in place.
 std::string tiled_backward_declines(const core::BackwardParams& params);
+
+// What attention_backward allocates for this shape on `threads` threads with gradients of type
+// `grad`: the gradients (dsinks too when `sinks`) and the kernels' workspace, an upper bound
+// counted before anything is allocated (its memory budget; qkv train's).
+core::MemoryEstimate backward_memory(const core::AttentionShape& shape, int threads, DType grad,
+                                     bool sinks) noexcept;
 
 }  // namespace qkv::kernels

@@ -19,6 +19,7 @@
 #include <string>
 #include <utility>
 
+#include "core/floating_point.h"
 #include "core/validate.h"
 #include "layer/heads.h"
 #include "qkv/attention_backward.h"
@@ -119,6 +120,7 @@ LayerGradients run_backward(const TensorView& x, const LayerWeights& weights,
                             const LayerOptions& options, const TensorView& grad_out,
                             const std::optional<TensorView>& memory, const LayerForwardState* state,
                             const AttentionBackwardStep* step) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
   const std::int64_t heads = options.heads;
   const std::int64_t kv_heads = options.kv_heads == 0 ? heads : options.kv_heads;
   Shape out_shape = x.shape;
@@ -128,6 +130,13 @@ LayerGradients run_backward(const TensorView& x, const LayerWeights& weights,
                                    shape_string(out_shape) + " (the layer's output)");
   }
   core::require_view_consistent(grad_out);
+  // As attention_backward refuses it: a bool DY would be read as 0/1 gradients.
+  if (grad_out.dtype != DType::kF32 && grad_out.dtype != DType::kF64 &&
+      grad_out.dtype != DType::kBF16 && grad_out.dtype != DType::kF16) {
+    throw Error(grad_out.name, std::string("dtype ") + dtype_name(grad_out.dtype) +
+                                   " is not supported (expected float32, float64, bfloat16 or "
+                                   "float16)");
+  }
   core::require_finite(grad_out);
   const DType compute = state->q.dtype();
   const bool batched = x.rank() == 3;

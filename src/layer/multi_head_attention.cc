@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "core/floating_point.h"
 #include "core/memory_budget.h"
 #include "core/parallel_for.h"
 #include "core/validate.h"
@@ -100,6 +101,7 @@ namespace {
 LayerResult run_layer(const TensorView& x, const LayerWeights& weights, const LayerOptions& options,
                       const std::optional<TensorView>& memory, LayerForwardState* state,
                       const AttentionStep* step = nullptr) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
   // Validation: every shape against the contract, every value finite.
   if (x.rank() != 2 && x.rank() != 3) {
     throw Error(x.name, "expected [N, d] or [B, N, d] (one sample per row), got " + str(x.rank()) +
@@ -261,6 +263,11 @@ LayerResult run_layer(const TensorView& x, const LayerWeights& weights, const La
     state->concat = std::move(concat);
   }
   out.reshape(batched ? Shape{batch, nq, d_out} : Shape{nq, d_out});
+  if (out_dtype == DType::kF16) {
+    for (const Tensor* t : {&out, &result.weights, &result.lse}) {
+      if (!t->empty()) core::require_fits_float16(*t);
+    }
+  }
   result.out = out.dtype() == out_dtype ? std::move(out) : out.to(out_dtype);
   if (held != out_dtype) {
     if (!result.weights.empty()) result.weights = result.weights.to(out_dtype);

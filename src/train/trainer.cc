@@ -5,6 +5,10 @@
 #include <cmath>
 #include <string>
 
+#include "core/memory_budget.h"
+#include "core/parallel_for.h"
+#include "kernels/backward_kernel.h"
+#include "kernels/kernel.h"
 #include "qkv/error.h"
 #include "qkv/layer.h"
 #include "qkv/layer_backward.h"
@@ -101,6 +105,61 @@ void validate(const TrainConfig& c) {
   }
   need(c.steps >= 0 && c.batch >= 1 && c.eval_every >= 1 && c.heldout >= 1, "--steps",
        "steps must be >= 0, batch, eval interval and held-out count >= 1");
+}
+
+std::uint64_t TrainMemory::total() const noexcept {
+  return core::saturating_add(core::saturating_add(parameters, activations), layer_call);
+}
+
+TrainMemory train_memory(const TrainConfig& c) {
+  using core::saturating_add;
+  using core::saturating_mul;
+  const auto u = [](std::int64_t x) {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0));
+  };
+  const std::uint64_t f = sizeof(float);
+  const std::int64_t n = sequence_length(c.task), d = c.d_model;
+  const bool recall = c.task.task == Task::kRecall;
+  const std::int64_t vocab_a = recall ? c.task.vocab : 2 * std::int64_t{c.task.vocab};
+  const std::int64_t vocab_b = recall ? c.task.vocab : n;
+  // Parameters: embeddings, 4 [d, d] projections per layer, the readout and its bias.
+  std::uint64_t params = saturating_mul(u(vocab_a) + u(vocab_b), u(d));
+  params = saturating_add(params, saturating_mul(4 * u(c.layers), saturating_mul(u(d), u(d))));
+  params = saturating_add(params, saturating_mul(u(d) + 1, u(c.task.vocab)));
+  TrainMemory m;
+  // The values, Adam's two moments, the step's gradients and the tensors --out encodes (twice:
+  // the copies and their encoding).
+  m.parameters = saturating_mul(saturating_mul(params, 6), f);
+  // A step's activations, in floats: x_0..x_L and dx (each B·N·d), and each layer's saved Q, K,
+  // V and heads (B·N·d each) and lse (B·H·N).
+  const std::int64_t batch = std::max(c.batch, std::min(c.heldout, 64));
+  const std::uint64_t a = saturating_mul(saturating_mul(u(batch), u(n)), u(d));
+  const std::uint64_t lse = saturating_mul(saturating_mul(u(batch), u(n)), u(c.heads));
+  std::uint64_t act = saturating_mul(u(c.layers) + 2, a);
+  act = saturating_add(act, saturating_mul(u(c.layers), saturating_add(saturating_mul(4, a), lse)));
+  m.activations = saturating_mul(act, f);
+  // The largest layer call: the forward as multi_head_attention counts it, or the backward: the
+  // gradients of its weights (4 [d, d]), its row matrices (dY, dConcat, dQ, dK, dV as rows and
+  // as heads, X, dX: 10 of B·N·d) and attention_backward's own gradients and workspace.
+  const int threads = core::resolve_thread_count(c.threads);
+  const std::int64_t dk = c.heads > 0 ? d / c.heads : 0;
+  const core::AttentionShape shape{batch, c.heads, c.heads, n, n, dk, dk};
+  const core::LayerShape layer{batch, n, n, d, d, c.heads, c.heads, dk, dk, d, false, true,
+                               DType::kF32};
+  AttentionOptions forward_options;
+  forward_options.causal = true;
+  forward_options.return_lse = true;
+  const std::uint64_t forward =
+      core::layer_memory(layer, forward_options,
+                         kernels::attention_workspace_bytes(shape, threads, "", DType::kF32))
+          .total();
+  const std::uint64_t weight_gradients = saturating_mul(4, saturating_mul(u(d), u(d)));
+  std::uint64_t backward =
+      saturating_mul(saturating_add(saturating_mul(10, a), weight_gradients), f);
+  backward = saturating_add(
+      backward, kernels::backward_memory(shape, threads, DType::kF32, false).total());
+  m.layer_call = std::max(forward, backward);
+  return m;
 }
 
 std::string token_label(const Sequence& s, Task task, int vocab, int t) {

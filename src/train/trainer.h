@@ -59,6 +59,19 @@ struct TrainResult {
 // Throws qkv::Error naming the option on an impossible configuration.
 void validate(const TrainConfig& config);
 
+// What a training run holds at its peak, estimated from the configuration alone before
+// anything is allocated (saturating at 2^64 - 1): the parameters with their Adam moments and
+// gradients, and the copy --out encodes; the step's activations (each layer's input, the
+// readout's gradient, each layer's saved Q, K, V, heads and lse); and the largest single layer
+// call, forward or backward, with its kernels' workspace.
+struct TrainMemory {
+  std::uint64_t parameters = 0;
+  std::uint64_t activations = 0;
+  std::uint64_t layer_call = 0;
+  std::uint64_t total() const noexcept;
+};
+TrainMemory train_memory(const TrainConfig& config);
+
 // `progress` (may be empty) is called after every evaluation.
 TrainResult train(const TrainConfig& config,
                   const std::function<void(const CurvePoint&)>& progress = {});

@@ -202,6 +202,92 @@ TEST_F(CliGradients, LayerGradientsAreTheLibrarysInTheLayoutGiven) {
   testing::expect_refused(QKV_CLI_PATH, dir_.path(), bad, "do.npy", {1, 1});
 }
 
+// A bool DY is refused by qkv layer as by qkv attention (it was read as 0/1 gradients).
+TEST_F(CliGradients, ABoolGradOutIsRefusedByTheLayerAsByAttention) {
+  const Tensor x = testing::random_tensor(DType::kF32, {5, 6}, 31);
+  const Tensor w = testing::random_tensor(DType::kF32, {6, 6}, 32);
+  Tensor dy(DType::kBool, {5, 6}, "dy");
+  for (std::int64_t i = 0; i < dy.numel(); ++i) dy.data_as<bool>()[i] = i % 3 == 0;
+  write_npy(dir_ / "x.npy", x.view(), DType::kF32);
+  write_npy(dir_ / "w.npy", w.view(), DType::kF32);
+  write_npy(dir_ / "dy.npy", dy.view(), DType::kBool);
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(),
+                          {"layer", "--x", "x.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv",
+                           "w.npy", "--heads", "2", "--out", "y.npy", "--grad-out", "dy.npy",
+                           "--grad-x", "gx.npy"},
+                          "dy.npy: dtype bool is not supported", {1, 1});
+  Tensor bool_dout(DType::kBool, {4, 9, 5}, "do");
+  for (std::int64_t i = 0; i < bool_dout.numel(); ++i) bool_dout.data_as<bool>()[i] = true;
+  write_npy(dir_ / "bool_do.npy", bool_dout.view(), DType::kBool);
+  expect_refused({"--grad-out", "bool_do.npy", "--grad-q", "dq.npy"},
+                 "bool_do.npy: dtype bool is not supported", 1);
+}
+
+// --out-dtype f16 with a gradient past float16's range (dV sums dO over the query rows that
+// read a key: 9 rows of 60000): refused naming --out-dtype, not written as infinity.
+TEST_F(CliGradients, AGradientPastFloat16sRangeIsRefusedNotWrittenAsInfinity) {
+  Tensor big = dout_.to(DType::kF32);
+  for (std::int64_t i = 0; i < big.numel(); ++i) big.data_as<float>()[i] = 60000.0f;
+  write_npy(dir_ / "big.npy", big.view(), DType::kF32);
+  expect_refused({"--out-dtype", "f16", "--grad-out", "big.npy", "--grad-v", "dv.npy"},
+                 "--out-dtype: float16 cannot hold dv.npy's value", 1);
+  // Within range it is written, rounded.
+  const testing::CommandRun r =
+      run({"--out-dtype", "f16", "--grad-out", "do.npy", "--grad-v", "dv.npy"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_npy(dir_ / "dv.npy").dtype(), DType::kF16);
+}
+
+// The same for the output itself: V of 1e5 gives an output of 1e5, which float16 cannot hold
+// (it was written as infinity); the layer too. Refused naming --out-dtype, nothing written.
+TEST_F(CliGradients, AnOutputPastFloat16sRangeIsRefusedNotWrittenAsInfinity) {
+  Tensor big_v = v_.to(DType::kF32);
+  for (std::int64_t i = 0; i < big_v.numel(); ++i) big_v.data_as<float>()[i] = 1e5f;
+  write_npy(dir_ / "bigv.npy", big_v.view(), DType::kF32);
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(),
+                          {"attention", "--q", "q.npy", "--k", "k.npy", "--v", "bigv.npy", "--out",
+                           "o.npy", "--out-dtype", "f16"},
+                          "--out-dtype: float16 cannot hold the output's value 100000", {1, 1});
+  const Tensor x = testing::random_tensor(DType::kF32, {5, 6}, 31, 0.5, 1.0);  // V >= 9e4
+  Tensor w = testing::random_tensor(DType::kF32, {6, 6}, 32);
+  write_npy(dir_ / "x.npy", x.view(), DType::kF32);
+  write_npy(dir_ / "w.npy", w.view(), DType::kF32);
+  for (std::int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = 3e4f;
+  write_npy(dir_ / "bigw.npy", w.view(), DType::kF32);
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(),
+                          {"layer", "--x", "x.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv",
+                           "bigw.npy", "--heads", "2", "--out", "y.npy", "--out-dtype", "f16"},
+                          "--out-dtype: float16 cannot hold y.npy's value", {1, 1});
+}
+
+// --max-memory with gradients: the forward's outputs and the backward's gradients and
+// workspace are checked together before the forward runs (the check came after it, naming
+// only what the forward held).
+TEST_F(CliGradients, TheBudgetCoversTheBackwardBeforeTheForwardRuns) {
+  const Tensor q = testing::random_tensor(DType::kF32, {8, 1024, 64}, 41);
+  const Tensor kv = testing::random_tensor(DType::kF32, {8, 1024, 64}, 42);
+  write_npy(dir_ / "bq.npy", q.view(), DType::kF32);
+  write_npy(dir_ / "bkv.npy", kv.view(), DType::kF32);
+  // Inputs 4 x 2 MiB, leaving 8 MiB: the forward alone needs about 2 MiB, with the backward
+  // (its gradients 6 MiB, its workspace 4 MiB) about 13.
+  testing::expect_refused(
+      QKV_CLI_PATH, dir_.path(),
+      {"attention", "--q", "bq.npy", "--k", "bkv.npy", "--v", "bkv.npy", "--out", "o.npy",
+       "--grad-out", "bq.npy", "--grad-q", "dq.npy", "--threads", "1", "--max-memory", "16M"},
+      "the gradients need", {1, 1});
+  const testing::CommandRun r = testing::run_program(
+      QKV_CLI_PATH, dir_.path(),
+      {"attention", "--q", "bq.npy", "--k", "bkv.npy", "--v", "bkv.npy", "--out", "o.npy",
+       "--grad-out", "bq.npy", "--grad-q", "dq.npy", "--threads", "1", "--max-memory", "16M"});
+  EXPECT_NE(r.err.find("checked before the forward"), std::string::npos) << r.err;
+  // A budget that holds both runs.
+  const testing::CommandRun ok = testing::run_program(
+      QKV_CLI_PATH, dir_.path(),
+      {"attention", "--q", "bq.npy", "--k", "bkv.npy", "--v", "bkv.npy", "--out", "o.npy",
+       "--grad-out", "bq.npy", "--grad-q", "dq.npy", "--threads", "1", "--max-memory", "256M"});
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
 // qkv bench --backward: the forward bench's JSON fields (chosen.ms, chosen.gflops, baseline for
 // the unfused backward) plus forward_ms; the form, not the figures (timings on a shared host).
 TEST_F(CliGradients, BenchBackwardReportsTheForwardBenchsFields) {

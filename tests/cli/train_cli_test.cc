@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "qkv/io.h"
 #include "support/command_runner.h"
+#include "support/refusal.h"
 #include "support/test_support.h"
 
 namespace qkv {
@@ -72,6 +74,90 @@ TEST(TrainCli, BadFlagsGiveOneLineAndStatusTwo) {
     EXPECT_EQ(r.status, 2) << args[1];
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+}
+
+// Numbers the run cannot take and configurations no run can take are usage errors naming the
+// flag (status 2), refused before anything is trained: --lr NaN, infinite or past float32 (was
+// status 1 "x: holds NaN" after a step; no 309-digit DBL_MAX in the message), --heads that do
+// not divide --d-model, --pairs above --vocab, an mqar --seq-len with no room for a query (all
+// status 1 before), and seeds outside 0..2^64-1 (-1, 2^64 and a 23-digit number were all taken
+// as 2^64 - 1).
+TEST(TrainCli, ImpossibleSettingsAreUsageErrorsNamingTheFlag) {
+  testing::ScratchDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--lr", "nan"}, "--lr"},
+      {{"--lr", "inf"}, "--lr"},
+      {{"--lr", "1e39"}, "--lr"},
+      {{"--lr", "1e-50"}, "--lr"},
+      {{"--heads", "3", "--d-model", "64"}, "--heads"},
+      {{"--pairs", "20", "--vocab", "16"}, "--pairs"},
+      {{"--task", "mqar", "--layers", "2", "--pairs", "4", "--seq-len", "8"}, "--seq-len"},
+      {{"--seed", "-1"}, "--seed"},
+      {{"--seed", "18446744073709551616"}, "--seed"},
+      {{"--seed", "12345678901234567890123"}, "--seed"},
+      {{"--seed", "1.5"}, "--seed"},
+  };
+  for (const auto& [extra, flag] : cases) {
+    std::vector<std::string> args = {"train", "--steps", "10000000"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    testing::expect_refused(QKV_CLI_PATH, dir.path(), args, flag, {2, 2}, 60);
+    const auto r = run(dir, args);
+    EXPECT_EQ(r.err.find("179769313486231570"), std::string::npos) << r.err;
+  }
+  // The largest seed is a seed.
+  auto args = kSmall;
+  args[10] = "1";  // --steps
+  ASSERT_EQ(args[13], "--seed");
+  args[14] = "18446744073709551615";
+  const auto r = run(dir, args);
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+// Every output is checked before training: --out must name a .safetensors file (m.npy got
+// safetensors bytes under a .npy name, "" wrote nothing and exited 0), and a folder that does
+// not exist is refused at once (it was found after the whole training). --steps is set so
+// that a run that trained first would not finish within the timeout.
+TEST(TrainCli, OutputsAreCheckedBeforeTraining) {
+  testing::ScratchDir dir;
+  const std::vector<std::string> forever = {"train", "--steps", "10000000", "--quiet"};
+  const auto refused = [&](const std::vector<std::string>& extra, const std::string& mentions,
+                           int status) {
+    std::vector<std::string> args = forever;
+    args.insert(args.end(), extra.begin(), extra.end());
+    testing::expect_refused(QKV_CLI_PATH, dir.path(), args, mentions, {status, status}, 60);
+  };
+  refused({"--out", ""}, "--out", 2);
+  refused({"--out", "m.npy"}, "--out", 2);
+  refused({"--out", "m"}, "--out", 2);
+  refused({"--out", ".safetensors"}, "--out", 2);
+  refused({"--html", ""}, "--html", 2);
+  refused({"--out", "missing/m.safetensors"}, "missing/m.safetensors", 1);
+  refused({"--out", "m.safetensors", "--html", "missing/p.html"}, "missing/p.html", 1);
+  refused({"--out", "m.safetensors", "--html", "./m.safetensors"}, "--html", 2);
+  std::filesystem::create_directory(dir / "d.safetensors");
+  refused({"--out", "d.safetensors"}, "d.safetensors", 1);
+}
+
+// --max-memory: the whole run's footprint is checked before the first step, as attention
+// checks its call. A configuration needing terabytes kept allocating (6.6 GB after 41 s)
+// before "out of memory"; now one line at once, under the default budget too.
+TEST(TrainCli, AFootprintBeyondTheBudgetIsRefusedBeforeTraining) {
+  testing::ScratchDir dir;
+  const std::vector<std::string> huge = {"train",   "--batch", "65536", "--d-model", "1024",
+                                         "--pairs", "4096",    "--queries", "4096", "--vocab",
+                                         "65536",   "--quiet"};
+  testing::expect_refused(QKV_CLI_PATH, dir.path(), huge, "--max-memory: qkv train needs", {1, 1},
+                          60);
+  auto small = kSmall;
+  small.insert(small.end(), {"--max-memory", "1M"});
+  testing::expect_refused(QKV_CLI_PATH, dir.path(), small, "the memory budget is 1048576 bytes",
+                          {1, 1}, 60);
+  // The small run fits a modest budget.
+  small.back() = "64M";
+  small[10] = "2";  // --steps
+  small.insert(small.end(), {"--threads", "2"});
+  const auto r = run(dir, small);
+  EXPECT_EQ(r.status, 0) << r.err;
 }
 
 }  // namespace

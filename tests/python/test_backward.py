@@ -213,3 +213,66 @@ def test_torch_attention_differentiates_16_bit_inputs_in_float32(dtype):
     for got, expected in zip((q16.grad, k16.grad, v16.grad), want[:3]):
         assert got.dtype == dtype
         assert torch.equal(got, expected.to(dtype))
+
+
+def test_a_second_derivative_is_refused_never_silently_zero():
+    """qkv's backward is not differentiable. A gradient taken with create_graph=True (to be
+    differentiated again: a gradient penalty) treated qkv's gradients as constants, and the
+    penalty's gradient came out 0 where plain torch gives a non-zero one. It is refused."""
+    q, k, v, dout, _, _ = inputs({"causal": True}, seed=5)
+    leaf = q.clone().requires_grad_()
+    plain = torch_attention(leaf, k, v, causal=True)
+    (dq_plain,) = torch.autograd.grad((plain * dout).sum(), leaf, create_graph=True)
+    (penalty_grad,) = torch.autograd.grad((dq_plain ** 2).sum(), leaf)
+    assert penalty_grad.abs().max() > 1e-3  # what a silent zero would get wrong
+
+    leaf = q.clone().requires_grad_()
+    out = qt.attention(leaf, k, v, is_causal=True)
+    with pytest.raises(qkv.Error, match="no second derivative.*create_graph=True"):
+        torch.autograd.grad((out * dout).sum(), leaf, create_graph=True)
+    out = qt.attention(leaf, k, v, is_causal=True)
+    with pytest.raises(qkv.Error, match="no second derivative"):
+        (out * dout).sum().backward(create_graph=True)
+    with pytest.raises(qkv.Error, match="no second derivative"):
+        out = qt.scaled_dot_product_attention(leaf, k, v)
+        torch.autograd.grad(out.sum(), leaf, create_graph=True)
+    # The first derivative is as before.
+    out = qt.attention(leaf, k, v, is_causal=True)
+    (dq,) = torch.autograd.grad((out * dout).sum(), leaf)
+    assert torch.allclose(dq, dq_plain.detach(), atol=1e-12)
+
+
+def test_numpy_sinks_take_no_gradient_and_the_rest_train():
+    """sinks given as a NumPy array beside tensors that require grad: the array is a constant
+    (it cannot require grad), the other gradients are those of the same sinks as a tensor. It
+    raised torch's TypeError from save_for_backward."""
+    q, k, v, dout, _, _ = inputs({}, seed=6)
+    sinks = np.array([0.5, -1.0])
+    grads = []
+    for given in (sinks, torch.from_numpy(sinks)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = qt.attention(*leaves, sinks=given)
+        (out * dout).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for got, expected in zip(*grads):
+        assert torch.equal(got, expected)
+    with pytest.raises(qkv.Error, match="sinks"):
+        qt.attention(q.clone().requires_grad_(), k, v, sinks=object())
+
+
+def test_zero_query_heads_with_empty_sinks_give_an_empty_sinks_gradient():
+    """H = 0 with sinks of shape [0]: dsinks is an empty [0] array (it was None in Python, and
+    qkv.torch raised a TypeError)."""
+    q = np.zeros((0, 4, 8), np.float32)
+    k = np.zeros((0, 5, 8), np.float32)
+    v = np.zeros((0, 5, 3), np.float32)
+    sinks = np.zeros(0, np.float32)
+    r = qkv.attention(q, k, v, sinks=sinks, return_lse=True)
+    g = qkv.attention_backward(q, k, v, r.out, r.lse, np.zeros((0, 4, 3), np.float32),
+                               sinks=sinks)
+    assert isinstance(g.dsinks, np.ndarray) and g.dsinks.shape == (0,)
+    tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    ts = torch.zeros(0, requires_grad=True)
+    qt.attention(tq, tk, tv, sinks=ts).sum().backward()
+    assert ts.grad is not None and ts.grad.shape == (0,)
+    assert tq.grad.shape == (0, 4, 8)

@@ -134,3 +134,13 @@ def test_text_with_a_lone_surrogate_is_an_error_naming_the_argument():
     _one_line_error(lambda: qkv.explain(q, k, v, title="film\udcff"), "title", "lone surrogate")
     _one_line_error(lambda: qkv.KVCache(kv_heads=1, d=4, storage="\udc80"), "storage",
                     "lone surrogate")
+
+
+def test_a_float16_output_past_its_range_is_refused_not_made_infinite():
+    """out_dtype="float16" with an output of 1e5 (V of 1e5): refused naming out_dtype; it was
+    returned as infinity."""
+    q = np.ones((3, 4), np.float32)
+    v = np.full((3, 2), 1e5, np.float32)
+    with pytest.raises(qkv.Error, match="^out_dtype: float16 cannot hold the output's value"):
+        qkv.attention(q, q, v, out_dtype="float16")
+    assert qkv.attention(q, q, v / 10, out_dtype="float16").dtype == np.float16

@@ -84,6 +84,27 @@ def test_bfloat16_output_only_for_torch():
     assert torch.equal(out, qkv.attention(q, k, v).to(torch.bfloat16))
 
 
+def test_every_output_of_a_16_bit_call_has_the_inputs_dtype():
+    """bfloat16 inputs gave a bfloat16 output but float32 lse and weights, while float16 inputs
+    gave float16 for all three: each output now has the inputs' dtype, for both 16-bit types,
+    in qkv.attention and the layer."""
+    q, k, v = tensors((2, 5, 8), (2, 7, 8), (2, 7, 4))
+    x = torch.randn(5, 8)
+    w = torch.randn(8, 8) / 4
+    layer = qkv.MultiHeadAttention(w, w, w, heads=2)
+    for dtype in (torch.bfloat16, torch.float16):
+        r = qkv.attention(q.to(dtype), k.to(dtype), v.to(dtype), return_lse=True,
+                          return_weights=True)
+        assert (r.out.dtype, r.lse.dtype, r.weights.dtype) == (dtype, dtype, dtype)
+        f = qkv.attention(q.to(dtype), k.to(dtype), v.to(dtype), return_lse=True,
+                          return_weights=True, out_dtype="float32")
+        assert torch.equal(r.lse, f.lse.to(dtype)) and torch.equal(r.weights, f.weights.to(dtype))
+        layer16 = qkv.MultiHeadAttention(w.to(dtype), w.to(dtype), w.to(dtype), heads=2)
+        y = layer16(x.to(dtype), return_lse=True, return_weights=True)
+        assert (y.out.dtype, y.lse.dtype, y.weights.dtype) == (dtype, dtype, dtype)
+    assert layer(x, return_lse=True).lse.dtype == torch.float32
+
+
 def test_layer_linear_and_cache_follow_the_inputs():
     rng = np.random.default_rng(1)
     wq, wk, wv = (rng.standard_normal((8, 8)) for _ in range(3))

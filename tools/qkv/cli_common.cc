@@ -11,7 +11,9 @@
 #include <limits>
 #include <utility>
 
+#include "core/mask_rule.h"
 #include "core/memory_budget.h"
+#include "core/validate.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 
@@ -537,7 +539,39 @@ CLI::Validator output_path() {
 
 CLI::Option* as_output(CLI::Option* option) { return option->check(output_path()); }
 
+namespace {
+
+// --out-dtype f16: a finite value that rounds to infinity in float16 (65520 or more in
+// magnitude: float16's largest is 65504) is refused rather than written as ±inf. Gradients and
+// weights of float32 inputs may well be that large; -inf (the lse of a row with no allowed key)
+// is written as it is.
+void require_fits_float16(const OutputFile& output) {
+  const TensorView& t = output.tensor;
+  if (t.dtype != DType::kF32 && t.dtype != DType::kF64) return;
+  const Tensor copy =
+      t.strides == contiguous_strides(t.shape) ? Tensor() : contiguous_copy(t, t.dtype);
+  const void* data = copy.empty() ? t.data : copy.data();
+  const std::int64_t count = shape_numel(t.shape, t.name);
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double value = core::load_real(data, t.dtype, i);
+    if (std::isfinite(value) && std::fabs(value) >= 65520.0) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.6g", value);
+      throw Error("--out-dtype",
+                  "float16 cannot hold " + output.path + "'s value " + text + " at " +
+                      core::index_string(t.shape, i) +
+                      " (float16's largest is 65504; it would be written as infinity): use "
+                      "--out-dtype f32");
+    }
+  }
+}
+
+}  // namespace
+
 void write_outputs(const std::vector<OutputFile>& outputs, DType dtype) {
+  if (dtype == DType::kF16) {
+    for (const OutputFile& output : outputs) require_fits_float16(output);
+  }
   OutputFiles files;
   // Outputs of one archive (.npz, .safetensors) are gathered under its path, in flag order.
   std::vector<std::pair<std::string, std::vector<const OutputFile*>>> archives;

@@ -1,10 +1,13 @@
 // qkv attention: the core operation on given Q, K, V files.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 
 #include "cli_common.h"
+#include "core/format_bytes.h"
+#include "core/memory_budget.h"
 #include "command_ring.h"
 #include "commands.h"
 #include "qkv/attention.h"
@@ -101,6 +104,42 @@ void add_gradients(const AttentionCommand& command, const TensorView& q, const T
   }
 }
 
+// With a budget, the backward's needs are checked before the forward runs: the forward's
+// outputs, which the backward reads, and the backward's gradients and workspace
+// (attention_backward_memory) must fit in what the inputs leave of it together, so that a
+// budget too small for the gradients is refused before any computing, not after the forward.
+void check_gradient_budget(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const AttentionOptions& options) {
+  if (options.max_memory == 0 || q.shape().empty() || k.shape().size() < 2) return;
+  const bool f64 = q.dtype() == DType::kF64 || k.dtype() == DType::kF64 ||
+                   v.dtype() == DType::kF64;
+  const std::uint64_t element = f64 ? 8 : 4;
+  const auto u = [](std::int64_t x) {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0));
+  };
+  std::uint64_t rows = 1;
+  for (std::size_t axis = 0; axis + 1 < q.shape().size(); ++axis)
+    rows = core::saturating_mul(rows, u(q.shape()[axis]));
+  std::uint64_t per_row = core::saturating_add(u(v.shape().back()), 1);  // out and lse
+  if (options.return_weights)
+    per_row = core::saturating_add(per_row, u(k.shape()[k.shape().size() - 2]));
+  const std::uint64_t held = core::saturating_mul(core::saturating_mul(rows, per_row), element);
+  AttentionOptions backward = options;
+  backward.progress = nullptr;
+  const std::uint64_t gradients = within_memory_budget("attention backward", [&] {
+    return attention_backward_memory(q.view(), k.view(), v.view(), backward);
+  });
+  const std::uint64_t total = core::saturating_add(held, gradients);
+  if (total > options.max_memory) {
+    throw Error("--max-memory",
+                "the gradients need " + core::format_bytes_exact(total) +
+                    ": the forward's outputs " + core::format_bytes(held) +
+                    ", which the backward reads, and the backward's gradients and workspace " +
+                    core::format_bytes(gradients) + "; the budget left after the inputs is " +
+                    core::format_bytes_exact(options.max_memory) + " (checked before the forward)");
+  }
+}
+
 void print_errors(const char* what, const ErrorStats& e) {
   std::printf("  %-7s max abs error %.3e  max rel error %.3e  (max |reference| %.3e)\n", what,
               e.max_abs_error, e.max_rel_error, e.max_abs_reference);
@@ -160,7 +199,10 @@ void run_attention(const AttentionCommand& command) {
   AttentionOptions options = attention_options(command.flags, tensors);
   apply_memory_budget(command.flags, input_bytes, options);
   const bool gradients_wanted = command.gradients.wanted();
-  if (gradients_wanted) options.return_lse = true;  // the backward reads it
+  if (gradients_wanted) {
+    options.return_lse = true;  // the backward reads it
+    check_gradient_budget(q, k, v, options);
+  }
   if (verbose_choice()) {
     const std::string choice = within_memory_budget(
         "attention", [&] { return explain_kernel_choice(q, k, v, options); });

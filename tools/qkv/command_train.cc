@@ -2,12 +2,20 @@
 // the weights (--out) and the explain page (--html). The training itself is src/train/.
 #include <unistd.h>
 
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "cli_common.h"
 #include "commands.h"
+#include "core/format_bytes.h"
+#include "io/output_paths.h"
 #include "qkv/error.h"
 #include "qkv/explain.h"
 #include "qkv/io.h"
@@ -22,8 +30,100 @@ struct TrainCommand {
   std::string task = "recall";
   float lr = 3e-3f;
   std::string out_path, html_path;
+  CLI::Option* out_option = nullptr;
+  CLI::Option* html_option = nullptr;
+  std::string max_memory;  // empty: the default budget
   bool json = false, quiet = false;
 };
+
+// --lr: a positive finite number that float32 holds (the optimizer's type), so that "nan",
+// "inf" or 1e39 are refused by the parser, not found as NaN weights after the first step.
+CLI::Validator learning_rate() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        double value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value) ||
+            value <= 0 || value > std::numeric_limits<float>::max() ||
+            static_cast<float>(value) == 0.0f) {
+          return "must be a positive finite number within float32's range (3.4e38), got '" +
+                 text + "'";
+        }
+        return {};
+      },
+      "> 0", "learning rate");
+}
+
+// --seed: a whole number from 0 to 2^64 - 1 in decimal digits. CLI11 reads "-1" into an
+// unsigned integer as 2^64 - 1 and saturates longer numbers, so that -1, 2^64 and a 23-digit
+// number were all one seed.
+CLI::Validator seed_number() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        std::uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ptr != end || ec == std::errc::invalid_argument) {
+          return "must be a whole number from 0 to 18446744073709551615, got '" + text + "'";
+        }
+        if (ec != std::errc()) {
+          return "must be at most 18446744073709551615 (2^64 - 1), got '" + text + "'";
+        }
+        return {};
+      },
+      "0 to 2^64-1", "seed");
+}
+
+// The outputs, checked before any training: --out must name a .safetensors file (the weights
+// by name, what qkv layer reads as FILE.safetensors:NAME), --html an explain page, neither
+// empty; each must be a file that can be written (resolve_output: the folder exists and is
+// writable, the name fits, not a directory or a device), and not the same file. A usage error
+// (status 2) for the names, a file error (status 1) for the places, as other commands.
+void check_outputs(const TrainCommand& command) {
+  const auto has_suffix = [](const std::string& path, const std::string& suffix) {
+    return path.size() > suffix.size() &&
+           path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+           path[path.size() - suffix.size() - 1] != '/';
+  };
+  if (command.out_option->count() > 0 && !has_suffix(command.out_path, ".safetensors")) {
+    throw CLI::ValidationError("--out",
+                               "writes the weights as a .safetensors file; name one ending in "
+                               ".safetensors, got '" +
+                                   command.out_path + "'");
+  }
+  if (command.html_option->count() > 0 && command.html_path.empty()) {
+    throw CLI::ValidationError("--html", "needs a file name, got ''");
+  }
+  std::vector<io::OutputTarget> targets;
+  if (!command.out_path.empty()) {
+    targets.push_back(io::resolve_output(command.out_path, command.out_path));
+  }
+  if (!command.html_path.empty()) {
+    targets.push_back(io::resolve_output(command.html_path, command.html_path));
+    if (targets.size() == 2 && io::same_output(targets[0], targets[1])) {
+      throw CLI::ValidationError("--html", "names the same file as --out ('" +
+                                               command.html_path + "')");
+    }
+  }
+}
+
+// The run's whole footprint against --max-memory, before anything is allocated: a
+// configuration that needs more than the budget is one line at once, not an allocation that
+// grows until the system refuses it.
+void check_train_memory(const TrainCommand& command) {
+  const std::uint64_t budget = memory_budget(command.max_memory);
+  if (budget == 0) return;
+  const train::TrainMemory memory = train::train_memory(command.config);
+  if (memory.total() <= budget) return;
+  throw Error("--max-memory",
+              "qkv train needs " + core::format_bytes_exact(memory.total()) +
+                  ": parameters, Adam state and gradients " +
+                  core::format_bytes(memory.parameters) + ", a step's activations " +
+                  core::format_bytes(memory.activations) + ", the largest layer call " +
+                  core::format_bytes(memory.layer_call) + "; the memory budget is " +
+                  core::format_bytes_exact(budget));
+}
 
 // The explain page of the trained model's first layer on the first held-out sequence: each
 // query's row of weights should sit on the key it asks about.
@@ -71,7 +171,14 @@ void run_train(TrainCommand& command) {
   train::TrainConfig& c = command.config;
   c.task.task = command.task == "mqar" ? train::Task::kMqar : train::Task::kRecall;
   c.adam.lr = command.lr;
-  train::validate(c);
+  // A configuration no run can take is a usage error naming its flag, like a bad number.
+  try {
+    train::validate(c);
+  } catch (const Error& e) {
+    throw CLI::ValidationError(e.subject(), e.problem());
+  }
+  check_outputs(command);
+  check_train_memory(command);
   const bool line = !command.quiet && isatty(fileno(stderr)) != 0;
   const train::TrainResult result = train::train(c, [&](const train::CurvePoint& p) {
     if (line) {
@@ -164,9 +271,11 @@ void register_train_command(CLI::App& app) {
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   sub->add_option("--lr", command->lr, "Adam learning rate")
-      ->check(CLI::PositiveNumber)
+      ->check(learning_rate())
       ->capture_default_str();
-  sub->add_option("--seed", c.seed, "seed of initialisation, training and held-out streams")
+  sub->add_option("--seed", c.seed,
+                  "seed of initialisation, training and held-out streams (0 to 2^64-1)")
+      ->check(seed_number())
       ->capture_default_str();
   sub->add_option("--threads", c.threads, "threads (0: all); results do not depend on it")
       ->check(CLI::Range(0, 4096))
@@ -177,10 +286,16 @@ void register_train_command(CLI::App& app) {
   sub->add_option("--heldout", c.heldout, "held-out sequences per evaluation")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
-  sub->add_option("--out", command->out_path,
-                  "write the weights as .safetensors: embed.a, embed.b, layer{l}.wq/.wk/.wv/.wo "
-                  "([d,d], the X·W convention of qkv layer), readout.w [d,vocab], readout.b");
-  sub->add_option("--html", command->html_path, "write the explain page of the trained layer");
+  command->out_option = sub->add_option(
+      "--out", command->out_path,
+      "write the weights as FILE.safetensors: embed.a, embed.b, layer{l}.wq/.wk/.wv/.wo "
+      "([d,d], the X·W convention of qkv layer), readout.w [d,vocab], readout.b");
+  command->html_option =
+      sub->add_option("--html", command->html_path, "write the explain page of the trained layer");
+  sub->add_option("--max-memory", command->max_memory,
+                  "memory budget: refuse, before training, a run whose parameters, activations "
+                  "and layer calls need more (e.g. 8G, 512MiB, 25%; 0: no limit; default 75% of "
+                  "physical memory)");
   sub->add_flag("--json", command->json, "end with one JSON object on stdout");
   sub->add_flag("--quiet", command->quiet, "no progress line or summary");
   sub->footer(
