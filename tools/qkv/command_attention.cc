@@ -108,26 +108,26 @@ void add_gradients(const AttentionCommand& command, const TensorView& q, const T
 // outputs, which the backward reads, and the backward's gradients and workspace
 // (attention_backward_memory) must fit in what the inputs leave of it together, so that a
 // budget too small for the gradients is refused before any computing, not after the forward.
-void check_gradient_budget(const Tensor& q, const Tensor& k, const Tensor& v,
+void check_gradient_budget(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionOptions& options) {
-  if (options.max_memory == 0 || q.shape().empty() || k.shape().size() < 2) return;
-  const bool f64 = q.dtype() == DType::kF64 || k.dtype() == DType::kF64 ||
-                   v.dtype() == DType::kF64;
+  if (options.max_memory == 0 || q.shape.empty() || k.shape.size() < 2) return;
+  const bool f64 = q.dtype == DType::kF64 || k.dtype == DType::kF64 ||
+                   v.dtype == DType::kF64;
   const std::uint64_t element = f64 ? 8 : 4;
   const auto u = [](std::int64_t x) {
     return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0));
   };
   std::uint64_t rows = 1;
-  for (std::size_t axis = 0; axis + 1 < q.shape().size(); ++axis)
-    rows = core::saturating_mul(rows, u(q.shape()[axis]));
-  std::uint64_t per_row = core::saturating_add(u(v.shape().back()), 1);  // out and lse
+  for (std::size_t axis = 0; axis + 1 < q.shape.size(); ++axis)
+    rows = core::saturating_mul(rows, u(q.shape[axis]));
+  std::uint64_t per_row = core::saturating_add(u(v.shape.back()), 1);  // out and lse
   if (options.return_weights)
-    per_row = core::saturating_add(per_row, u(k.shape()[k.shape().size() - 2]));
+    per_row = core::saturating_add(per_row, u(k.shape[k.shape.size() - 2]));
   const std::uint64_t held = core::saturating_mul(core::saturating_mul(rows, per_row), element);
   AttentionOptions backward = options;
   backward.progress = nullptr;
   const std::uint64_t gradients = within_memory_budget("attention backward", [&] {
-    return attention_backward_memory(q.view(), k.view(), v.view(), backward);
+    return attention_backward_memory(q, k, v, backward);
   });
   const std::uint64_t total = core::saturating_add(held, gradients);
   if (total > options.max_memory) {
