@@ -156,6 +156,8 @@ class BackwardRun {
           rows_of(bp.lse);
           rows_of(bp.grad_out);
           rows_of(bp.delta);
+          rows_of(bp.row_max);
+          rows_of(bp.row_sum);
           detail::point_at_block(plan.kv, block, rows, lk, p.k, p.v);
           detail::set_offsets(p.masking, plan.nq, plan.nk, q, k);
           if (p.masking.mask != nullptr) {
@@ -520,12 +522,17 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
   result.kernel = std::string(plan.kernel->name);
   result.compute = grad;
   result.threads = base.forward.threads;
-  std::vector<double> delta, dsinks;
+  std::vector<double> delta, dsinks, row_sum;
   try {
     // D once per row, for every block's kernel call and for dsinks.
     delta = row_deltas(base);
-    plan.base.delta = {delta.data(), DType::kF64,
-                       core::Strides4{s.h * plan.n_local, plan.n_local, 1, 0}};
+    const core::Strides4 per_row{s.h * plan.n_local, plan.n_local, 1, 0};
+    plan.base.delta = {delta.data(), DType::kF64, per_row};
+    // The whole row's softmax statistics for the kernels, which see one block of keys per call:
+    // M* = lse and l* = 1 (exp(x - lse) is the whole row's weight).
+    row_sum.assign(delta.size(), 1.0);
+    plan.base.row_max = base.lse;
+    plan.base.row_sum = {row_sum.data(), DType::kF64, per_row};
     if (!sinks.empty()) dsinks = local_dsinks(base, delta, sinks);
   } catch (const std::exception& e) {
     problem = problem_of(e);

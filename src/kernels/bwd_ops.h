@@ -1,7 +1,7 @@
 // The products and the exponential of the tiled backward (bwd_fused_driver.h), two ways:
 // ScalarOps, plain loops (the portable twin: what every line computes is visible), and
 // BlasOps, the products through CBLAS (sgemm/dgemm on the calling thread: OpenBLAS is kept
-// to one thread, blas_threads.h) with the exponential from `Exp`.
+// to one thread, blas_threads.h) with the element-wise steps in SIMD.
 #pragma once
 
 #include <cblas.h>
@@ -9,18 +9,51 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 namespace qkv::kernels::bwd {
 
-// x_rc = exp(min(scale·x_rc - shift_r, 0)) over a rows x cols tile, in the portable way.
+// The element-wise steps of the weights (bwd_row_stats.h), in the portable way, over rows x
+// cols tiles. Each subtraction x - shift is its own rounded step, as in the SIMD versions.
 template <class T>
-void exp_below_scalar(T* x, std::int64_t rows, std::int64_t cols, T scale,
-                      const T* shift) noexcept {
+void scale_rows_scalar(T* x, std::int64_t rows, std::int64_t cols, T scale) noexcept {
+  for (std::int64_t e = 0; e < rows * cols; ++e) x[e] *= scale;
+}
+
+// max_r = max_c x_rc (-inf for a row of -inf).
+template <class T>
+void max_rows_scalar(const T* x, std::int64_t rows, std::int64_t cols, T* max) noexcept {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T m = -std::numeric_limits<T>::infinity();
+    for (std::int64_t c = 0; c < cols; ++c) m = std::max(m, x[r * cols + c]);
+    max[r] = m;
+  }
+}
+
+// sum_r = Σ_c exp(min(x_rc - shift_r, 0)), summed in T, then widened.
+template <class T>
+void exp_sum_rows_scalar(const T* x, std::int64_t rows, std::int64_t cols, const T* shift,
+                         double* sum) noexcept {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T total = 0;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const T arg = x[r * cols + c] - shift[r];
+      total += std::exp(std::min(arg, T(0)));
+    }
+    sum[r] = static_cast<double>(total);
+  }
+}
+
+// x_rc = exp(min(x_rc - shift_r, 0))·inv_r.
+template <class T>
+void weigh_rows_scalar(T* x, std::int64_t rows, std::int64_t cols, const T* shift,
+                       const T* inv) noexcept {
   for (std::int64_t r = 0; r < rows; ++r) {
     T* row = x + r * cols;
     for (std::int64_t c = 0; c < cols; ++c) {
-      row[c] = std::exp(std::min(scale * row[c] - shift[r], T(0)));
+      const T arg = row[c] - shift[r];
+      row[c] = std::exp(std::min(arg, T(0))) * inv[r];
     }
   }
 }
@@ -57,9 +90,19 @@ struct ScalarOps {
       }
     }
   }
-  static void exp_below(T* x, std::int64_t rows, std::int64_t cols, T scale,
-                        const T* shift) noexcept {
-    exp_below_scalar(x, rows, cols, scale, shift);
+  static void scale_rows(T* x, std::int64_t rows, std::int64_t cols, T scale) noexcept {
+    scale_rows_scalar(x, rows, cols, scale);
+  }
+  static void max_rows(const T* x, std::int64_t rows, std::int64_t cols, T* max) noexcept {
+    max_rows_scalar(x, rows, cols, max);
+  }
+  static void exp_sum_rows(const T* x, std::int64_t rows, std::int64_t cols, const T* shift,
+                           double* sum) noexcept {
+    exp_sum_rows_scalar(x, rows, cols, shift, sum);
+  }
+  static void weigh_rows(T* x, std::int64_t rows, std::int64_t cols, const T* shift,
+                         const T* inv) noexcept {
+    weigh_rows_scalar(x, rows, cols, shift, inv);
   }
   static void ds_rows(T* ds, const T* p, const T* factor, std::int64_t rows, std::int64_t cols,
                       T scale, const T* delta) noexcept {
@@ -67,8 +110,23 @@ struct ScalarOps {
   }
 };
 
+// The element-wise steps in SIMD (attention_bwd_fused_hwy.cc, one dynamic dispatch each; the
+// scalar loops in a portable build): what BlasOps uses beside its CBLAS products.
+void simd_scale_rows(float* x, std::int64_t rows, std::int64_t cols, float scale) noexcept;
+void simd_scale_rows(double* x, std::int64_t rows, std::int64_t cols, double scale) noexcept;
+void simd_max_rows(const float* x, std::int64_t rows, std::int64_t cols, float* max) noexcept;
+void simd_max_rows(const double* x, std::int64_t rows, std::int64_t cols, double* max) noexcept;
+void simd_exp_sum_rows(const float* x, std::int64_t rows, std::int64_t cols, const float* shift,
+                       double* sum) noexcept;
+void simd_exp_sum_rows(const double* x, std::int64_t rows, std::int64_t cols, const double* shift,
+                       double* sum) noexcept;
+void simd_weigh_rows(float* x, std::int64_t rows, std::int64_t cols, const float* shift,
+                     const float* inv) noexcept;
+void simd_weigh_rows(double* x, std::int64_t rows, std::int64_t cols, const double* shift,
+                     const double* inv) noexcept;
+
 // The products through CBLAS: a strided A is a plain one (cs = 1) or a transposed one (rs = 1).
-template <class T, void (*Exp)(T*, std::int64_t, std::int64_t, T, const T*) noexcept>
+template <class T>
 struct BlasOps {
   static void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t rs,
                    std::int64_t cs, const T* b, std::int64_t ldb, T* c, std::int64_t ldc,
@@ -86,9 +144,19 @@ struct BlasOps {
                   beta, c, i(ldc));
     }
   }
-  static void exp_below(T* x, std::int64_t rows, std::int64_t cols, T scale,
-                        const T* shift) noexcept {
-    Exp(x, rows, cols, scale, shift);
+  static void scale_rows(T* x, std::int64_t rows, std::int64_t cols, T scale) noexcept {
+    simd_scale_rows(x, rows, cols, scale);
+  }
+  static void max_rows(const T* x, std::int64_t rows, std::int64_t cols, T* max) noexcept {
+    simd_max_rows(x, rows, cols, max);
+  }
+  static void exp_sum_rows(const T* x, std::int64_t rows, std::int64_t cols, const T* shift,
+                           double* sum) noexcept {
+    simd_exp_sum_rows(x, rows, cols, shift, sum);
+  }
+  static void weigh_rows(T* x, std::int64_t rows, std::int64_t cols, const T* shift,
+                         const T* inv) noexcept {
+    simd_weigh_rows(x, rows, cols, shift, inv);
   }
   static void ds_rows(T* ds, const T* p, const T* factor, std::int64_t rows, std::int64_t cols,
                       T scale, const T* delta) noexcept {
@@ -96,14 +164,7 @@ struct BlasOps {
   }
 };
 
-// The SIMD exponential (attention_bwd_fused_hwy.cc; the scalar loop in a portable build).
-void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, float scale,
-                        const float* shift) noexcept;
-void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols, double scale,
-                        const double* shift) noexcept;
-
 template <class T>
-using FastBlasOps = std::conditional_t<std::is_same_v<T, float>, BlasOps<float, exp_below_rows_f32>,
-                                       BlasOps<double, exp_below_rows_f64>>;
+using FastBlasOps = BlasOps<T>;
 
 }  // namespace qkv::kernels::bwd
