@@ -65,19 +65,45 @@ void MaxRows(const T* x, std::int64_t rows, std::int64_t cols, T* max) {
   }
 }
 
+// The sums are float64: summed in float32 lanes, l's and u's rounding tripled dsinks' error
+// against the plain composition's. A float32 row is exponentiated in place (the stats pass's
+// scratch), then read back as half vectors widened to float64 (e·dP exact in float64).
 template <class T>
-void ExpSumRows(const T* x, std::int64_t rows, std::int64_t cols, const T* shift, double* sum) {
+void ExpSumRows(T* x, const T* dp, std::int64_t rows, std::int64_t cols, const T* shift, double* sum,
+                double* dot) {
   const hn::ScalableTag<T> d;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const auto zero = hn::Zero(d);
+  const hn::ScalableTag<double> dd;
+  const auto wide = static_cast<std::int64_t>(hn::Lanes(dd));
   for (std::int64_t r = 0; r < rows; ++r) {
+    T* xr = x + r * cols;
+    const T* pr = dp + r * cols;
     const auto vs = hn::Set(d, shift[r]);
-    auto total = zero;
-    for (std::int64_t c = 0; c < cols; c += lanes) {
-      const auto arg = hn::Min(hn::Sub(hn::LoadU(d, x + r * cols + c), vs), zero);
-      total = hn::Add(total, ExpNonPositive(d, arg));
+    if constexpr (sizeof(T) == 8) {
+      auto total = zero, weighted = zero;
+      for (std::int64_t c = 0; c < cols; c += lanes) {
+        const auto e = ExpNonPositive(d, hn::Min(hn::Sub(hn::LoadU(d, xr + c), vs), zero));
+        total = hn::Add(total, e);
+        weighted = hn::MulAdd(e, hn::LoadU(d, pr + c), weighted);
+      }
+      sum[r] = hn::GetLane(hn::SumOfLanes(d, total));
+      dot[r] = hn::GetLane(hn::SumOfLanes(d, weighted));
+    } else {
+      for (std::int64_t c = 0; c < cols; c += lanes) {
+        const auto e = ExpNonPositive(d, hn::Min(hn::Sub(hn::LoadU(d, xr + c), vs), zero));
+        hn::StoreU(e, d, xr + c);
+      }
+      const hn::Rebind<float, decltype(dd)> dh;
+      auto total = hn::Zero(dd), weighted = hn::Zero(dd);
+      for (std::int64_t c = 0; c < cols; c += wide) {
+        const auto e = hn::PromoteTo(dd, hn::LoadU(dh, xr + c));
+        total = hn::Add(total, e);
+        weighted = hn::MulAdd(e, hn::PromoteTo(dd, hn::LoadU(dh, pr + c)), weighted);
+      }
+      sum[r] = hn::GetLane(hn::SumOfLanes(dd, total));
+      dot[r] = hn::GetLane(hn::SumOfLanes(dd, weighted));
     }
-    sum[r] = static_cast<double>(hn::GetLane(hn::SumOfLanes(d, total)));
   }
 }
 
@@ -104,9 +130,9 @@ void WeighRows(T* x, std::int64_t rows, std::int64_t cols, const T* shift, const
   void MaxRows##N(const T* x, std::int64_t rows, std::int64_t cols, T* max) {                 \
     MaxRows(x, rows, cols, max);                                                              \
   }                                                                                           \
-  void ExpSumRows##N(const T* x, std::int64_t rows, std::int64_t cols, const T* shift,        \
-                     double* sum) {                                                           \
-    ExpSumRows(x, rows, cols, shift, sum);                                                    \
+  void ExpSumRows##N(T* x, T* dp, std::int64_t rows, std::int64_t cols,                       \
+                     const T* shift, double* sum, double* dot) {                              \
+    ExpSumRows(x, dp, rows, cols, shift, sum, dot);                                           \
   }                                                                                           \
   void WeighRows##N(T* x, std::int64_t rows, std::int64_t cols, const T* shift, const T* inv) { \
     WeighRows(x, rows, cols, shift, inv);                                                     \
@@ -225,9 +251,9 @@ struct HwyOps {
   static void max_rows(const T* x, std::int64_t rows_, std::int64_t cols, T* max) noexcept {
     MaxRows(x, rows_, cols, max);
   }
-  static void exp_sum_rows(const T* x, std::int64_t rows_, std::int64_t cols, const T* shift,
-                           double* sum) noexcept {
-    ExpSumRows(x, rows_, cols, shift, sum);
+  static void exp_sum_rows(T* x, T* dp, std::int64_t rows_, std::int64_t cols,
+                           const T* shift, double* sum, double* dot) noexcept {
+    ExpSumRows(x, dp, rows_, cols, shift, sum, dot);
   }
   static void weigh_rows(T* x, std::int64_t rows_, std::int64_t cols, const T* shift,
                          const T* inv) noexcept {
@@ -271,9 +297,9 @@ namespace bwd {
   void simd_max_rows(const T* x, std::int64_t rows, std::int64_t cols, T* max) noexcept {      \
     HWY_DYNAMIC_DISPATCH(MaxRows##N)(x, rows, cols, max);                                      \
   }                                                                                            \
-  void simd_exp_sum_rows(const T* x, std::int64_t rows, std::int64_t cols, const T* shift,     \
-                         double* sum) noexcept {                                               \
-    HWY_DYNAMIC_DISPATCH(ExpSumRows##N)(x, rows, cols, shift, sum);                            \
+  void simd_exp_sum_rows(T* x, T* dp, std::int64_t rows, std::int64_t cols,                    \
+                         const T* shift, double* sum, double* dot) noexcept {                  \
+    HWY_DYNAMIC_DISPATCH(ExpSumRows##N)(x, dp, rows, cols, shift, sum, dot);                   \
   }                                                                                            \
   void simd_weigh_rows(T* x, std::int64_t rows, std::int64_t cols, const T* shift,             \
                        const T* inv) noexcept {                                                \

@@ -32,9 +32,9 @@ namespace bwd {
   void simd_max_rows(const T* x, std::int64_t rows, std::int64_t cols, T* max) noexcept {      \
     max_rows_scalar(x, rows, cols, max);                                                        \
   }                                                                                             \
-  void simd_exp_sum_rows(const T* x, std::int64_t rows, std::int64_t cols, const T* shift,     \
-                         double* sum) noexcept {                                                \
-    exp_sum_rows_scalar(x, rows, cols, shift, sum);                                             \
+  void simd_exp_sum_rows(T* x, T* dp, std::int64_t rows, std::int64_t cols,                    \
+                         const T* shift, double* sum, double* dot) noexcept {                   \
+    exp_sum_rows_scalar(x, dp, rows, cols, shift, sum, dot);                                    \
   }                                                                                             \
   void simd_weigh_rows(T* x, std::int64_t rows, std::int64_t cols, const T* shift,             \
                        const T* inv) noexcept {                                                 \

@@ -6,9 +6,9 @@
 //   pass "stats", parallel over (b, h, query tile): each row's max M_i and sum l_i over every
 //                                        key tile, from the scores the gradient pass will
 //                                        compute (the same bits): bwd_row_stats.h
-//   pass 0, parallel over (b, h):        D_i = Σ_c dO_ic·O_ic (float64 sum; or read from
-//                                        bp.delta, where a caller computed it once), and
-//                                        dsink_h -= Σ_i exp(sink_h - M_i)/l_i·D_i per (b, h)
+//                                        and D_i = Σ_j P_ij·dP_ij (as autograd's softmax
+//                                        backward has it; or read from bp.delta)
+//   pass 0, parallel over (b, h):        dsink_h -= Σ_i exp(sink_h - M_i)/l_i·D_i per (b, h)
 //   pass 1, threads taking tasks (key chunk c, b, kv head hk) from a counter: for each key
 //     tile K_j, V_j (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk,
 //     each query tile Q_i, dO_i (Br rows) not wholly masked by causal/window:
@@ -324,7 +324,9 @@ namespace qkv::kernels::bwd {
 //       n is a whole number of 64-byte vectors
 //   scale_rows(x, rows, ld, scale)                 x_rc = scale·x_rc (rounded, stored)
 //   max_rows(x, rows, ld, max)                     max_r = max_c x_rc
-//   exp_sum_rows(x, rows, ld, shift, sum)          sum_r = Σ_c exp(min(x_rc - shift_r, 0))
+//   exp_sum_rows(x, dp, rows, ld, shift, sum, dot) with e = exp(min(x - shift_r, 0)):
+//                                                  sum_r = Σ_c e_rc, dot_r = Σ_c e_rc·dp_rc
+//                                                  (float64 sums; x and dp are scratch)
 //   weigh_rows(x, rows, ld, shift, inv)            x_rc = exp(min(x_rc - shift_r, 0))·inv_r
 //   ds_rows(ds, p, factor, rows, ld, scale, D)     dS = scale·P∘(dP - D_r)(∘ factor)
 template <class Ops, class T>
@@ -347,6 +349,7 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
     if (bp.stats_max != nullptr) {
       std::copy(stats.max.begin(), stats.max.end(), bp.stats_max);
       std::copy(stats.sum.begin(), stats.sum.end(), bp.stats_sum);
+      std::copy(stats.dot.begin(), stats.dot.end(), bp.stats_dot);
       return core::KernelStatus::kOk;
     }
     std::vector<T> delta(static_cast<std::size_t>(rows));
@@ -355,30 +358,32 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
     std::vector<T> partial(
         static_cast<std::size_t>(std::max<std::int64_t>(plan.chunks - 1, 0) * rows * s.d));
 
-    // Pass 0: the rows' D, the sinks' gradients per (b, h): P_sink = exp(sink - M)·inv.
+    // Pass 0: the rows' D (the stats pass's Σ P∘dP, or the caller's), the sinks' gradients per
+    // (b, h): P_sink = exp(sink - M)/l.
     core::parallel_for(s.b * s.h, p.threads, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t bh = begin; bh < end; ++bh) {
         const std::int64_t b = bh / s.h;
         const std::int64_t h = bh % s.h;
+        constexpr double kInfinity = std::numeric_limits<double>::infinity();
         const double sink = p.modifiers.sinks.empty()
-                                ? -std::numeric_limits<double>::infinity()
+                                ? -kInfinity
                                 : static_cast<double>(static_cast<T>(
                                       p.modifiers.sinks[static_cast<std::size_t>(h)]));
         double dsink = 0.0;
         for (std::int64_t i = 0; i < s.nq; ++i) {
           const std::size_t row = static_cast<std::size_t>(bh * s.nq + i);
+          // dsinks takes D in float64: the caller's, or u/l unrounded (rounded to T, D's rounding
+          // alone tripled dsinks' error). dO·O from the saved O erred more: it carries the
+          // forward's rounding of O.
           double dot = 0.0;
           if (bp.delta.data != nullptr) {
             dot = core::load_real(bp.delta.data, bp.delta.dtype, bp.delta.strides.at(b, h, i, 0));
+            delta[row] = static_cast<T>(dot);
           } else {
-            for (std::int64_t c = 0; c < s.dv; ++c) {
-              dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
-                                     bp.grad_out.strides.at(b, h, i, c)) *
-                     core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
-            }
+            delta[row] = stats.delta[row];
+            if (stats.inv[row] != T(0)) dot = stats.dot[row] / stats.sum[row];
           }
-          delta[row] = static_cast<T>(dot);
-          if (sink != -std::numeric_limits<double>::infinity() && stats.inv[row] != T(0)) {
+          if (sink != -kInfinity && stats.inv[row] != T(0)) {
             dsink -= std::exp(std::min(sink - stats.max[row], 0.0)) / stats.sum[row] * dot;
           }
         }
