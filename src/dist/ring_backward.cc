@@ -502,6 +502,9 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
     core::BackwardParams whole = base;
     whole.forward.shape.nq = plan.nq;
     whole.forward.shape.nk = plan.nk;
+    // The kernels will be given the rows' statistics (the saved lse): the checks that apply
+    // to such calls apply (lse_recompute_declines).
+    whole.row_max = base.lse;
     static double unused = 0.0;
     const core::OutputOperand slot{&unused, grad, core::Strides4{0, 0, 0, 1}};
     whole.dq = whole.dk = whole.dv = slot;
