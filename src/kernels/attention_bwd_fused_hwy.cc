@@ -69,8 +69,8 @@ void MaxRows(const T* x, std::int64_t rows, std::int64_t cols, T* max) {
 // against the plain composition's. A float32 row is exponentiated in place (the stats pass's
 // scratch), then read back as half vectors widened to float64 (e·dP exact in float64).
 template <class T>
-void ExpSumRows(T* x, const T* dp, std::int64_t rows, std::int64_t cols, const T* shift, double* sum,
-                double* dot) {
+void ExpSumRows(T* x, const T* dp, std::int64_t rows, std::int64_t cols, const T* shift,
+                double* sum, double* dot) {
   const hn::ScalableTag<T> d;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const auto zero = hn::Zero(d);

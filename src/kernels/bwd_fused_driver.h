@@ -32,9 +32,9 @@
 // (enough tasks for 8 threads when b·hkv is small, bounded by the memory their dQ partials
 // take), never on the thread count: the bits are the same for any thread count.
 //
-// Memory: O(rows) for the row statistics and D, the tiles of each thread (K, Kᵀ, Vᵀ, Q, dO, S/P, dP/dS, the
-// softcap's factor, dK, dV, a dQ tile: about (5·Bc + 3·Br)·d + 3·Br·Bc elements), and
-// chunks - 1 dQ partials.
+// Memory: O(rows) for the row statistics and D, the tiles of each thread (K, Kᵀ, Vᵀ, Q, dO,
+// S/P, dP/dS, the softcap's factor, dK, dV, a dQ tile: about (5·Bc + 3·Br)·d + 3·Br·Bc
+// elements), and chunks - 1 dQ partials.
 #pragma once
 
 #include <algorithm>
