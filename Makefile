@@ -1,5 +1,6 @@
 # qkv: two commands get you going on a fresh Debian 12 machine (as root):
-#   make demo   installs what is missing, builds, runs the built-in example
+#   make demo   installs what the CLI needs (compiler, CMake, its libraries; no Python, browser,
+#               MPI or sanitizer toolchains), builds the qkv executable, runs the built-in example
 #   make test   installs what is missing, builds, runs every test
 # Build trees: build/ (release, the CLI at build/qkv), build/asan, build/tsan, build/portable,
 # build/fuzz (clang, libFuzzer).
@@ -7,19 +8,28 @@
 JOBS ?= $(shell nproc)
 PYTHON ?= .venv/bin/python
 
-.PHONY: all deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build \
+.PHONY: all deps demo-deps build demo test test-unit test-oracle test-asan test-tsan fuzz fuzz-build \
 	portable screenshots install wheel clean
 
 all: build
 
 deps:
-	@bash scripts/install-deps.sh
+	@bash scripts/install-deps.sh all
 
+demo-deps:
+	@bash scripts/install-deps.sh demo
+
+# The full build sets the parts `make demo` leaves out back on (they stay in CMake's cache).
 build: deps
-	@cmake --preset $(if $(CI),ci,release) >/dev/null
+	@cmake --preset $(if $(CI),ci,release) -DQKV_BUILD_TESTS=ON -DQKV_BUILD_PYTHON=ON \
+	  -DQKV_WITH_MPI=AUTO >/dev/null
 	@cmake --build build -j $(JOBS)
 
-demo: build
+# The qkv executable alone, in the same tree (build/qkv): no tests, Python module or MPI.
+demo: demo-deps
+	@cmake --preset release -DQKV_BUILD_TESTS=OFF -DQKV_BUILD_PYTHON=OFF -DQKV_WITH_MPI=OFF \
+	  >/dev/null
+	@cmake --build build -j $(JOBS) --target qkv_cli
 	./build/qkv explain --html qkv-explain.html
 
 # Every test: the unit and CLI suites and the oracle cases (tests/oracle, in ctest), then the

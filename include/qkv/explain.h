@@ -227,6 +227,7 @@ struct ExplainText {
   std::optional<TensorView> wo = std::nullopt;  // the layer's W^O and b^O, for its output line
   std::optional<TensorView> bo = std::nullopt;
   int threads = 0;
+  bool brief = false;  // the overview alone, no walk-through (rows is then ignored)
 };
 
 // `scans` holds scan_head() of every head of every part.

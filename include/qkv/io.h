@@ -124,6 +124,13 @@ TensorInfo inspect_safetensors_tensor(const std::filesystem::path& path, const s
 std::vector<char> encode_safetensors(
     const std::vector<std::pair<std::string, TensorView>>& tensors);
 
+// The bytes of an .npz archive holding `arrays` (name, view) in the order given, as np.savez
+// writes one: each a stored member NAME.npy, encode_npy's bytes of the view converted to
+// `dtype`. A name given twice, empty, ".", "..", or holding '/', '\' or NUL throws qkv::Error.
+// Write them with OutputFiles::stage.
+std::vector<char> encode_npz(const std::vector<std::pair<std::string, TensorView>>& arrays,
+                             DType dtype);
+
 // The arrays of an .npz archive (np.savez, np.savez_compressed), by the names they are read by:
 // "q" for the member "q.npy" (a member named without .npy keeps its name). Members whose names
 // hold '/' or '\' are left out: they are never read. The archive is opened as

@@ -1,6 +1,9 @@
 """qkv.attention: softmax(scale · q·kᵀ + mask) · v from Python."""
 
+import sys
 from collections import namedtuple
+
+import numpy as np
 
 from . import _qkv
 from ._arrays import all_bfloat16, as_input, as_output, output_dtype, torch_given
@@ -17,10 +20,31 @@ out: [..., Nq, Dv]; lse: the log-sum-exp of each row's scores, [..., Nq] (None u
 return_lse); weights: the softmax weights, [..., Nq, Nk] (None unless return_weights)."""
 
 
+def _tokens_first(layout):
+    """Whether `layout` ("bhnd", the default, or "bnhd") puts the tokens before the heads."""
+    if layout is None or layout == "bhnd":
+        return False
+    if layout == "bnhd":
+        return True
+    raise _qkv.Error(f"layout: expected 'bhnd' ([.., H, N, D]) or 'bnhd' ([.., N, H, D]), "
+                     f"got {layout!r}")
+
+
+def _swap_heads(value, name, caller):
+    """`value` with its dims -3 and -2 swapped, a view (no copy); fewer than 3 dims: as it is."""
+    if value is None:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.transpose(-3, -2) if value.dim() >= 3 else value
+    array = as_input(value, name, caller)
+    return np.swapaxes(array, -3, -2) if array.ndim >= 3 else array
+
+
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
               alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, dtype=None,
               return_lse=False, return_weights=False, threads=None, *, out_dtype=None,
-              kernel=None, max_memory=None):
+              kernel=None, max_memory=None, layout=None):
     """Self-attention: out_i = softmax(scale · q_i·Kᵀ + mask_i) · V for every query row i.
 
     q is [B, H, Nq, D], [H, Nq, D] or [Nq, D]; k is [.., Hkv, Nk, D] and v [.., Hkv, Nk, Dv],
@@ -66,6 +90,10 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
         and rounded once (nearest even); NumPy has no bfloat16, so only a torch output can be
         one.
       kernel: force one kernel by name (qkv.kernel_names()); max_memory: a byte budget.
+      layout: "bhnd" (the default: q, k, v as above) or "bnhd": q [B, Nq, H, D] (or
+        [Nq, H, D]), k and v [.., Nk, Hkv, D], as transformers and flash-attn keep them; read
+        as strided views, and out comes back [.., Nq, H, Dv] (lse and weights keep their
+        [.., H, Nq] and [.., H, Nq, Nk]). As qkv attention --layout.
 
     Returns the output (a NumPy array or torch tensor, as above), or an
     AttentionResult(out, lse, weights) when return_lse or return_weights is asked for. Raises
@@ -73,12 +101,17 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     """
     caller = "qkv.attention"
     torch_out = torch_given(q, k, v, attn_mask, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    tokens_first = _tokens_first(layout)
+    if tokens_first:
+        q, k, v = (_swap_heads(x, name, caller) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     q, k, v = as_input(q, "q", caller), as_input(k, "k", caller), as_input(v, "v", caller)
     out_dtype, to_bfloat16 = output_dtype(out_dtype, torch_out, all_bfloat16(q, k, v))
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, out_dtype, return_lse, return_weights, threads,
                                 cu_seqlens_q, cu_seqlens_k, kernel, max_memory, caller=caller)
     out, lse, weights, _, _ = _qkv.attention(q, k, v, options)
+    if tokens_first and out.ndim >= 3:
+        out = np.swapaxes(out, -3, -2)
     out = as_output(out, torch_out, to_bfloat16)
     if return_lse or return_weights:
         return AttentionResult(out, as_output(lse, torch_out), as_output(weights, torch_out))
@@ -88,7 +121,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
 def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=False, scale=None,
                        window=None, softcap=None, alibi_slopes=None, sinks=None,
                        cu_seqlens_q=None, cu_seqlens_k=None, dtype=None, threads=None, *,
-                       kernel=None, max_memory=None):
+                       kernel=None, max_memory=None, layout=None):
     """The gradients of L = sum(out * grad_out) for out = qkv.attention(q, k, v, ...).
 
     out and lse are what qkv.attention(q, k, v, ..., return_lse=True) returned for the same
@@ -102,6 +135,8 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
     Gradients are float64 when the call computes in float64 (q, k, v all float64), else
     float32; a bfloat16 or float16 dtype is refused (pass dtype="float32" to differentiate
     16-bit inputs in float32). kernel forces a backward kernel (qkv.backward_kernel_names()).
+    layout="bnhd": q, k, v, out and grad_out are [.., N, H, D] and so are dq, dk, dv (lse stays
+    [.., H, Nq]), as for qkv.attention.
     Returns AttentionGradients(dq, dk, dv, dsinks) (dsinks None without sinks): torch tensors
     when any array argument is one, else NumPy arrays. A tensor that requires grad raises
     qkv.Error while autograd is recording, as for qkv.attention. Raises qkv.Error naming the
@@ -113,8 +148,14 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, None, False, False, threads, cu_seqlens_q,
                                 cu_seqlens_k, kernel, max_memory, caller=caller)
+    tokens_first = _tokens_first(layout)
+    if tokens_first:
+        q, k, v, out, grad_out = (_swap_heads(x, name, caller) for x, name in (
+            (q, "q"), (k, "k"), (v, "v"), (out, "out"), (grad_out, "grad_out")))
     dq, dk, dv, dsinks, _, _ = _qkv.attention_backward(
         as_input(q, "q", caller), as_input(k, "k", caller), as_input(v, "v", caller),
         as_input(out, "out", caller), as_input(lse, "lse", caller),
         as_input(grad_out, "grad_out", caller), options)
+    if tokens_first:
+        dq, dk, dv = (np.swapaxes(g, -3, -2) if g.ndim >= 3 else g for g in (dq, dk, dv))
     return AttentionGradients(*(as_output(g, torch_out) for g in (dq, dk, dv, dsinks)))

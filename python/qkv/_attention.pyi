@@ -30,6 +30,7 @@ def attention(
     return_lse: Literal[False] = False, return_weights: Literal[False] = False,
     threads: Optional[int] = None, *, out_dtype: Optional[DTypeIn] = None,
     kernel: Optional[str] = None, max_memory: Optional[int] = None,
+    layout: Optional[Literal["bhnd", "bnhd"]] = None,
 ) -> Array: ...
 @overload
 def attention(
@@ -40,7 +41,7 @@ def attention(
     cu_seqlens_k: Optional[ArrayIn] = None, dtype: Optional[DTypeIn] = None,
     return_lse: bool = False, return_weights: bool = False, threads: Optional[int] = None, *,
     out_dtype: Optional[DTypeIn] = None, kernel: Optional[str] = None,
-    max_memory: Optional[int] = None,
+    max_memory: Optional[int] = None, layout: Optional[Literal["bhnd", "bnhd"]] = None,
 ) -> AttentionResult: ...
 def attention_backward(
     q: ArrayIn, k: ArrayIn, v: ArrayIn, out: ArrayIn, lse: ArrayIn, grad_out: ArrayIn,
@@ -50,4 +51,5 @@ def attention_backward(
     cu_seqlens_q: Optional[ArrayIn] = None, cu_seqlens_k: Optional[ArrayIn] = None,
     dtype: Optional[DTypeIn] = None, threads: Optional[int] = None, *,
     kernel: Optional[str] = None, max_memory: Optional[int] = None,
+    layout: Optional[Literal["bhnd", "bnhd"]] = None,
 ) -> AttentionGradients: ...

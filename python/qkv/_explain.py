@@ -25,7 +25,7 @@ def _labels(labels, name):
 def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=None, window=None,
             softcap=None, alibi_slopes=None, sinks=None, dtype=None, threads=None,
             query_labels=None, key_labels=None, title=None, batch=0):
-    """The seed's walk-through of query, key and value, for attention(q, k, v, ...).
+    """The walk-through of query, key and value, for attention(q, k, v, ...).
 
     Shapes and options as for qkv.attention (a packed batch is refused: explain walks through
     one sequence); `batch` picks the batch element of a 4-D q. query_labels and key_labels name
@@ -35,6 +35,7 @@ def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=No
     Returns a qkv.Explanation:
       .text(rows=None, head=None, top=8)  what `qkv explain` prints: the overview and the
                                            walk-through of the most and least focused rows
+                                           (brief=True: the overview alone)
       .save_html(path)                     the self-contained attention page (atomic write)
       ._repr_html_()                       the page in an iframe, for Jupyter
       .walk_through(head, row)             one row's steps as NumPy arrays (a dict)

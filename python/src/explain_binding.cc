@@ -64,7 +64,7 @@ class PyExplanation {
 
   // `rows` empty: the interesting rows of each part; `head` -1: every head.
   std::string text(const std::vector<std::int64_t>& rows, std::int64_t head,
-                    std::int64_t top) const {
+                    std::int64_t top, bool brief = false) const {
     if (top < 1) throw Error("top", "must be at least 1, got " + str(top));
     for (const Explanation& e : parts_) {
       if (head >= 0) check_head(e, head);
@@ -80,6 +80,7 @@ class PyExplanation {
     how.rows = rows;
     how.head = head;
     how.top_keys = top;
+    how.brief = brief;
     how.builtin = builtin_;
     if (wo_) how.wo = wo_->view();
     if (bo_) how.bo = bo_->view();
@@ -240,17 +241,22 @@ void register_explain(py::module_& m) {
       .def(
           "text",
           [](const PyExplanation& e, std::optional<std::vector<std::int64_t>> rows,
-             std::optional<std::int64_t> head, std::int64_t top) {
+             std::optional<std::int64_t> head, std::int64_t top, bool brief) {
             if (head && *head < 0) {
               throw Error("head", "must be 0 or more (None: every head), got " + str(*head));
             }
+            if (brief && rows) {
+              throw Error("brief", "leaves out the walk-through that rows asks for");
+            }
             py::gil_scoped_release computing;
-            return e.text(rows.value_or(std::vector<std::int64_t>{}), head.value_or(-1), top);
+            return e.text(rows.value_or(std::vector<std::int64_t>{}), head.value_or(-1), top,
+                          brief);
           },
           py::arg("rows") = py::none(), py::arg("head") = py::none(), py::arg("top") = 8,
+          py::kw_only(), py::arg("brief") = false,
           "What `qkv explain` prints: the overview, then the walk-through of `rows` (default: "
           "the most and the least focused) for every head (or `head`), listing at most `top` "
-          "keys of a long row.")
+          "keys of a long row. brief=True: the overview alone.")
       .def(
           "html",
           [](const PyExplanation& e) {

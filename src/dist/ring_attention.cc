@@ -432,7 +432,7 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
   }
   agree(comm, problem);
   if (widen) return widened_ring_attention(q, k, v, options, comm, ring);
-  kernels::single_threaded_blas();
+  const kernels::SingleThreadedBlas one_blas_thread;
 
   RingResult result;
   result.n = plan.nq;

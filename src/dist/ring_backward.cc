@@ -524,7 +524,7 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
   }
   agree(comm, problem);
   if (widen) return widened_ring_backward(q, k, v, out, lse, grad_out, options, comm, ring);
-  kernels::single_threaded_blas();
+  const kernels::SingleThreadedBlas one_blas_thread;
 
   RingGradients result;
   result.n = plan.nq;

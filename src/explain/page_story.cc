@@ -68,8 +68,13 @@ function renderStoryTables() {
 // ---- head summaries ----
 function renderSummary() {
   const p = part();
-  let html = '<tr><th class="label">head</th><th>mean entropy</th><th>effective keys</th>' +
-    (p.cross ? '' : '<th>mean distance</th>') + '<th>weight on key 0</th><th>mean max weight</th></tr>';
+  // One word per header, each defined by the note below and its title: the table fits a 360 px
+  // screen on one header line (the browser test's headersFit checks 360 to 2560 px).
+  const th = (word, title) => '<th title="' + title + '">' + word + '</th>';
+  let html = '<tr><th class="label">head</th>' + th('entropy', 'mean entropy of a row\'s weights, in nats') +
+    th('keys', 'effective keys: exp of the mean entropy') +
+    (p.cross ? '' : th('distance', 'mean weight-averaged |j − i| from the row\'s diagonal')) +
+    th('key&nbsp;0', 'mean weight on key 0') + th('max', 'mean largest weight of a row') + '</tr>';
   p.scans.forEach((s, h) => {
     html += '<tr class="head-row' + (h === state.head ? ' selected' : '') + '" data-head="' + h + '" tabindex="0">' +
       '<td class="label">' + h + '</td><td>' + fixed(s.meanEntropy, 3) + '</td><td>' + fixed(Math.exp(s.meanEntropy), 2) + '</td>' +
@@ -77,8 +82,9 @@ function renderSummary() {
       fixed(s.meanMaxWeight, 3) + '</td></tr>';
   });
   $('summary').innerHTML = html;
-  $('summary-note').textContent = 'Entropy in nats over each row\'s weights (effective keys = exp of it)' +
-    (p.cross ? '' : '; distance: weight-averaged |j − i| from the row\'s diagonal') + '; means over rows with an allowed key.' +
+  $('summary-note').textContent = 'Means over rows with an allowed key: entropy in nats over each row\'s weights; keys: ' +
+    'the effective keys, exp of it' + (p.cross ? '' : '; distance: weight-averaged |j − i| from the row\'s diagonal') +
+    '; key 0: the weight on key 0; max: the largest weight.' +
     (p.cross ? ' Queries and keys are different sequences here, so no distance is measured.' : '') +
     p.scans.map((s, h) => (s.noKeyRows ? ' ' + (p.heads > 1 ? 'Head ' + h + ': ' : '') + say('scan.rows', { rows: s.noKeyRows }) + '.' : '')).join('');
   for (const tr of $('summary').querySelectorAll('tr.head-row')) {

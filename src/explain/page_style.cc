@@ -36,7 +36,11 @@ th, td { padding: 2px 8px; text-align: right; border-bottom: 1px solid #eef0f5; 
 th { font-weight: 600; color: #44506a; }
 td.label, th.label { text-align: left; }
 th.group { text-align: center; border-bottom: 2px solid #c9d2e3; }
-#summary th { white-space: normal; vertical-align: bottom; }  /* headers wrap: no inner scroll */
+#summary th { vertical-align: bottom; }  /* one word each: one line from 360 px up */
+@media (max-width: 420px) {
+  #summary { font-size: 12px; }
+  #summary th, #summary td { padding: 2px 3px; }
+}
 #summary tr.head-row { cursor: pointer; }
 #summary tr.selected { background: #e7efff; }
 #heatmap { position: relative; min-height: 80px; max-width: 100%; overflow-x: auto; outline: none; }

@@ -56,7 +56,9 @@ std::string format_explanation(const std::vector<Explanation>& parts,
     const Explanation& e = parts[n];
     if (how.batch >= 0 && e.batch != how.batch && !how.builtin) continue;
     std::vector<std::int64_t> rows = how.rows;
-    if (rows.empty()) {
+    if (how.brief) {
+      rows.clear();
+    } else if (rows.empty()) {
       rows = interesting_rows(e, scans[n]);
     } else {
       // The built-in example's parts differ in length: a row applies to the parts that have it.

@@ -71,7 +71,7 @@ std::string bind_and_run(core::AttentionCall& call, const AttentionOptions& opti
   const kernels::AttentionKernel& kernel = *chosen;
   // Whichever kernel runs: unfused_blas needs one-thread BLAS calls on its threads, and an
   // idle OpenBLAS pool spins beside any kernel.
-  kernels::single_threaded_blas();
+  const kernels::SingleThreadedBlas one_blas_thread;
   if (options.progress) {
     // A packed batch's params cover all its rows (b = 1, nq = total_q).
     call.progress = std::make_unique<core::Progress>(

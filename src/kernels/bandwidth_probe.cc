@@ -48,7 +48,8 @@ void triad(float* __restrict a, const float* __restrict b, const float* __restri
 }  // namespace
 
 double measure_triad_gbs(int threads) {
-  single_threaded_blas();  // OpenBLAS's spinning pool would take a core from the probe
+  // OpenBLAS's spinning pool would take a core from the probe.
+  const SingleThreadedBlas one_blas_thread;
   const auto n = static_cast<std::int64_t>(kTriadArrayBytes / sizeof(float));
   const FloatArray a = allocate_untouched(kTriadArrayBytes);
   const FloatArray b = allocate_untouched(kTriadArrayBytes);

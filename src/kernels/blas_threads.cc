@@ -16,27 +16,68 @@ extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
 extern "C" int openblas_get_num_threads(void) __attribute__((weak));
 extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 extern "C" char* openblas_get_corename(void) __attribute__((weak));
+// Non-zero while OpenBLAS's pool of threads exists, and the thread count its calls use (what
+// openblas_get_num_threads returns); 0.3.21 exports both.
+extern "C" int blas_server_avail __attribute__((weak));
+extern "C" int blas_cpu_number __attribute__((weak));
 
 namespace qkv::kernels {
 
-void single_threaded_blas() noexcept {
-  if (openblas_set_num_threads == nullptr || openblas_get_num_threads == nullptr) return;
-  static std::once_flag startup;
-  static std::mutex changing;
-  // Once for the pool started at load, and again whenever the program has since asked
-  // OpenBLAS for more threads. In this order: setting the count restarts the pool (measured:
-  // any change of thread count re-creates it), the shutdown then joins it, and one-thread calls
-  // never start it again.
-  const auto stop = [] {
-    openblas_set_num_threads(1);
-    if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
-  };
-  std::call_once(startup, stop);
-  if (openblas_get_num_threads() != 1) {
-    const std::lock_guard<std::mutex> lock(changing);
-    if (openblas_get_num_threads() != 1) stop();
+namespace {
+
+std::mutex g_scopes_mutex;
+int g_scopes = 0;         // SingleThreadedBlas objects alive, under g_scopes_mutex
+int g_saved_threads = 1;  // the count the first of them found
+bool g_joined = false;    // the pool joined once (where blas_server_avail cannot tell)
+
+bool is_openblas() noexcept {
+  return openblas_set_num_threads != nullptr && openblas_get_num_threads != nullptr;
+}
+
+// Sets the count OpenBLAS's calls use without starting its pool. openblas_set_num_threads
+// first re-creates a pool that was joined (its lazy re-initialisation after fork), and where
+// the system refuses threads (RLIMIT_NPROC) OpenBLAS then prints two lines and raises SIGINT;
+// the count itself is one variable, which the qkv executable also sets before OpenBLAS loads.
+// A program's next threaded call on that count starts the pool again (exec_blas's own lazy
+// re-initialisation), on the program's thread.
+void set_thread_count(int threads) noexcept {
+  if (&blas_cpu_number != nullptr) {
+    blas_cpu_number = threads;
+  } else {
+    openblas_set_num_threads(threads);
   }
 }
+
+void join_pool_at_one_thread() noexcept {
+  set_thread_count(1);
+  if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
+}
+
+}  // namespace
+
+SingleThreadedBlas::SingleThreadedBlas() noexcept {
+  if (!is_openblas()) return;
+  const std::lock_guard<std::mutex> lock(g_scopes_mutex);
+  if (g_scopes++ == 0) g_saved_threads = openblas_get_num_threads();
+  // A pool at one thread is never used but spins after its start (at load, or when the count
+  // was last changed): joined too, which changes no setting (a later change of the count
+  // starts it again).
+  const bool pool_alive = &blas_server_avail != nullptr && blas_server_avail != 0;
+  if (openblas_get_num_threads() != 1 || pool_alive || !g_joined) {
+    join_pool_at_one_thread();
+    g_joined = true;
+  }
+}
+
+SingleThreadedBlas::~SingleThreadedBlas() {
+  if (!is_openblas()) return;
+  const std::lock_guard<std::mutex> lock(g_scopes_mutex);
+  if (--g_scopes == 0 && g_saved_threads != 1 && g_saved_threads > 0) {
+    set_thread_count(g_saved_threads);
+  }
+}
+
+int blas_thread_count() noexcept { return is_openblas() ? openblas_get_num_threads() : 0; }
 
 std::string blas_address_space_shortfall(std::int64_t threads) {
   if (openblas_get_num_threads == nullptr) return "";

@@ -14,12 +14,27 @@
 
 namespace qkv::kernels {
 
-// Sets OpenBLAS to one thread and joins its pool (its fork-safety shutdown,
-// blas_thread_shutdown_): at the first call in a process, and again at any later call that
-// finds OpenBLAS set to more threads (the program asked for them in between). A no-op for any
-// other CBLAS. Called by the attention entry point before any kernel runs, by the layer's
-// projections and by the FMA peak probe.
-void single_threaded_blas() noexcept;
+// OpenBLAS at one thread, with its pool joined, for the lifetime of the object; then the
+// thread count it had before, so that a program that loaded qkv as a library (Python with
+// NumPy on the same OpenBLAS, say) keeps the BLAS threads it chose (docs/python.md). Scopes may
+// overlap on different threads: the first to begin saves the count, the last to end restores
+// it. The pool is joined (its fork-safety shutdown, blas_thread_shutdown_) when a scope finds
+// it alive; the count given back starts no thread (OpenBLAS starts its pool again at the
+// program's next threaded call), so a process the system refuses threads is never made to
+// ask for them. A scope that finds one thread and no pool (the qkv executable tells OpenBLAS
+// so before it loads) changes nothing. A no-op for
+// any other CBLAS. Held by the attention entry points, the layer's projections, the ring and
+// the speed probes while their kernels run.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() noexcept;
+  ~SingleThreadedBlas();
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+};
+
+// OpenBLAS's thread count now (0 when the CBLAS is not OpenBLAS); for tests.
+int blas_thread_count() noexcept;
 
 // Why BLAS calls on `threads` threads cannot be made now, or empty. OpenBLAS (0.3.21) takes a
 // buffer of 128 MiB of address space for each thread at its first call, and when that

@@ -85,7 +85,8 @@ __attribute__((target("avx512f,avx512bf16"))) double bf16_dots_from_l1(std::int6
 // The best of 3 rounds of `probe` on every thread at once, summed over threads, in GFLOP/s.
 template <class Probe>
 double best_rate(int threads, Probe probe) {
-  single_threaded_blas();  // OpenBLAS's spinning pool would take a core from the probe
+  // OpenBLAS's spinning pool would take a core from the probe.
+  const SingleThreadedBlas one_blas_thread;
   double best = 0.0;
   for (int round = 0; round < 3; ++round) {
     std::vector<double> rate(static_cast<std::size_t>(threads), 0.0);

@@ -102,7 +102,8 @@ namespace {
 // The best of 3 rounds of `probe` on every thread at once, summed over threads, in GFLOP/s.
 template <class Probe>
 double best_rate_gflops(int threads, std::int64_t iterations, Probe probe) {
-  single_threaded_blas();  // OpenBLAS's spinning pool would take a core from the probe
+  // OpenBLAS's spinning pool would take a core from the probe.
+  const SingleThreadedBlas one_blas_thread;
   double best = 0.0;
   for (int round = 0; round < 3; ++round) {
     std::vector<double> rate(static_cast<std::size_t>(threads), 0.0);

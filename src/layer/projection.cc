@@ -46,7 +46,7 @@ Tensor project(const Tensor& in, const Tensor& w, const Tensor& bias, int thread
   if (n_in == 0) return out;
   // Row blocks on qkv's own threads, each a single-threaded GEMM (kernels/blas_threads.h:
   // OpenBLAS's pool would add threads beyond `threads`).
-  kernels::single_threaded_blas();
+  const kernels::SingleThreadedBlas one_blas_thread;
   const blasint k = blas_int(n_in, name);
   const blasint n = blas_int(n_out, name);
   blas_int(rows, name);

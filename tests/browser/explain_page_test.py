@@ -34,7 +34,7 @@ from browser_helpers import (canvas_cell_luminances, canvas_cell_pixel, canvas_s
                              random_values, read_npy_f64, row_weights, runner, squash,
                              text_or_empty, with_page, write_npy)
 from page_checks import (builtin_checks, expect_masked_cell_colour, expect_same_sentences,
-                         expect_terminal_entropy, masked_colour, no_overflow)
+                         expect_terminal_entropy, headers_fit, masked_colour, no_overflow)
 
 TOLERANCE = 1e-6
 # The n = 4096 overview is "not blank" when the luminance of its drawn cells has a standard
@@ -449,6 +449,16 @@ def check_large(context, inputs):
         with_page(context, file, large)
 
 
+def check_headers(context, inputs):
+    """The Heads table's headers on one line from 360 to 2560 px, screenshots of it at each
+    width in WORK/headers (page_checks.headers_fit)."""
+    shots = os.path.join(inputs.work, "headers")
+    os.makedirs(shots, exist_ok=True)
+    for file, label in [(inputs.builtin, "built-in"), (inputs.masked, "masked"),
+                        (inputs.large_causal, "large-causal")]:
+        with_page(context, file, lambda page, label=label: headers_fit(page, label, shots))
+
+
 def take_screenshots(context, inputs, folder):
     os.makedirs(folder, exist_ok=True)
     for file, name, width, height in [(inputs.builtin, "explain.png", 1400, 900),
@@ -465,7 +475,8 @@ def take_screenshots(context, inputs, folder):
 
 PAGE_GROUPS = [("builtin", check_builtin), ("masked", check_masked), ("head", check_head),
                ("batched", check_batched), ("cross", check_cross), ("parity", check_parity),
-               ("pooled", check_pooled), ("sampled", check_sampled), ("large", check_large)]
+               ("pooled", check_pooled), ("sampled", check_sampled), ("large", check_large),
+               ("headers", check_headers)]
 
 
 def main():

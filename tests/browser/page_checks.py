@@ -1,6 +1,7 @@
 """Checks of the explain page that several pages share (the terminal's sentences, no overflow,
 the masked colour), and the built-in example's checks against builtin_example.py."""
 
+import os
 import re
 
 from browser_helpers import (check, colour_distance, compare_row, format_exp, gap, hex_colour,
@@ -72,6 +73,40 @@ def no_overflow(page, label):
     page.set_viewport_size({"width": 1280, "height": 900})
     # The page redraws its maps 150 ms after the last resize (debounced): let that happen now,
     # not under a later check's locator (CI saw a zoomed cell detached by it).
+    page.wait_for_timeout(400)
+
+
+HEADER_WIDTHS = [360, 390, 414, 768, 1024, 1280, 1400, 1920, 2560]
+
+
+def headers_fit(page, label, shots=None):
+    """The Heads table's headers and the section titles each on one line, and the table
+    within its box (no scrolling inside it), at every width of HEADER_WIDTHS; a screenshot of
+    the Heads section at each width goes to `shots` (a folder) when given."""
+    for width in HEADER_WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.evaluate(
+            "() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        wrapped, inner = page.evaluate("""() => {
+          const lines = (el) => {
+            const range = document.createRange();
+            range.selectNodeContents(el);
+            return new Set([...range.getClientRects()].filter((r) => r.width > 0)
+                               .map((r) => Math.round(r.top))).size;
+          };
+          const headers = [...document.querySelectorAll('#summary th, main h2')];
+          const box = document.querySelector('#summary').closest('.scroll');
+          return [headers.filter((el) => lines(el) > 1).map((el) => el.textContent),
+                  box.scrollWidth - box.clientWidth];
+        }""")
+        check(not wrapped, f"{label}: headers on one line at {width} px"
+              + (f" (wrapped: {', '.join(wrapped)})" if wrapped else ""))
+        check(inner <= 0, f"{label}: the Heads table fits its box at {width} px "
+              f"({inner} px wider)")
+        if shots:
+            section = page.locator("#summary").locator("xpath=ancestor::section")
+            section.screenshot(path=os.path.join(shots, f"heads-{label}-{width}.png"))
+    page.set_viewport_size({"width": 1280, "height": 900})
     page.wait_for_timeout(400)
 
 

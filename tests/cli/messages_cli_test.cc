@@ -90,17 +90,18 @@ TEST_F(CliMessages, ThreadsIsCheckedAlikeByEveryCommand) {
 
 TEST_F(CliMessages, AMisspeltOptionIsNamedAsUnknownNotAsAMissingOne) {
   expect_usage({"attention", "--Q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"},
-               "unknown option --Q");
+               "unknown option --Q; did you mean --q?");
   expect_usage({"attention", "-q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"},
-               "unknown option -q");
+               "unknown option -q; did you mean --q?");
   expect_usage({"attention", "--Q=q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"},
-               "unknown option --Q");
+               "unknown option --Q; did you mean --q?");
   expect_usage({"layer", "--X", "x.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy",
                 "--heads", "2", "--out", "o.npy"},
-               "unknown option --X");
-  expect_usage({"explain", "--rows", "1"}, "unknown option --rows");
-  expect_usage({"bench", "--N", "8", "--d", "8", "--heads", "1"}, "unknown option --N");
-  expect_usage({"decode", "--token", "1"}, "unknown option --token");
+               "unknown option --X; did you mean --x?");
+  expect_usage({"explain", "--rowz", "1"}, "unknown option --rowz; did you mean --row?");
+  expect_usage({"bench", "--N", "8", "--d", "8", "--heads", "1"},
+               "unknown option --N; did you mean --n?");
+  expect_usage({"decode", "--token", "1"}, "unknown option --token; did you mean --tokens?");
   // Also among correct flags, and a stray word.
   for (const std::vector<std::string>& command : every_command()) {
     expect_usage(with(command, {"--frobnicate"}), "unknown option --frobnicate");

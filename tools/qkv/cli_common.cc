@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <utility>
@@ -170,9 +172,10 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups gr
                      "L,R: key j allowed iff i+(Nk-Nq)-L <= j <= i+(Nk-Nq)+R; -1 = unbounded");
   flags.scale_option =
       command.add_option("--scale", flags.scale, "multiplies q·k (default 1/sqrt(D); 1: textbook)");
-  CLI::Option* weights = command.add_option("--weights", flags.weights_path,
-                                            "also write the softmax weights [.., Nq, Nk]");
-  command.add_option("--lse", flags.lse_path, "also write the log-sum-exp of the scores [.., Nq]");
+  CLI::Option* weights = as_output(command.add_option(
+      "--weights", flags.weights_path, "also write the softmax weights [.., Nq, Nk]"));
+  as_output(command.add_option("--lse", flags.lse_path,
+                               "also write the log-sum-exp of the scores [.., Nq]"));
   if (groups.precision) {
     command.add_option("--out-dtype", flags.out_dtype, "dtype of every output")
         ->check(CLI::IsMember({"f32", "f64", "f16"}))
@@ -275,6 +278,59 @@ CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::stri
   return command.add_option("--threads", threads, description)->check(count);
 }
 
+std::string closest_word(const std::string& word, const std::vector<std::string>& candidates) {
+  // Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+  // neighbours ("casual" -> "causal" is one), each costing 1.
+  const auto distance = [](const std::string& a, const std::string& b) {
+    const std::size_t n = a.size();
+    const std::size_t m = b.size();
+    std::vector<std::vector<std::size_t>> d(n + 1, std::vector<std::size_t>(m + 1));
+    for (std::size_t i = 0; i <= n; ++i) d[i][0] = i;
+    for (std::size_t j = 0; j <= m; ++j) d[0][j] = j;
+    for (std::size_t i = 1; i <= n; ++i) {
+      for (std::size_t j = 1; j <= m; ++j) {
+        const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+      }
+    }
+    return d[n][m];
+  };
+  const std::size_t limit = word.size() <= 4 ? 1 : std::max<std::size_t>(2, word.size() / 4);
+  std::string best;
+  std::size_t best_distance = limit + 1;
+  const auto lower = [](std::string text) {
+    for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return text;
+  };
+  for (const std::string& candidate : candidates) {
+    // Case is the likeliest slip (--Q for --q): compared without it.
+    const std::size_t at = distance(lower(word), lower(candidate));
+    if (at < best_distance) {
+      best = candidate;
+      best_distance = at;
+    }
+  }
+  return best;
+}
+
+namespace {
+
+// The long options of the command that was parsed (or of qkv itself), as "--name".
+std::vector<std::string> options_of_parsed_command(const CLI::App& app) {
+  const CLI::App* command = &app;
+  for (const CLI::App* sub : app.get_subcommands()) command = sub;
+  std::vector<std::string> names;
+  for (const CLI::Option* option : command->get_options()) {
+    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+  }
+  return names;
+}
+
+}  // namespace
+
 std::string usage_problem(const CLI::App& app, const CLI::ParseError& error) {
   // What the parser could not place: options it does not know (--Q, -q) and stray words. Named
   // before anything else, so that a misspelt --q is not reported as "--q is required".
@@ -282,7 +338,9 @@ std::string usage_problem(const CLI::App& app, const CLI::ParseError& error) {
     if (arg.size() > 1 && arg[0] == '-' &&
         !(std::isdigit(static_cast<unsigned char>(arg[1])) || arg[1] == '.')) {
       const std::size_t equals = arg.find('=');
-      return "unknown option " + (equals == std::string::npos ? arg : arg.substr(0, equals));
+      const std::string option = equals == std::string::npos ? arg : arg.substr(0, equals);
+      const std::string near = closest_word(option, options_of_parsed_command(app));
+      return "unknown option " + option + (near.empty() ? "" : "; did you mean " + near + "?");
     }
   }
   const std::vector<std::string> rest = app.remaining(/*recurse=*/true);
@@ -404,21 +462,131 @@ AttentionOptions attention_options(const AttentionFlags& flags, const AttentionT
 
 void add_extra_outputs(const AttentionFlags& flags, const Tensor& weights, const Tensor& lse,
                        std::vector<OutputFile>& outputs) {
-  if (!flags.weights_path.empty()) outputs.push_back({flags.weights_path, weights.view()});
-  if (!flags.lse_path.empty()) outputs.push_back({flags.lse_path, lse.view()});
+  if (!flags.weights_path.empty()) {
+    outputs.push_back({flags.weights_path, weights.view(), "--weights"});
+  }
+  if (!flags.lse_path.empty()) outputs.push_back({flags.lse_path, lse.view(), "--lse"});
 }
+
+CLI::Option* add_layout_option(CLI::App& command, std::string& layout, bool writes_tensors) {
+  return command
+      .add_option("--layout", layout,
+                  std::string("order of Q, K, V's last 3 dims: bhnd = [.., H, N, D] (the "
+                              "default), bnhd = [.., N, H, D] (tokens first)") +
+                      (writes_tensors ? "; out and the gradients are written in it" : ""))
+      ->check(CLI::IsMember({"bhnd", "bnhd"}));
+}
+
+HeadLayout resolve_layout(const std::string& layout, const Shape& q, const Shape& k,
+                          const Shape& v, bool packed) {
+  if (layout == "bnhd") return HeadLayout::kTokensFirst;
+  if (layout == "bhnd" || packed || q.size() != 3 || k.size() != 3 || v.size() != 3) {
+    return HeadLayout::kHeadsFirst;
+  }
+  const bool same_kv = k[0] == v[0] && k[1] == v[1] && q[2] == k[2];
+  // An empty dimension reads the same either way (no rows or no heads: an empty answer).
+  const bool empty = q[0] == 0 || q[1] == 0 || k[0] == 0 || k[1] == 0;
+  const bool tokens_first_fits = same_kv && !empty && q[1] % k[1] == 0;
+  // Tokens first fits (heads first too, or not): [N, H, D] files of grouped heads (Hkv < H)
+  // read heads first became other heads, rows and grouping without a word. Heads first with
+  // as many query rows as keys (self-attention, grouped or not) is what 3-D files have always
+  // meant, and stays so; [N, H, D] files with Hkv = H cannot be told from it by their shapes.
+  if (!tokens_first_fits || q[1] == k[1]) return HeadLayout::kHeadsFirst;
+  const bool heads_first_fits = q[0] % k[0] == 0;  // k[0] > 0: not empty
+  const auto n = [](std::int64_t value) { return std::to_string(value); };
+  const std::string tokens_first = "[N, H, D] (Nq " + n(q[0]) + ", H " + n(q[1]) + ", Nk " +
+                                   n(k[0]) + ", Hkv " + n(k[1]) + ")";
+  const std::string say =
+      "; say which with --layout bhnd (heads first) or --layout bnhd (tokens first)";
+  if (!heads_first_fits) {
+    throw Error("--q", shape_string(q) + " against K " + shape_string(k) +
+                           " does not fit as [H, N, D] (H " + n(q[0]) + ", Hkv " + n(k[0]) +
+                           ") but does as " + tokens_first + say);
+  }
+  throw Error("--q", shape_string(q) + " against K " + shape_string(k) +
+                         " reads two ways: [H, N, D] (H " + n(q[0]) + ", Nq " + n(q[1]) +
+                         ", Hkv " + n(k[0]) + ", Nk " + n(k[1]) + ") or " + tokens_first + say);
+}
+
+TensorView in_layout(const TensorView& view, HeadLayout layout) {
+  if (layout == HeadLayout::kHeadsFirst || view.rank() < 3) return view;
+  TensorView swapped = view;
+  const std::size_t heads = view.shape.size() - 3;
+  std::swap(swapped.shape[heads], swapped.shape[heads + 1]);
+  std::swap(swapped.strides[heads], swapped.strides[heads + 1]);
+  return swapped;
+}
+
+std::optional<OutputFormat> output_format(const std::string& path) {
+  std::string extension = std::filesystem::path(path).extension().string();
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (extension.empty() || extension == ".npy") return OutputFormat::kNpy;
+  if (extension == ".npz") return OutputFormat::kNpz;
+  if (extension == ".safetensors") return OutputFormat::kSafetensors;
+  return std::nullopt;
+}
+
+CLI::Validator output_path() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        if (output_format(path)) return "";
+        return "'" + path + "' has no output format; name it .npy, .npz or .safetensors";
+      },
+      "PATH.npy|.npz|.safetensors");
+}
+
+CLI::Option* as_output(CLI::Option* option) { return option->check(output_path()); }
 
 void write_outputs(const std::vector<OutputFile>& outputs, DType dtype) {
   OutputFiles files;
+  // Outputs of one archive (.npz, .safetensors) are gathered under its path, in flag order.
+  std::vector<std::pair<std::string, std::vector<const OutputFile*>>> archives;
   for (const OutputFile& output : outputs) {
-    // Encoding allocates the file's bytes (and a converted copy when the dtype changes).
-    try {
-      files.stage_npy(output.path, output.tensor, dtype);
-    } catch (const core::OutOfMemory& e) {
-      throw Error(output.path, "out of memory writing it: " + e.allocation());
-    } catch (const std::bad_alloc&) {
-      throw Error(output.path, "out of memory writing it");
+    const std::optional<OutputFormat> format = output_format(output.path);
+    if (!format) {
+      throw Error(output.flag, "'" + output.path +
+                                   "' has no output format; name it .npy, .npz or .safetensors");
     }
+    if (*format == OutputFormat::kNpy) continue;
+    auto found = std::find_if(archives.begin(), archives.end(),
+                              [&](const auto& archive) { return archive.first == output.path; });
+    if (found == archives.end()) {
+      archives.push_back({output.path, {}});
+      found = archives.end() - 1;
+    }
+    found->second.push_back(&output);
+  }
+  // Encoding allocates the file's bytes (and a converted copy when the dtype changes).
+  const auto stage = [&](const std::string& path, auto&& encode) {
+    try {
+      encode();
+    } catch (const core::OutOfMemory& e) {
+      throw Error(path, "out of memory writing it: " + e.allocation());
+    } catch (const std::bad_alloc&) {
+      throw Error(path, "out of memory writing it");
+    }
+  };
+  for (const OutputFile& output : outputs) {
+    if (output_format(output.path) != OutputFormat::kNpy) continue;
+    stage(output.path, [&] { files.stage_npy(output.path, output.tensor, dtype); });
+  }
+  for (const auto& [path, members] : archives) {
+    stage(path, [&, &path = path, &members = members] {
+      std::vector<std::pair<std::string, TensorView>> arrays;
+      std::vector<Tensor> converted;
+      converted.reserve(members.size());
+      const bool npz = output_format(path) == OutputFormat::kNpz;
+      for (const OutputFile* member : members) {
+        const std::string name = member->flag.substr(member->flag.find_first_not_of('-'));
+        if (npz || member->tensor.dtype == dtype) {
+          arrays.emplace_back(name, member->tensor);
+        } else {
+          converted.push_back(contiguous_copy(member->tensor, dtype));
+          arrays.emplace_back(name, converted.back().view());
+        }
+      }
+      files.stage(path, npz ? encode_npz(arrays, dtype) : encode_safetensors(arrays));
+    });
   }
   files.commit();
 }

@@ -69,7 +69,14 @@ CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::stri
 // The problem a usage error (a CLI11 error other than --help or --version) reports, without the
 // command's name: an unknown option or argument is named first ("unknown option --Q"), whatever
 // else the parser found missing ("--q is required"); else CLI11's own message.
+// An unknown option is followed by the command's closest option, when one is close
+// ("unknown option --casual; did you mean --causal?").
 std::string usage_problem(const CLI::App& app, const CLI::ParseError& error);
+
+// The candidate closest to `word` (edit distance with transpositions, at most 1 for words of up
+// to 4 characters, else 2 or a quarter of its length, whichever is more), or empty when none is
+// that close; the first of equals.
+std::string closest_word(const std::string& word, const std::vector<std::string>& candidates);
 
 // Adds the flags; combinations refused whatever the inputs (--alibi with --alibi-slopes, one
 // --cu-seqlens-* without the other or with --mask or --weights) and bad words or numbers
@@ -157,12 +164,42 @@ Tensor widen_mask(Tensor mask, const std::string& spec);
 // "L,R" -> Window; throws qkv::Error naming --window.
 Window parse_window(const std::string& text);
 
+// --layout: the order of a query's, key's or value's last three dimensions. qkv computes on
+// [.., H, N, D] (bhnd, heads first, the default); bnhd ([.., N, H, D], tokens first, as
+// transformers and flash-attn keep them) is read as a strided view, and the outputs of Q's,
+// K's and V's shape (out, the gradients) are written in it too.
+enum class HeadLayout { kHeadsFirst, kTokensFirst };
+CLI::Option* add_layout_option(CLI::App& command, std::string& layout,
+                               bool writes_tensors = true);
+// The layout --layout names; with no --layout, a 3-D query that K and V let be read tokens
+// first is refused with one line naming the layouts and --layout, unless heads first gives
+// as many query rows as keys (then heads first, as a 3-D input has always been read).
+// Packed batches (`packed`) are read heads first unless --layout says otherwise.
+HeadLayout resolve_layout(const std::string& layout, const Shape& q, const Shape& k,
+                          const Shape& v, bool packed);
+// `view` with its dims -3 and -2 swapped under kTokensFirst (its own inverse); as it is under
+// kHeadsFirst or with fewer than 3 dims.
+TensorView in_layout(const TensorView& view, HeadLayout layout);
+
 struct OutputFile {
   std::string path;
   TensorView tensor;
+  std::string flag;  // "--out", "--lse", ...: names the array in an .npz or .safetensors file
 };
 
-// Writes every output as .npy of `dtype`, all or none.
+// The formats an output is written in, by its file's extension: .npy (and a name without an
+// extension), .npz (an archive, as np.savez writes it, of one array named after the flag:
+// np.load(path)["out"]) and .safetensors (a tensor of that name). Outputs that name the same
+// .npz or .safetensors file are written into it together. Any other extension is refused by
+// the parser before anything is read: "--out: 'o.txt' has no output format; name it .npy, .npz
+// or .safetensors".
+enum class OutputFormat { kNpy, kNpz, kSafetensors };
+std::optional<OutputFormat> output_format(const std::string& path);
+CLI::Validator output_path();
+// The check above, on an output flag the parser has added.
+CLI::Option* as_output(CLI::Option* option);
+
+// Writes every output in the format its extension names, converted to `dtype`, all or none.
 void write_outputs(const std::vector<OutputFile>& outputs, DType dtype);
 
 // Adds the requested extra outputs (--weights, --lse) of a result to `outputs`.

@@ -26,6 +26,7 @@ struct GradientFlags {
 
 struct AttentionCommand {
   std::string q_path, k_path, v_path, out_path;
+  std::string layout;
   bool check = false;
   bool ring = false;
   AttentionFlags flags;
@@ -40,17 +41,19 @@ bool verbose_choice() {
 
 // The gradients of Σ out∘dO the flags ask for, added to `outputs` (written with the others, all
 // or none). `gradients` holds them until then.
-void add_gradients(const AttentionCommand& command, const Tensor& q, const Tensor& k,
-                   const Tensor& v, const AttentionResult& forward, AttentionOptions options,
-                   AttentionGradients& gradients, std::vector<OutputFile>& outputs) {
+void add_gradients(const AttentionCommand& command, const TensorView& q, const TensorView& k,
+                   const TensorView& v, HeadLayout layout, const AttentionResult& forward,
+                   AttentionOptions options, AttentionGradients& gradients,
+                   std::vector<OutputFile>& outputs) {
   const GradientFlags& flags = command.gradients;
-  const Tensor grad_out = read_input(flags.grad_out);
+  const Tensor grad_out_read = read_input(flags.grad_out);
+  const TensorView grad_out = in_layout(grad_out_read.view(), layout);
   options.kernel = flags.backward_kernel;
-  options.progress = nullptr;
   // What the forward allocated is no longer the backward's to spend.
   if (options.max_memory > 0) {
     const std::uint64_t held =
-        forward.out.nbytes() + forward.lse.nbytes() + forward.weights.nbytes() + grad_out.nbytes();
+        forward.out.nbytes() + forward.lse.nbytes() + forward.weights.nbytes() +
+        grad_out_read.nbytes();
     if (held >= options.max_memory) {
       throw Error("--max-memory",
                   "the gradients need more than the budget left after the "
@@ -60,13 +63,12 @@ void add_gradients(const AttentionCommand& command, const Tensor& q, const Tenso
     options.max_memory -= held;
   }
   const auto backward = [&] {
-    return attention_backward(q.view(), k.view(), v.view(), forward.out.view(), forward.lse.view(),
-                              grad_out.view(), options);
+    return attention_backward(q, k, v, forward.out.view(), forward.lse.view(), grad_out, options);
   };
   if (verbose_choice() && flags.backward_kernel.empty()) {
     const std::string choice = within_memory_budget("attention backward", [&] {
-      return explain_backward_kernel_choice(q.view(), k.view(), v.view(), forward.out.view(),
-                                            forward.lse.view(), grad_out.view(), options);
+      return explain_backward_kernel_choice(q, k, v, forward.out.view(), forward.lse.view(),
+                                            grad_out, options);
     });
     // "backward fused_hwy: chosen", one line per backward kernel.
     std::string lines;
@@ -77,17 +79,26 @@ void add_gradients(const AttentionCommand& command, const Tensor& q, const Tenso
     }
     std::fputs(lines.c_str(), stderr);
   }
+  // The backward's own line: it counts key rows (the kernels' tasks own dK and dV rows).
+  ProgressLine progress(!command.report.quiet, "qkv attention, backward", "key row");
+  options.progress = progress.callback();
   try {
     gradients = within_memory_budget("attention backward", backward);
+    progress.erase();
   } catch (const Error& e) {
     // options.kernel is --backward-kernel here, not --kernel.
     if (e.subject().rfind("kernel", 0) == 0) throw Error("--backward-kernel", e.problem());
     throw;
   }
-  if (!flags.grad_q.empty()) outputs.push_back({flags.grad_q, gradients.dq.view()});
-  if (!flags.grad_k.empty()) outputs.push_back({flags.grad_k, gradients.dk.view()});
-  if (!flags.grad_v.empty()) outputs.push_back({flags.grad_v, gradients.dv.view()});
-  if (!flags.grad_sinks.empty()) outputs.push_back({flags.grad_sinks, gradients.dsinks.view()});
+  const auto add = [&](const std::string& path, const Tensor& grad, const char* flag) {
+    if (!path.empty()) outputs.push_back({path, in_layout(grad.view(), layout), flag});
+  };
+  add(flags.grad_q, gradients.dq, "--grad-q");
+  add(flags.grad_k, gradients.dk, "--grad-k");
+  add(flags.grad_v, gradients.dv, "--grad-v");
+  if (!flags.grad_sinks.empty()) {
+    outputs.push_back({flags.grad_sinks, gradients.dsinks.view(), "--grad-sinks"});
+  }
 }
 
 void print_errors(const char* what, const ErrorStats& e) {
@@ -115,6 +126,7 @@ std::string ring_refusals(const AttentionCommand& c) {
   refuse(!f.cu_seqlens_q_path.empty(), "--cu-seqlens-q");
   refuse(!f.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
   refuse(c.check, "--check");
+  refuse(!c.layout.empty(), "--layout");
   return refused;
 }
 
@@ -134,9 +146,16 @@ void run_attention(const AttentionCommand& command) {
   }
   const std::uint64_t input_bytes = check_input_sizes(
       command.flags, {command.q_path, command.k_path, command.v_path, command.gradients.grad_out});
-  const Tensor q = read_input(command.q_path);
-  const Tensor k = read_input(command.k_path);
-  const Tensor v = read_input(command.v_path);
+  const Tensor q_read = read_input(command.q_path);
+  const Tensor k_read = read_input(command.k_path);
+  const Tensor v_read = read_input(command.v_path);
+  const HeadLayout layout =
+      resolve_layout(command.layout, q_read.shape(), k_read.shape(), v_read.shape(),
+                     !command.flags.cu_seqlens_q_path.empty());
+  // What the library reads: [.., H, N, D] views of the files as they are.
+  const TensorView q = in_layout(q_read.view(), layout);
+  const TensorView k = in_layout(k_read.view(), layout);
+  const TensorView v = in_layout(v_read.view(), layout);
   const AttentionTensors tensors = load_attention_tensors(command.flags);
   AttentionOptions options = attention_options(command.flags, tensors);
   apply_memory_budget(command.flags, input_bytes, options);
@@ -144,40 +163,43 @@ void run_attention(const AttentionCommand& command) {
   if (gradients_wanted) options.return_lse = true;  // the backward reads it
   if (verbose_choice()) {
     const std::string choice = within_memory_budget(
-        "attention", [&] { return explain_kernel_choice(q.view(), k.view(), v.view(), options); });
+        "attention", [&] { return explain_kernel_choice(q, k, v, options); });
     std::fputs(choice.c_str(), stderr);
   }
   ProgressLine progress(!command.report.quiet, "qkv attention");
   options.progress = progress.callback();
   const auto start = std::chrono::steady_clock::now();
   const AttentionResult result = within_memory_budget(
-      "attention", [&] { return attention(q.view(), k.view(), v.view(), options); });
+      "attention", [&] { return attention(q, k, v, options); });
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
   progress.erase();
   options.progress = nullptr;
   if (command.check) {
     print_accuracy(within_memory_budget("attention --check", [&] {
-      return compare_with_reference(q.view(), k.view(), v.view(), options, result);
+      return compare_with_reference(q, k, v, options, result);
     }));
   }
 
-  std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
+  std::vector<OutputFile> outputs = {
+      {command.out_path, in_layout(result.out.view(), layout), "--out"}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);
   AttentionGradients gradients;
-  if (gradients_wanted) add_gradients(command, q, k, v, result, options, gradients, outputs);
+  if (gradients_wanted) {
+    add_gradients(command, q, k, v, layout, result, options, gradients, outputs);
+  }
   write_outputs(outputs, options.out_dtype);
   if (command.report.verbose) {
     const std::string line = summary_line(
         RunSummary{.command = "qkv attention",
-                   .shapes = tensor_summary("Q", q.shape(), q.dtype()) + ", " +
-                             tensor_summary("K", k.shape(), k.dtype()) + ", " +
-                             tensor_summary("V", v.shape(), v.dtype()) + " -> " +
+                   .shapes = tensor_summary("Q", q_read.shape(), q_read.dtype()) + ", " +
+                             tensor_summary("K", k_read.shape(), k_read.dtype()) + ", " +
+                             tensor_summary("V", v_read.shape(), v_read.dtype()) + " -> " +
                              tensor_summary("out", result.out.shape(), result.out.dtype()),
                    .kernel = result.kernel,
                    .compute = result.compute,
                    .threads = result.threads,
                    .seconds = seconds.count(),
-                   .flops = attention_flops(q.shape(), k.shape(), v.shape(), options)});
+                   .flops = attention_flops(q.shape, k.shape, v.shape, options)});
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
@@ -195,7 +217,8 @@ void register_attention_command(CLI::App& app) {
       ->required();
   sub->add_option("--k", command->k_path, "keys [.., Hkv, Nk, D]; H % Hkv == 0")->required();
   sub->add_option("--v", command->v_path, "values [.., Hkv, Nk, Dv]")->required();
-  sub->add_option("--out", command->out_path, "output [.., Nq, Dv]")->required();
+  as_output(sub->add_option("--out", command->out_path, "output [.., Nq, Dv]"))->required();
+  add_layout_option(*sub, command->layout);
   add_attention_flags(
       *sub, command->flags,
       FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
@@ -207,7 +230,7 @@ void register_attention_command(CLI::App& app) {
                       "dO, the output's gradient [.., Nq, Dv]: compute the gradients of "
                       "sum(out * dO) that the --grad-* flags ask for");
   const auto gradient = [&](const char* flag, std::string& path, const char* what) {
-    return sub->add_option(flag, path, what)->needs(grad_out);
+    return as_output(sub->add_option(flag, path, what))->needs(grad_out);
   };
   gradient("--grad-q", g.grad_q, "dQ output, Q's shape");
   gradient("--grad-k", g.grad_k, "dK output, K's shape (summed over the query heads of a kv head)");
@@ -235,9 +258,15 @@ void register_attention_command(CLI::App& app) {
       "Any tensor may be FILE.safetensors:NAME (F32, F64, F16, BF16 or BOOL) or FILE.npz:NAME\n"
       "(array NAME of np.savez or np.savez_compressed, read as its NAME.npy), but the\n"
       "--cu-seqlens-* offsets: int32 or int64 .npy (the only integer files read).\n"
-      "Outputs are always written as .npy (no .npz).\n"
+      "3-D Q, K, V are [H, N, D]; --layout bnhd reads [N, H, D] (4-D: [B, N, H, D]). A 3-D Q\n"
+      "that K and V let be read either way is refused unless --layout says which (or Q\n"
+      "and K have equal row counts read heads first).\n"
+      "Each output's extension picks its format: .npy (or none), .npz (np.load(path)['out'],\n"
+      "an array named after its flag) or .safetensors; outputs naming the same .npz or\n"
+      ".safetensors file share it (--out r.npz --lse r.npz). Another extension is refused.\n"
       "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in float32 (float64 for\n"
       "float64 inputs) and written in --out-dtype; a bf16 or f16 --dtype is refused with them.\n"
+      "On a terminal the backward draws its own progress line, in key rows.\n"
       "Across processes: mpirun -np P qkv attention --ring --q q.npy --k k.npy --v v.npy\n"
       "--causal --out o.npy splits the sequence over P ranks (zig-zag under --causal or\n"
       "--window, else contiguous blocks) and passes K/V around a ring; -v prints each rank's\n"

@@ -25,13 +25,19 @@ struct ExplainCommand {
   std::string x_path, memory_path;
   WeightFlags weights;
   std::string rows, labels_q, labels_k, labels_d, labels_dv, html_path, svg_path;
+  std::string layout;
   std::int64_t head = -1;
   std::int64_t batch = 0;
   std::int64_t top = 8;
   bool quiet = false;
+  bool brief = false;
   AttentionFlags flags;
   CLI::App* app = nullptr;
 };
+
+// Above this many query rows the terminal gives the overview alone unless --row names rows:
+// the walk-throughs of the most and least focused rows of every head ran to hundreds of lines.
+constexpr std::int64_t kBriefAboveRows = 256;
 
 // The page holds every batch element of a batched input when there are at most this many and
 // their weights are few enough to scan (B·H·nq·nk); otherwise only the one --batch names.
@@ -82,7 +88,7 @@ void reject_for_builtin(const ExplainCommand& c) {
   const char* const needs_inputs[] = {
       "--mask",     "--causal",    "--window",   "--scale",   "--labels-q",     "--labels-k",
       "--labels-d", "--labels-dv", "--batch",    "--heads",   "--kv-heads",     "--dtype",
-      "--softcap",  "--alibi",     "--alibi-slopes", "--sinks", "--linear-layout"};
+      "--softcap",  "--alibi",     "--alibi-slopes", "--sinks", "--linear-layout", "--layout"};
   for (const char* name : needs_inputs) {
     if (c.app->count(name) > 0) {
       throw Error(name,
@@ -169,6 +175,9 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
     }
   } else {
     if (c.x_path.empty()) throw Error("--x", "is needed: the weights project the samples X");
+    if (c.app->count("--layout") > 0) {
+      throw Error("--layout", "applies to Q, K and V files; X holds one sample per row");
+    }
     check_weight_flags(c.weights);
     if (c.weights.heads_option->count() == 0) {
       throw Error("--heads",
@@ -185,13 +194,18 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
   in.tensors = load_attention_tensors(c.flags);
   AttentionOptions options = attention_options(c.flags, in.tensors);
   if (attention_form) {
-    const Tensor& q = in.owned.emplace_back(read_input(c.q_path));
-    const Tensor& k = in.owned.emplace_back(read_input(c.k_path));
-    const Tensor& v = in.owned.emplace_back(read_input(c.v_path));
+    const Tensor& q_read = in.owned.emplace_back(read_input(c.q_path));
+    const Tensor& k_read = in.owned.emplace_back(read_input(c.k_path));
+    const Tensor& v_read = in.owned.emplace_back(read_input(c.v_path));
+    const HeadLayout layout =
+        resolve_layout(c.layout, q_read.shape(), k_read.shape(), v_read.shape(), false);
+    const TensorView q = in_layout(q_read.view(), layout);
+    const TensorView k = in_layout(k_read.view(), layout);
+    const TensorView v = in_layout(v_read.view(), layout);
     setup.title = "qkv explain: attention on " + c.q_path + ", " + c.k_path + ", " + c.v_path;
     apply_memory_budget(c.flags, input_bytes, options);
-    const Shape& qs = q.shape();
-    const Shape& ks = k.shape();
+    const Shape& qs = q.shape;
+    const Shape& ks = k.shape;
     const std::int64_t batches = qs.size() == 4 ? std::max<std::int64_t>(qs[0], 1) : 1;
     const std::int64_t nk = ks.size() >= 2 ? ks[ks.size() - 2] : 0;
     const double query_rows = static_cast<double>(q.numel()) /
@@ -200,7 +214,7 @@ std::vector<Explanation> explain_inputs(const ExplainCommand& c, Inputs& in) {
     const std::vector<std::int64_t> chosen =
         batches_to_explain(c, batches, query_rows * static_cast<double>(nk));
     return within_memory_budget("explain", [&] {
-      return explain_attention_batches(q.view(), k.view(), v.view(), options, chosen, setup);
+      return explain_attention_batches(q, k, v, options, chosen, setup);
     });
   }
   const Tensor& x = in.owned.emplace_back(read_input(c.x_path));
@@ -248,6 +262,10 @@ void run_explain(const ExplainCommand& c) {
   std::int64_t longest = 0;
   for (const Explanation& part : parts) longest = std::max(longest, part.nq);
   if (!c.rows.empty()) how.rows = parse_rows(c.rows, longest);
+  if (c.brief && !c.rows.empty()) {
+    throw Error("--brief", "leaves out the walk-through that --row asks for");
+  }
+  how.brief = c.brief || (c.rows.empty() && !builtin && longest > kBriefAboveRows);
   for (std::size_t n = 0; n < parts.size(); ++n) {
     const Explanation& e = parts[n];
     if (c.head >= e.heads) {
@@ -285,6 +303,13 @@ void run_explain(const ExplainCommand& c) {
   files.commit();
   if (c.quiet) return;
   std::fwrite(text.data(), 1, text.size(), stdout);
+  if (how.brief) {
+    const std::string page = c.html_path.empty() ? "--html page.html writes a page that shows "
+                                                 : "the page " + c.html_path + " shows ";
+    std::printf("The walk-through is left out (%lld query rows%s): --row 3,7 walks through "
+                "chosen rows;\n%severy row.\n",
+                static_cast<long long>(longest), c.brief ? ", --brief" : "", page.c_str());
+  }
   if (!c.html_path.empty()) std::printf("wrote %s\n", c.html_path.c_str());
   if (!c.svg_path.empty()) std::printf("wrote %s\n", c.svg_path.c_str());
 }
@@ -301,6 +326,7 @@ void register_explain_command(CLI::App& app) {
   sub->add_option("--q", command->q_path, "queries, as for qkv attention");
   sub->add_option("--k", command->k_path, "keys, as for qkv attention");
   sub->add_option("--v", command->v_path, "values, as for qkv attention");
+  add_layout_option(*sub, command->layout, /*writes_tensors=*/false);
   sub->add_option("--x", command->x_path, "samples, one per row, as for qkv layer");
   add_weight_flags(*sub, command->weights, /*heads_required=*/false);
   sub->add_option("--memory", command->memory_path, "cross-attention: K and V from M");
@@ -310,8 +336,12 @@ void register_explain_command(CLI::App& app) {
   for (const char* name : {"--weights", "--lse", "--out-dtype"}) {
     sub->remove_option(sub->get_option(name));
   }
-  sub->add_option("--row", command->rows,
-                  "query rows to walk through, e.g. 0,5 (default: the most and least focused); the page opens the first");
+  sub->add_option("--row,--rows", command->rows,
+                  "query rows to walk through, e.g. 0,5 (default: the most and least focused; "
+                  "none above 256 query rows); the page opens the first");
+  sub->add_flag("--brief", command->brief,
+                "print the overview alone, without the walk-through (the default above 256 "
+                "query rows)");
   sub->add_option("--head", command->head, "only this head in the walk-through; the head the page opens and --svg draws (default 0)")
       ->check(at_least(0));
   sub->add_option("--batch", command->batch, "batch element of a batched input the walk-through shows and the page opens (default 0)")
@@ -343,7 +373,9 @@ void register_explain_command(CLI::App& app) {
       "--heads is required with them. A batched input: the terminal walks through --batch "
       "(default 0),\n"
       "the page holds every batch element when there are at most 8 (else the one --batch "
-      "names).");
+      "names).\n"
+      "Above 256 query rows the terminal gives the overview alone unless --row names rows\n"
+      "(--brief: at any size); the page (--html) shows every row.");
   sub->callback([command] { run_explain(*command); });
 }
 

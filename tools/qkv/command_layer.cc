@@ -23,7 +23,8 @@ namespace qkv::cli {
 void add_gradients(const LayerCommand& command, const LayerGradients& g,
                    std::vector<Tensor>& transposed, std::vector<OutputFile>& outputs) {
   const LayerGradientFlags& f = command.gradients;
-  const auto add = [&](const std::string& path, const Tensor& grad, bool matrix) {
+  const auto add = [&](const std::string& path, const Tensor& grad, bool matrix,
+                       const char* flag) {
     if (path.empty()) return;
     if (matrix && command.weights.linear_layout) {
       const TensorView view = grad.view();
@@ -33,22 +34,22 @@ void add_gradients(const LayerCommand& command, const LayerGradients& g,
                          {view.strides[1], view.strides[0]},
                          view.name};
       transposed.push_back(contiguous_copy(t, grad.dtype()));
-      outputs.push_back({path, transposed.back().view()});
+      outputs.push_back({path, transposed.back().view(), flag});
     } else {
-      outputs.push_back({path, grad.view()});
+      outputs.push_back({path, grad.view(), flag});
     }
   };
   transposed.reserve(4);  // the views above must not move
-  add(f.x, g.dx, false);
-  add(f.memory, g.dmemory, false);
-  add(f.wq, g.dwq, true);
-  add(f.wk, g.dwk, true);
-  add(f.wv, g.dwv, true);
-  add(f.wo, g.dwo, true);
-  add(f.bq, g.dbq, false);
-  add(f.bk, g.dbk, false);
-  add(f.bv, g.dbv, false);
-  add(f.bo, g.dbo, false);
+  add(f.x, g.dx, false, "--grad-x");
+  add(f.memory, g.dmemory, false, "--grad-memory");
+  add(f.wq, g.dwq, true, "--grad-wq");
+  add(f.wk, g.dwk, true, "--grad-wk");
+  add(f.wv, g.dwv, true, "--grad-wv");
+  add(f.wo, g.dwo, true, "--grad-wo");
+  add(f.bq, g.dbq, false, "--grad-bq");
+  add(f.bk, g.dbk, false, "--grad-bk");
+  add(f.bv, g.dbv, false, "--grad-bv");
+  add(f.bo, g.dbo, false, "--grad-bo");
 }
 
 void check_gradient_flags(const LayerCommand& command) {
@@ -148,17 +149,20 @@ void run_layer(const LayerCommand& command) {
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
   progress.erase();
 
-  std::vector<OutputFile> outputs = {{command.out_path, result.out.view()}};
+  std::vector<OutputFile> outputs = {{command.out_path, result.out.view(), "--out"}};
   add_extra_outputs(command.flags, result.weights, result.lse, outputs);
   LayerGradients grads;
   std::vector<Tensor> transposed;
   if (gradients) {
     const Tensor grad_out = read_input(command.gradients.grad_out);
-    options.attention.progress = nullptr;
+    ProgressLine backward_progress(!command.report.quiet, "qkv layer, backward", "key row");
+    options.attention.progress = backward_progress.callback();
     grads = within_memory_budget("the layer's backward", [&] {
       return multi_head_attention_backward(x->view(), weights, options, grad_out.view(),
                                            view_of(memory), &state);
     });
+    backward_progress.erase();
+    options.attention.progress = nullptr;
     add_gradients(command, grads, transposed, outputs);
   }
   write_outputs(outputs, out_dtype);
@@ -191,7 +195,8 @@ void register_layer_command(CLI::App& app) {
   add_weight_flags(*sub, command->weights, /*heads_required=*/true);
   sub->add_option("--memory", command->memory_path,
                   "cross-attention: K and V from M [B,Nm,d_m] instead of X");
-  sub->add_option("--out", command->out_path, "output [.., N, d_out] ([.., N, H·dv] without --wo)")
+  as_output(sub->add_option("--out", command->out_path,
+                            "output [.., N, d_out] ([.., N, H·dv] without --wo)"))
       ->required();
   add_attention_flags(
       *sub, command->flags,
@@ -203,7 +208,7 @@ void register_layer_command(CLI::App& app) {
       "for");
   const auto gradient = [&](const char* flag, std::string& path, const char* what,
                             const char* needs = nullptr) {
-    CLI::Option* option = sub->add_option(flag, path, what)->needs(grad_out);
+    CLI::Option* option = as_output(sub->add_option(flag, path, what))->needs(grad_out);
     if (needs != nullptr) option->needs(sub->get_option(needs));
   };
   gradient("--grad-x", g.x, "dX output, X's shape");
@@ -231,12 +236,14 @@ void register_layer_command(CLI::App& app) {
       "  qkv layer --x h.npy --wqkv gpt2.safetensors:h.0.attn.c_attn.weight \\\n"
       "            --bqkv gpt2.safetensors:h.0.attn.c_attn.bias --heads 12 --causal --out o.npy\n"
       "Any tensor may be FILE.safetensors:NAME or FILE.npz:NAME (array NAME of np.savez or\n"
-      "np.savez_compressed); outputs are .npy. A PyTorch nn.Linear weight is the transpose of\n"
-      "W here: say --linear-layout. --weights is [B,H,Nq,Nk]. --dtype rounds the projected\n"
+      "np.savez_compressed); outputs by extension: .npy, .npz or .safetensors, as for\n"
+      "qkv attention. A PyTorch nn.Linear weight is the transpose of W here: say\n"
+      "--linear-layout. --weights is [B,H,Nq,Nk]. --dtype rounds the projected\n"
       "Q, K, V. Packed batches: X is [total, d] (M [total_m, d_m]); --cu-seqlens-q cuts X's\n"
       "rows, --cu-seqlens-k those of X (or M) that give K and V; --lse is [H, total].\n"
       "Gradients: --grad-out DY.npy with --grad-x, --grad-wq, ... (float32, float64 for\n"
-      "float64 inputs; written in --out-dtype with the other outputs, all or none).\n"
+      "float64 inputs; written in --out-dtype with the other outputs, all or none). On a\n"
+      "terminal the backward draws its own progress line, in key rows.\n"
       "Across processes: mpirun -np P qkv layer --ring ... splits X's rows over P ranks as\n"
       "qkv attention --ring splits Q's (see 'qkv attention --help').");
   sub->callback([command] { run_layer(*command); });

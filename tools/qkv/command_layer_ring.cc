@@ -319,7 +319,7 @@ void run_layer_ring(const LayerCommand& command, const dist::Communicator& comm,
   whole.dbo = summed(wanted.bo, grads.dbo);
   if (me == 0) {
     try {
-      std::vector<OutputFile> outputs = {{command.out_path, out.view()}};
+      std::vector<OutputFile> outputs = {{command.out_path, out.view(), "--out"}};
       add_extra_outputs(command.flags, Tensor(), lse, outputs);
       std::vector<Tensor> transposed;
       add_gradients(command, whole, transposed, outputs);

@@ -293,12 +293,14 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
   const Tensor dv = gathered(wanted.grad_v, grads.dv, grads.n_k);
   if (me == 0) {
     try {
-      std::vector<OutputFile> outputs = {{command.out_path, out.view()}};
+      std::vector<OutputFile> outputs = {{command.out_path, out.view(), "--out"}};
       add_extra_outputs(flags, Tensor(), lse, outputs);
-      if (!wanted.grad_q.empty()) outputs.push_back({wanted.grad_q, dq.view()});
-      if (!wanted.grad_k.empty()) outputs.push_back({wanted.grad_k, dk.view()});
-      if (!wanted.grad_v.empty()) outputs.push_back({wanted.grad_v, dv.view()});
-      if (!wanted.grad_sinks.empty()) outputs.push_back({wanted.grad_sinks, grads.dsinks.view()});
+      if (!wanted.grad_q.empty()) outputs.push_back({wanted.grad_q, dq.view(), "--grad-q"});
+      if (!wanted.grad_k.empty()) outputs.push_back({wanted.grad_k, dk.view(), "--grad-k"});
+      if (!wanted.grad_v.empty()) outputs.push_back({wanted.grad_v, dv.view(), "--grad-v"});
+      if (!wanted.grad_sinks.empty()) {
+        outputs.push_back({wanted.grad_sinks, grads.dsinks.view(), "--grad-sinks"});
+      }
       write_outputs(outputs, options.out_dtype);
     } catch (const std::exception& e) {
       problem = e.what();

@@ -82,13 +82,17 @@ int main(int argc, char** argv) {
   // CLI11 would only say that a subcommand is required; name the word it did not know.
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;
+    std::vector<std::string> names;
     bool found = false;
     for (const CLI::App* sub : app.get_subcommands({})) {
       found = found || sub->get_name() == argv[1];
       known += (known.empty() ? "" : ", ") + sub->get_name();
+      names.push_back(sub->get_name());
     }
     if (!found) {
-      std::fprintf(stderr, "qkv: unknown command '%s' (commands: %s)\n", argv[1], known.c_str());
+      const std::string near = qkv::cli::closest_word(argv[1], names);
+      std::fprintf(stderr, "qkv: unknown command '%s'%s (commands: %s)\n", argv[1],
+                   near.empty() ? "" : ("; did you mean '" + near + "'?").c_str(), known.c_str());
       return kExitUsage;
     }
   }
