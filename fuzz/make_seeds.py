@@ -186,6 +186,15 @@ def main():
     write("attention_diff", "v2_stored_bf16_f64", bytes(v1 + [0, 1, 1, 4, 1, 0, 0, 0]))
     write("attention_diff", "v2_packed", bytes(v1 + [2, 1, 1, 0, 0, 0, 1, 3, 5, 9, 5, 30]))
     write("attention_diff", "v2_packed_empty_sequences", bytes(v1 + [0, 2, 1, 2, 0, 1, 1, 3, 0, 0, 20, 33]))
+    # Version 3, after the cuts: Q and K of magnitude 100 (with magnitude choice 1, 8): scores
+    # of 1e4 to 1e6, float32 gradients (dV's rows must sum to dO's). Float32, no options; then
+    # causal with a window, and grouped heads with a float mask.
+    large = [1, 1, 3, 20, 33, 16, 8, 0, 0, 0, 0, 0, 0] + [1, 1, 0, 1, 1, 8, 9, 5]
+    write("attention_diff", "v3_large_qk", bytes(large + [0] * 8 + [1]))
+    large_window = [1, 1, 3, 20, 33, 16, 8, 0, 1, 1, 4, 2, 0, 0, 0] + [1, 1, 0, 1, 1, 3, 4, 5]
+    write("attention_diff", "v3_large_qk_causal_window", bytes(large_window + [0] * 8 + [1]))
+    large_mask = [1, 2, 2, 24, 40, 20, 12, 0, 0, 0, 3, 2, 0] + [0, 1, 0, 2, 1, 6, 6, 6]
+    write("attention_diff", "v3_large_qk_gqa_float_mask", bytes(large_mask + [0] * 8 + [1]))
 
     # kv_cache (fuzz_kv_cache.cc): storage (0 f32, 1 bf16, 2 f16, 3 int8), Hkv - 1, D, Dv,
     # page_rows - 1, seed; appends; each: sequence, rows, f64, range (1, 6e4, 1e30, 3.3e38),

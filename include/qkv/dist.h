@@ -194,7 +194,8 @@ struct RingGradients {
 // the whole inputs within the kernels' tolerance (docs/interface.md states it), bitwise
 // repeatable for a given rank count and thread count. Every option ring_attention takes; bf16 and
 // f16 computation are refused as attention_backward refuses them; options.kernel names a
-// backward kernel that reads the saved lse (fused_hwy, unfused_blas or fused_scalar; not the
+// tiled backward kernel (fused_hwy, unfused_blas or fused_scalar, which take the whole row's
+// softmax statistics; not the
 // reference, which recomputes the softmax from the keys in hand). A float32 call whose gradient
 // sums may pass float32's range runs in float64 on every rank (unless options.kernel names a
 // kernel), its gradients returned in float32; one whose scores pass float32's range is refused.

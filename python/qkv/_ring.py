@@ -81,7 +81,8 @@ def ring_attention_backward(q, k, v, out, lse, grad_out, comm=None, attn_mask=No
     dk and dv, and dsinks (the same on every rank; None without sinks). Gradients are float64
     when the call computes in float64, else float32; a bfloat16 or float16 dtype is refused as
     qkv.attention_backward refuses it. kernel forces a
-    backward kernel that reads the saved lse ("fused_hwy", "unfused_blas", "fused_scalar").
+    tiled backward kernel ("fused_hwy", "unfused_blas", "fused_scalar": they take the whole
+    row's softmax statistics, which a block of keys alone does not give).
     Equal to qkv.attention_backward on the whole sequence within the kernels' tolerance and
     bitwise repeatable for a given rank count and thread count. An error on any rank raises
     the same qkv.Error on every rank, naming the rank.

@@ -10,12 +10,28 @@ namespace qkv::core {
 struct BackwardParams {
   AttentionParams forward;  // q, k, v, shape, scale, compute (kF32 or kF64), masking, modifiers
   InputOperand out;         // O, [b, h, nq, dv], as the forward returned it
-  InputOperand lse;         // [b, h, nq] (col stride 0); -inf for a row with no allowed key
+  // [b, h, nq] (col stride 0); -inf for a row with no allowed key. Validated, but the kernels
+  // weigh with row statistics of their own (kernels/bwd_row_stats.h): exp(s - lse) loses the
+  // weights' precision as scores grow.
+  InputOperand lse;
   InputOperand grad_out;    // dO, [b, h, nq, dv]
-  // D_i = Σ_c dO_ic·O_ic of each query row, [b, h, nq] in float64 (col stride 0), when the
-  // caller has computed it once for many calls (the ring's backward, src/dist); data ==
-  // nullptr: the tiled kernels compute it from out and grad_out (the reference always does).
+  // D_i of each query row, [b, h, nq] in float64 (col stride 0), when the caller has it for
+  // the whole row and the call sees only some keys (the ring's backward, src/dist); data ==
+  // nullptr: the tiled kernels compute D_i = Σ_j P_ij·dP_ij themselves (bwd_row_stats.h), the
+  // reference as dO_i·O_i with O recomputed in float64.
   InputOperand delta{nullptr, DType::kF64, {}};
+  // The whole row's softmax statistics, when this call sees only some of its keys (the ring's
+  // backward, one call per key block): row_max M* (a score of the row, as some kernel call
+  // computed it) and row_sum l* = Σ_j exp(x_ij - M*) (the sink's share included), [b, h, nq]
+  // in float64 (col stride 0). data == nullptr: the call's keys are the whole row.
+  InputOperand row_max{nullptr, DType::kF64, {}};
+  InputOperand row_sum{nullptr, DType::kF64, {}};
+  // When set ([b·h·nq] each), the tiled kernels only write each row's M, l and u = Σ_j
+  // exp(x_ij - M)·dP_ij over the call's keys (M = -inf for a row with none) and compute no
+  // gradient: the ring merges these.
+  double* stats_max = nullptr;
+  double* stats_sum = nullptr;
+  double* stats_dot = nullptr;
   OutputOperand dq;  // [b, h, nq, d]
   OutputOperand dk;  // [b, hkv, nk, d]
   OutputOperand dv;  // [b, hkv, nk, dv]

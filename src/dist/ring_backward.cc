@@ -9,8 +9,13 @@
 //   post: the K/V block on to rank r+1, the next one (rank r-s-1's) from rank r-1
 //   compute: for each (query range, key range) pair of this rank's rows and the block's that
 //            is visible (the forward's rule), one backward kernel call with the masking's
-//            position offsets (global positions for causal, window and ALiBi) and the saved
-//            lse rows: dQ of the query range, dK and dV of the key range; dQ added to this
+//            position offsets (global positions for causal, window and ALiBi) and the whole
+//            rows' softmax statistics (BackwardParams::row_max = the saved lse rows, row_sum =
+//            1, delta = D): the kernel weighs exp(x - M)·exp(M - lse) with M its own max over
+//            the block, so the block's weights are the whole row's (a round that merges each
+//            block's own max and sum over the ring, as one process computes them, would remove
+//            the lse's rounding from the weights as it is removed there; not done yet):
+//            dQ of the query range, dK and dV of the key range; dQ added to this
 //            rank's dQ, dK/dV to the step's contribution (zeroed at the first visible pair)
 //   wait for the block's accumulator (from rank r-1; at s = 0 this rank starts it), add the
 //   contribution, and send it on to rank r+1; post the receive of the next accumulator
@@ -66,22 +71,24 @@ using detail::since;
 constexpr int kBlockTag = 0;        // K/V blocks
 constexpr int kAccumulatorTag = 1;  // dK/dV accumulators
 
-// The backward kernels that read the saved lse (the tiled ones): a block's probabilities are
+// The tiled backward kernels, which take each row's whole softmax statistics from the caller
+// (BackwardParams::row_max, row_sum, delta): a block's probabilities are
 // then the whole row's. The reference recomputes the softmax from the keys in hand.
-bool reads_saved_lse(std::string_view name) {
+bool takes_row_stats(std::string_view name) {
   return name == "fused_hwy" || name == "unfused_blas" || name == "fused_scalar";
 }
 
 const kernels::BackwardKernel& ring_backward_kernel(const core::BackwardParams& p,
                                                     const std::string& requested) {
-  if (!requested.empty() && !reads_saved_lse(requested)) {
+  if (!requested.empty() && !takes_row_stats(requested)) {
     throw Error("kernel " + requested,
                 "the ring's backward runs fused_hwy, unfused_blas or fused_scalar (kernels that "
-                "read the saved lse; the reference recomputes the softmax from the keys in hand)");
+                "take the whole row's softmax statistics; the reference recomputes the softmax "
+                "from the keys in hand)");
   }
   const kernels::BackwardKernel* last = nullptr;
   if (const auto* kernel = detail::first_accepting(kernels::backward_kernels(), p, requested,
-                                                   reads_saved_lse, last)) {
+                                                   takes_row_stats, last)) {
     return *kernel;
   }
   throw Error("ring backward", "no kernel can compute these gradients: " + last->declines(p));
@@ -157,6 +164,8 @@ class BackwardRun {
           rows_of(bp.lse);
           rows_of(bp.grad_out);
           rows_of(bp.delta);
+          rows_of(bp.row_max);
+          rows_of(bp.row_sum);
           detail::point_at_block(plan.kv, block, rows, lk, p.k, p.v);
           detail::set_offsets(p.masking, plan.nq, plan.nk, q, k);
           if (p.masking.mask != nullptr) {
@@ -495,6 +504,9 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
     core::BackwardParams whole = base;
     whole.forward.shape.nq = plan.nq;
     whole.forward.shape.nk = plan.nk;
+    // The kernels will be given the rows' statistics (the saved lse): the checks that apply
+    // to such calls apply (lse_recompute_declines).
+    whole.row_max = base.lse;
     static double unused = 0.0;
     const core::OutputOperand slot{&unused, grad, core::Strides4{0, 0, 0, 1}};
     whole.dq = whole.dk = whole.dv = slot;
@@ -503,9 +515,9 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
     }
     // Gradient sums beyond float32's range (scores within it): where one process would run the
     // reference, the ring computes in float64, as its forward does for scores beyond float32's
-    // range. Such scores themselves are not widened here: the ring's kernels recompute each
-    // probability as exp(s - lse) from the saved lse, which at |s| past float32's range keeps
-    // no digits even in float64, so that call stays refused.
+    // range. Such scores themselves are not widened here: the ring's kernels weigh each
+    // probability relative to the saved lse (exp(M - lse) with M a score of the row), which at
+    // |s| past float32's range keeps no digits even in float64, so that call stays refused.
     widen = options.kernel.empty() && !wide && kernels::float32_declines(whole.forward).empty() &&
             !kernels::backward_float32_declines(whole).empty();
     if (!widen) plan.kernel = &ring_backward_kernel(whole, options.kernel);
@@ -522,12 +534,17 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
   result.kernel = std::string(plan.kernel->name);
   result.compute = grad;
   result.threads = base.forward.threads;
-  std::vector<double> delta, dsinks;
+  std::vector<double> delta, dsinks, row_sum;
   try {
     // D once per row, for every block's kernel call and for dsinks.
     delta = row_deltas(base);
-    plan.base.delta = {delta.data(), DType::kF64,
-                       core::Strides4{s.h * plan.n_local, plan.n_local, 1, 0}};
+    const core::Strides4 per_row{s.h * plan.n_local, plan.n_local, 1, 0};
+    plan.base.delta = {delta.data(), DType::kF64, per_row};
+    // The whole row's softmax statistics for the kernels, which see one block of keys per call:
+    // M* = lse and l* = 1 (exp(x - lse) is the whole row's weight).
+    row_sum.assign(delta.size(), 1.0);
+    plan.base.row_max = base.lse;
+    plan.base.row_sum = {row_sum.data(), DType::kF64, per_row};
     if (!sinks.empty()) dsinks = local_dsinks(base, delta, sinks);
   } catch (const std::exception& e) {
     problem = problem_of(e);

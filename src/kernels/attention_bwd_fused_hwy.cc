@@ -10,9 +10,9 @@
 // which runs at the FMA peak from L1. Tiles are 128 query rows x 128 keys while rows of Q, K and
 // V take at most 256 bytes (float32 d <= 64): S, dP and the softcap's factor (3 x 64 KiB) and
 // the K, Kᵀ, Vᵀ, Q, dO, dK, dV and dQ tiles (8 x 32 KiB) stay within a 1 MiB L2; 64 x 64 for
-// wider rows (tile_for). P = exp(min(x - lse, 0)) is the forward's
-// ExpNonPositive (exp_hwy-inl.h): the argument is never positive, and P gets the forward's
-// weights.
+// wider rows (tile_for). P = exp(min(x - M, 0))/l, with the row's max M and sum l computed
+// again by the backward (bwd_row_stats.h), uses the forward's ExpNonPositive (exp_hwy-inl.h):
+// the argument is never positive.
 //
 // Why not CBLAS for the products, as attention_bwd_unfused_blas does: a CBLAS call packs both
 // operands every time, which 128 x 128 tiles cannot amortise. Measured on a Zen 5 (n = 2048,
@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "hwy/highway.h"
@@ -40,32 +41,105 @@ HWY_BEFORE_NAMESPACE();
 namespace qkv::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The weights' element-wise steps (bwd_row_stats.h); cols is a whole number of vectors (the
+// driver's tiles are padded to 64 bytes). x - shift is a rounded subtraction of its own, never
+// fused with the scaling, so the max's own weight is exactly exp(0).
 template <class T>
-void ExpBelowRows(T* x, std::int64_t rows, std::int64_t cols, T scale, const T* shift) {
+void ScaleRows(T* x, std::int64_t rows, std::int64_t cols, T scale) {
   const hn::ScalableTag<T> d;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
-  const auto zero = hn::Zero(d);
   const auto vscale = hn::Set(d, scale);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    T* row = x + r * cols;
-    const auto vs = hn::Set(d, shift[r]);
-    std::int64_t c = 0;
-    for (; c + lanes <= cols; c += lanes) {
-      const auto arg = hn::Min(hn::MulSub(vscale, hn::LoadU(d, row + c), vs), zero);
-      hn::StoreU(ExpNonPositive(d, arg), d, row + c);
-    }
-    for (; c < cols; ++c) row[c] = std::exp(std::min(scale * row[c] - shift[r], T(0)));
+  for (std::int64_t e = 0; e < rows * cols; e += lanes) {
+    hn::StoreU(hn::Mul(vscale, hn::LoadU(d, x + e)), d, x + e);
   }
 }
 
-void ExpBelowRowsF32(float* x, std::int64_t rows, std::int64_t cols, float scale,
-                     const float* shift) {
-  ExpBelowRows(x, rows, cols, scale, shift);
+template <class T>
+void MaxRows(const T* x, std::int64_t rows, std::int64_t cols, T* max) {
+  const hn::ScalableTag<T> d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    auto m = hn::Set(d, -std::numeric_limits<T>::infinity());
+    for (std::int64_t c = 0; c < cols; c += lanes) m = hn::Max(m, hn::LoadU(d, x + r * cols + c));
+    max[r] = hn::GetLane(hn::MaxOfLanes(d, m));
+  }
 }
-void ExpBelowRowsF64(double* x, std::int64_t rows, std::int64_t cols, double scale,
-                     const double* shift) {
-  ExpBelowRows(x, rows, cols, scale, shift);
+
+// The sums are float64: summed in float32 lanes, l's and u's rounding tripled dsinks' error
+// against the plain composition's. A float32 row is exponentiated in place (the stats pass's
+// scratch), then read back as half vectors widened to float64 (e·dP exact in float64).
+template <class T>
+void ExpSumRows(T* x, const T* dp, std::int64_t rows, std::int64_t cols, const T* shift,
+                double* sum, double* dot) {
+  const hn::ScalableTag<T> d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto zero = hn::Zero(d);
+  const hn::ScalableTag<double> dd;
+  const auto wide = static_cast<std::int64_t>(hn::Lanes(dd));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* xr = x + r * cols;
+    const T* pr = dp + r * cols;
+    const auto vs = hn::Set(d, shift[r]);
+    if constexpr (sizeof(T) == 8) {
+      auto total = zero, weighted = zero;
+      for (std::int64_t c = 0; c < cols; c += lanes) {
+        const auto e = ExpNonPositive(d, hn::Min(hn::Sub(hn::LoadU(d, xr + c), vs), zero));
+        total = hn::Add(total, e);
+        weighted = hn::MulAdd(e, hn::LoadU(d, pr + c), weighted);
+      }
+      sum[r] = hn::GetLane(hn::SumOfLanes(d, total));
+      dot[r] = hn::GetLane(hn::SumOfLanes(d, weighted));
+    } else {
+      for (std::int64_t c = 0; c < cols; c += lanes) {
+        const auto e = ExpNonPositive(d, hn::Min(hn::Sub(hn::LoadU(d, xr + c), vs), zero));
+        hn::StoreU(e, d, xr + c);
+      }
+      const hn::Rebind<float, decltype(dd)> dh;
+      auto total = hn::Zero(dd), weighted = hn::Zero(dd);
+      for (std::int64_t c = 0; c < cols; c += wide) {
+        const auto e = hn::PromoteTo(dd, hn::LoadU(dh, xr + c));
+        total = hn::Add(total, e);
+        weighted = hn::MulAdd(e, hn::PromoteTo(dd, hn::LoadU(dh, pr + c)), weighted);
+      }
+      sum[r] = hn::GetLane(hn::SumOfLanes(dd, total));
+      dot[r] = hn::GetLane(hn::SumOfLanes(dd, weighted));
+    }
+  }
 }
+
+template <class T>
+void WeighRows(T* x, std::int64_t rows, std::int64_t cols, const T* shift, const T* inv) {
+  const hn::ScalableTag<T> d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto zero = hn::Zero(d);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* row = x + r * cols;
+    const auto vs = hn::Set(d, shift[r]);
+    const auto vinv = hn::Set(d, inv[r]);
+    for (std::int64_t c = 0; c < cols; c += lanes) {
+      const auto arg = hn::Min(hn::Sub(hn::LoadU(d, row + c), vs), zero);
+      hn::StoreU(hn::Mul(ExpNonPositive(d, arg), vinv), d, row + c);
+    }
+  }
+}
+
+#define QKV_ROWS_EXPORTS(T, N)                                                                \
+  void ScaleRows##N(T* x, std::int64_t rows, std::int64_t cols, T scale) {                    \
+    ScaleRows(x, rows, cols, scale);                                                          \
+  }                                                                                           \
+  void MaxRows##N(const T* x, std::int64_t rows, std::int64_t cols, T* max) {                 \
+    MaxRows(x, rows, cols, max);                                                              \
+  }                                                                                           \
+  void ExpSumRows##N(T* x, T* dp, std::int64_t rows, std::int64_t cols,                       \
+                     const T* shift, double* sum, double* dot) {                              \
+    ExpSumRows(x, dp, rows, cols, shift, sum, dot);                                           \
+  }                                                                                           \
+  void WeighRows##N(T* x, std::int64_t rows, std::int64_t cols, const T* shift, const T* inv) { \
+    WeighRows(x, rows, cols, shift, inv);                                                     \
+  }
+QKV_ROWS_EXPORTS(float, F32)
+QKV_ROWS_EXPORTS(double, F64)
+#undef QKV_ROWS_EXPORTS
 
 // dS = scale·P∘(dP - D_r) (∘ factor), in place over dP; cols is a whole number of vectors.
 template <class T>
@@ -171,9 +245,19 @@ struct HwyOps {
     tail<kVectors - 1>((n - col) / kLanes, m, k, a, rs, cs, b + col, ldb, c + col, ldc, accumulate);
   }
 
-  static void exp_below(T* x, std::int64_t rows_, std::int64_t cols, T scale,
-                        const T* shift) noexcept {
-    ExpBelowRows(x, rows_, cols, scale, shift);
+  static void scale_rows(T* x, std::int64_t rows_, std::int64_t cols, T scale) noexcept {
+    ScaleRows(x, rows_, cols, scale);
+  }
+  static void max_rows(const T* x, std::int64_t rows_, std::int64_t cols, T* max) noexcept {
+    MaxRows(x, rows_, cols, max);
+  }
+  static void exp_sum_rows(T* x, T* dp, std::int64_t rows_, std::int64_t cols,
+                           const T* shift, double* sum, double* dot) noexcept {
+    ExpSumRows(x, dp, rows_, cols, shift, sum, dot);
+  }
+  static void weigh_rows(T* x, std::int64_t rows_, std::int64_t cols, const T* shift,
+                         const T* inv) noexcept {
+    WeighRows(x, rows_, cols, shift, inv);
   }
   static void ds_rows(T* ds, const T* p, const T* factor, std::int64_t rows_, std::int64_t cols,
                       T scale, const T* delta) noexcept {
@@ -194,20 +278,36 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace qkv::kernels {
 
-HWY_EXPORT(ExpBelowRowsF32);
-HWY_EXPORT(ExpBelowRowsF64);
+HWY_EXPORT(ScaleRowsF32);
+HWY_EXPORT(ScaleRowsF64);
+HWY_EXPORT(MaxRowsF32);
+HWY_EXPORT(MaxRowsF64);
+HWY_EXPORT(ExpSumRowsF32);
+HWY_EXPORT(ExpSumRowsF64);
+HWY_EXPORT(WeighRowsF32);
+HWY_EXPORT(WeighRowsF64);
 HWY_EXPORT(RunBackwardF32);
 HWY_EXPORT(RunBackwardF64);
 
 namespace bwd {
-void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, float scale,
-                        const float* shift) noexcept {
-  HWY_DYNAMIC_DISPATCH(ExpBelowRowsF32)(x, rows, cols, scale, shift);
-}
-void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols, double scale,
-                        const double* shift) noexcept {
-  HWY_DYNAMIC_DISPATCH(ExpBelowRowsF64)(x, rows, cols, scale, shift);
-}
+#define QKV_ROWS_DISPATCH(T, N)                                                                \
+  void simd_scale_rows(T* x, std::int64_t rows, std::int64_t cols, T scale) noexcept {         \
+    HWY_DYNAMIC_DISPATCH(ScaleRows##N)(x, rows, cols, scale);                                  \
+  }                                                                                            \
+  void simd_max_rows(const T* x, std::int64_t rows, std::int64_t cols, T* max) noexcept {      \
+    HWY_DYNAMIC_DISPATCH(MaxRows##N)(x, rows, cols, max);                                      \
+  }                                                                                            \
+  void simd_exp_sum_rows(T* x, T* dp, std::int64_t rows, std::int64_t cols,                    \
+                         const T* shift, double* sum, double* dot) noexcept {                  \
+    HWY_DYNAMIC_DISPATCH(ExpSumRows##N)(x, dp, rows, cols, shift, sum, dot);                   \
+  }                                                                                            \
+  void simd_weigh_rows(T* x, std::int64_t rows, std::int64_t cols, const T* shift,             \
+                       const T* inv) noexcept {                                                \
+    HWY_DYNAMIC_DISPATCH(WeighRows##N)(x, rows, cols, shift, inv);                             \
+  }
+QKV_ROWS_DISPATCH(float, F32)
+QKV_ROWS_DISPATCH(double, F64)
+#undef QKV_ROWS_DISPATCH
 }  // namespace bwd
 
 namespace {

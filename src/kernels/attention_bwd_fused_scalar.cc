@@ -56,16 +56,18 @@ std::string backward_float32_declines(const core::BackwardParams& bp) {
   return gradient_bounds_declines(bp, std::numeric_limits<float>::max() / 2, "float32");
 }
 
-// The kernels that read the saved lse recompute each weight as exp(s - lse) from a score they
-// compute again, summed in their own order: s and the lse each carry a rounding error of about
-// |s|·2^-53, which the exp turns into a relative error of the weight of the same size. With
-// scores of 1e12 that was 1e-3 against the reference (which recomputes the softmax itself), at
-// 1e37 the gradients were wrong outright. Past a bound of 2^20 such kernels decline (the
-// weights' error then stays below about 1e-9, and for typical inputs, whose scores sit far
-// below the bound, near 1e-13); the reference takes those calls in one process. A softcap
-// bounds the capped score's error by about softcap·2^-53, whatever s is.
+// Weights computed relative to the saved lse lose precision with the scores: s and the lse each
+// carry a rounding error of about |s|·2^-53 in float64, which the exp turns into a relative
+// error of the weight of the same size (1e-3 against the reference at scores of 1e12, wrong
+// gradients at 1e37). In one process the tiled kernels no longer do that (they compute each
+// row's max and sum themselves, bwd_row_stats.h) and this check passes; a call given the whole
+// rows' statistics (BackwardParams::row_max: the ring's, which are still the saved lse,
+// exp(M - lse), ring_backward.cc) is declined past a bound of 2^20 (the weights' error then
+// stays below about 1e-9), and the ring refuses it. A softcap bounds the capped score's error
+// by about softcap·2^-53, whatever s is.
 std::string lse_recompute_declines(const core::BackwardParams& bp) {
   constexpr double kLimit = 1048576.0;
+  if (bp.row_max.data == nullptr) return {};  // the kernel's own statistics: no lse involved
   const core::AttentionParams& p = bp.forward;
   const double dot = static_cast<double>(p.shape.d) * p.magnitudes.q * p.magnitudes.k;
   const double score = p.modifiers.softcap > 0 ? p.modifiers.softcap : std::abs(p.scale) * dot;

@@ -1,7 +1,8 @@
 // attention_bwd_unfused_blas: the backward as most code writes it, the in-process baseline of
 // `qkv bench --backward`. Per (b, kv head) and block of 256 query rows of each of its query
 // heads, the whole score block is materialised (256 x nk) and each step is one CBLAS call:
-//   S = Q_blk·Kᵀ; P = exp(min(softcap(scale·S) + bias - lse, 0)); dV += Pᵀ·dO_blk;
+//   S = Q_blk·Kᵀ; P = exp(softcap(scale·S) + bias - M)/l (the row's max and sum, computed
+//   first from the same S: bwd_row_stats.h); dV += Pᵀ·dO_blk;
 //   dP = dO_blk·Vᵀ; dS = scale·P∘(dP - D)∘(1 - tanh²); dK += dSᵀ·Q_blk; dQ_blk = dS·K
 // It is bwd_fused_driver.h's loop nest with one key tile covering every key, so what it lacks
 // is only what fusion adds: it computes the whole square under causal masking but for whole

@@ -31,8 +31,9 @@ std::span<const BackwardKernel> backward_kernels();
 std::string attention_bwd_reference_declines(const core::BackwardParams& params);
 core::KernelStatus attention_bwd_reference(const core::BackwardParams& params) noexcept;
 
-// The fused FlashAttention-2-style backward (P recomputed tile by tile from the saved lse,
-// O(n·d) memory): the SIMD version and its portable scalar twin, sharing one loop nest.
+// The fused FlashAttention-2-style backward (P recomputed tile by tile from the row's max and
+// sum, which it computes first from the same scores, bwd_row_stats.h; O(n·d) memory): the SIMD
+// version and its portable scalar twin, sharing one loop nest.
 std::string attention_bwd_fused_hwy_declines(const core::BackwardParams& params);
 core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& params) noexcept;
 std::string attention_bwd_fused_scalar_declines(const core::BackwardParams& params);

@@ -25,14 +25,24 @@ std::span<const BackwardKernel> backward_kernels() {
 
 #if !QKV_HAVE_HWY
 namespace bwd {
-void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, float scale,
-                        const float* shift) noexcept {
-  exp_below_scalar(x, rows, cols, scale, shift);
-}
-void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols, double scale,
-                        const double* shift) noexcept {
-  exp_below_scalar(x, rows, cols, scale, shift);
-}
+#define QKV_SCALAR_ROWS(T)                                                                      \
+  void simd_scale_rows(T* x, std::int64_t rows, std::int64_t cols, T scale) noexcept {         \
+    scale_rows_scalar(x, rows, cols, scale);                                                    \
+  }                                                                                             \
+  void simd_max_rows(const T* x, std::int64_t rows, std::int64_t cols, T* max) noexcept {      \
+    max_rows_scalar(x, rows, cols, max);                                                        \
+  }                                                                                             \
+  void simd_exp_sum_rows(T* x, T* dp, std::int64_t rows, std::int64_t cols,                    \
+                         const T* shift, double* sum, double* dot) noexcept {                   \
+    exp_sum_rows_scalar(x, dp, rows, cols, shift, sum, dot);                                    \
+  }                                                                                             \
+  void simd_weigh_rows(T* x, std::int64_t rows, std::int64_t cols, const T* shift,             \
+                       const T* inv) noexcept {                                                 \
+    weigh_rows_scalar(x, rows, cols, shift, inv);                                               \
+  }
+QKV_SCALAR_ROWS(float)
+QKV_SCALAR_ROWS(double)
+#undef QKV_SCALAR_ROWS
 }  // namespace bwd
 #endif
 

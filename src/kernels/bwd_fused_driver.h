@@ -1,18 +1,21 @@
 // The loop nest every tiled backward kernel shares (attention_bwd_fused_scalar, _fused_hwy and
 // _unfused_blas), FlashAttention-2's backward (Dao, 2023, algorithm 2) arranged so that every
-// sum runs in an order fixed by the shape:
+// sum runs in an order fixed by the shape, with the softmax's row statistics computed again
+// rather than read from the saved lse (bwd_row_stats.h says why):
 //
-//   pass 0, parallel over (b, h):        lse_i (-inf made +inf, so P = 0 for an empty row),
-//                                        D_i = Σ_c dO_ic·O_ic (float64 sum; or read from
-//                                        bp.delta, where a caller computed it once), and
-//                                        dsink_h -= Σ_i exp(sink_h - lse_i)·D_i per (b, h)
+//   pass "stats", parallel over (b, h, query tile): each row's max M_i and sum l_i over every
+//                                        key tile, from the scores the gradient pass will
+//                                        compute (the same bits): bwd_row_stats.h
+//                                        and D_i = Σ_j P_ij·dP_ij (as autograd's softmax
+//                                        backward has it; or read from bp.delta)
+//   pass 0, parallel over (b, h):        dsink_h -= Σ_i exp(sink_h - M_i)/l_i·D_i per (b, h)
 //   pass 1, threads taking tasks (key chunk c, b, kv head hk) from a counter: for each key
 //     tile K_j, V_j (Bc keys) of the chunk, dK_j = dV_j = 0; for each query head h of hk,
 //     each query tile Q_i, dO_i (Br rows) not wholly masked by causal/window:
 //       S    = Q_i·K_jᵀ                                  (Br x Bc)
-//       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed
-//       P    = exp(min(x - lse_i, 0))                    Ops::exp_below (min: P ≤ 1 even if
-//                                                        the lse was rounded below a score)
+//       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed (tile_logits)
+//       P    = exp(min(x - M_i, 0)) / l_i               Ops::weigh_rows (x - M_i is exact
+//                                                        near the max: no lse cancellation)
 //       dV_j += Pᵀ·dO_i
 //       dP   = dO_i·V_jᵀ
 //       dS   = scale · P∘(dP - D_i) ∘ (1 - tanh²)        element-wise
@@ -30,9 +33,9 @@
 // (enough tasks for 8 threads when b·hkv is small, bounded by the memory their dQ partials
 // take), never on the thread count: the bits are the same for any thread count.
 //
-// Memory: O(rows) for lse and D, the tiles of each thread (K, Kᵀ, Vᵀ, Q, dO, S/P, dP/dS, the
-// softcap's factor, dK, dV, a dQ tile: about (5·Bc + 3·Br)·d + 3·Br·Bc elements), and
-// chunks - 1 dQ partials.
+// Memory: O(rows) for the row statistics and D, the tiles of each thread (K, Kᵀ, Vᵀ, Q, dO,
+// S/P, dP/dS, the softcap's factor, dK, dV, a dQ tile: about (5·Bc + 3·Br)·d + 3·Br·Bc
+// elements), and chunks - 1 dQ partials.
 #pragma once
 
 #include <algorithm>
@@ -284,18 +287,18 @@ void tile_scores(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
   }
 }
 
-// P = 0 where causal/window forbid key j0 + c for query row i0 + r, and in the padding
+// x = fill where causal/window forbid key j0 + c for query row i0 + r, and in the padding
 // columns [cols, ld).
 template <class T>
-void zero_forbidden(const core::AttentionParams& p, std::int64_t i0, std::int64_t rows,
-                    std::int64_t j0, std::int64_t cols, std::int64_t ld, T* x) noexcept {
+void fill_forbidden(const core::AttentionParams& p, std::int64_t i0, std::int64_t rows,
+                    std::int64_t j0, std::int64_t cols, std::int64_t ld, T* x, T fill) noexcept {
   const std::int64_t offset = core::diagonal_offset(p.shape, p.masking);
   for (std::int64_t r = 0; r < rows; ++r) {
     const core::KeyRange range = core::allowed_key_range(p.masking, p.shape.nk, i0 + r + offset);
     const std::int64_t lo = std::clamp<std::int64_t>(range.first - j0, 0, cols);
     const std::int64_t hi = std::clamp<std::int64_t>(range.last - j0, lo, cols);
-    std::fill(x + r * ld, x + r * ld + lo, T(0));
-    std::fill(x + r * ld + hi, x + (r + 1) * ld, T(0));
+    std::fill(x + r * ld, x + r * ld + lo, fill);
+    std::fill(x + r * ld + hi, x + (r + 1) * ld, fill);
   }
 }
 
@@ -310,11 +313,23 @@ inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::in
   return last.last <= j0 || first.first >= j1;
 }
 
-// Ops supplies the product and the exponential (bwd_ops.h):
+}  // namespace qkv::kernels::bwd
+
+// The row statistics pass builds on the tiles, packing and score helpers above.
+#include "kernels/bwd_row_stats.h"
+
+namespace qkv::kernels::bwd {
+
+// Ops supplies the product and the element-wise steps (bwd_ops.h):
 //   gemm(m, n, k, A, rs, cs, B, ldb, C, ldc, accumulate)
 //       C (+)= A·B: A(r, x) = A[r·rs + x·cs] (m x k), B row-major (k x n), C row-major (m x n);
 //       n is a whole number of 64-byte vectors
-//   exp_below(x, rows, ld, scale, shift)           x_rc = exp(min(scale·x_rc - shift_r, 0))
+//   scale_rows(x, rows, ld, scale)                 x_rc = scale·x_rc (rounded, stored)
+//   max_rows(x, rows, ld, max)                     max_r = max_c x_rc
+//   exp_sum_rows(x, dp, rows, ld, shift, sum, dot) with e = exp(min(x - shift_r, 0)):
+//                                                  sum_r = Σ_c e_rc, dot_r = Σ_c e_rc·dp_rc
+//                                                  (float64 sums; x and dp are scratch)
+//   weigh_rows(x, rows, ld, shift, inv)            x_rc = exp(min(x_rc - shift_r, 0))·inv_r
 //   ds_rows(ds, p, factor, rows, ld, scale, D)     dS = scale·P∘(dP - D_r)(∘ factor)
 template <class Ops, class T>
 core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& plan) noexcept {
@@ -325,48 +340,53 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
   const std::int64_t key_tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
   const std::int64_t tiles_per_chunk =
       (key_tiles + plan.chunks - 1) / std::max<std::int64_t>(plan.chunks, 1);
-  // Scores that are scale·q·k alone (no softcap, ALiBi or mask): scaled inside the exponential.
+  // Scores that are scale·q·k alone (no softcap, ALiBi or mask): scaled in one vector pass.
   const bool plain_scores =
       p.modifiers.softcap <= 0.0 && p.modifiers.alibi_slopes.empty() && p.masking.mask == nullptr;
   std::atomic<bool> out_of_memory{false};
   try {
-    std::vector<T> lse(static_cast<std::size_t>(rows));
+    // Pass "stats": each row's max and sum over the call's keys (bwd_row_stats.h).
+    RowStats<T> stats;
+    compute_row_stats<Ops, T>(bp, plan, plain_scores, stats);
+    if (bp.stats_max != nullptr) {
+      std::copy(stats.max.begin(), stats.max.end(), bp.stats_max);
+      std::copy(stats.sum.begin(), stats.sum.end(), bp.stats_sum);
+      std::copy(stats.dot.begin(), stats.dot.end(), bp.stats_dot);
+      return core::KernelStatus::kOk;
+    }
     std::vector<T> delta(static_cast<std::size_t>(rows));
     std::vector<double> dsink_bh(static_cast<std::size_t>(s.b * s.h), 0.0);
     // Partials of dQ for chunks 1.. (chunk 0 accumulates in the output), [c-1][b][h][i][d].
     std::vector<T> partial(
         static_cast<std::size_t>(std::max<std::int64_t>(plan.chunks - 1, 0) * rows * s.d));
 
-    // Pass 0: the rows' lse and D, the sinks' gradients per (b, h).
+    // Pass 0: the rows' D (the stats pass's Σ P∘dP, or the caller's), the sinks' gradients per
+    // (b, h): P_sink = exp(sink - M)/l.
     core::parallel_for(s.b * s.h, p.threads, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t bh = begin; bh < end; ++bh) {
         const std::int64_t b = bh / s.h;
         const std::int64_t h = bh % s.h;
+        constexpr double kInfinity = std::numeric_limits<double>::infinity();
         const double sink = p.modifiers.sinks.empty()
-                                ? -std::numeric_limits<double>::infinity()
-                                : p.modifiers.sinks[static_cast<std::size_t>(h)];
+                                ? -kInfinity
+                                : static_cast<double>(static_cast<T>(
+                                      p.modifiers.sinks[static_cast<std::size_t>(h)]));
         double dsink = 0.0;
         for (std::int64_t i = 0; i < s.nq; ++i) {
           const std::size_t row = static_cast<std::size_t>(bh * s.nq + i);
-          const double l =
-              core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
+          // dsinks takes D in float64: the caller's, or u/l unrounded (rounded to T, D's rounding
+          // alone tripled dsinks' error). dO·O from the saved O erred more: it carries the
+          // forward's rounding of O.
           double dot = 0.0;
           if (bp.delta.data != nullptr) {
             dot = core::load_real(bp.delta.data, bp.delta.dtype, bp.delta.strides.at(b, h, i, 0));
+            delta[row] = static_cast<T>(dot);
           } else {
-            for (std::int64_t c = 0; c < s.dv; ++c) {
-              dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
-                                     bp.grad_out.strides.at(b, h, i, c)) *
-                     core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
-            }
+            delta[row] = stats.delta[row];
+            if (stats.inv[row] != T(0)) dot = stats.dot[row] / stats.sum[row];
           }
-          lse[row] = l == -std::numeric_limits<double>::infinity()
-                         ? std::numeric_limits<T>::infinity()
-                         : static_cast<T>(l);
-          delta[row] = static_cast<T>(dot);
-          if (sink != -std::numeric_limits<double>::infinity() &&
-              l != -std::numeric_limits<double>::infinity()) {
-            dsink -= std::exp(std::min(sink - l, 0.0)) * dot;
+          if (sink != -kInfinity && stats.inv[row] != T(0)) {
+            dsink -= std::exp(std::min(sink - stats.max[row], 0.0)) / stats.sum[row] * dot;
           }
         }
         dsink_bh[static_cast<std::size_t>(bh)] = dsink;
@@ -416,18 +436,13 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                     rows_in_place(bp.grad_out, b, h, i0, br, s.dv, t.dout.data(), lddo);
                 T* const pt = t.p.data();
                 T* const ds = t.ds.data();
-                Ops::gemm(br, t.bcp, s.d, qt, ldq, 1, t.kt.data(), t.bcp, pt, t.bcp, false);
                 const std::size_t row0 = static_cast<std::size_t>((b * s.h + h) * s.nq + i0);
                 const auto scale = static_cast<T>(p.scale);
-                if (plain_scores) {
-                  // P = exp(min(scale·S - lse, 0)), then 0 where causal/window forbid a key
-                  // and in the padding columns.
-                  Ops::exp_below(pt, br, t.bcp, scale, lse.data() + row0);
-                  zero_forbidden(p, i0, br, j0, bc, t.bcp, pt);
-                } else {
-                  tile_scores(p, b, h, i0, br, j0, bc, t.bcp, pt, t.factor.data());
-                  Ops::exp_below(pt, br, t.bcp, T(1), lse.data() + row0);
-                }
+                // P = exp(min(x - M, 0))·inv from the scores as the stats pass computed them
+                // (the same bits): 0 where a key is not allowed and in the padding columns.
+                tile_logits<Ops, T>(p, plain_scores, b, h, i0, br, j0, bc, qt, ldq, t.kt.data(),
+                                    t.bcp, pt, t.factor.data());
+                Ops::weigh_rows(pt, br, t.bcp, stats.shift.data() + row0, stats.inv.data() + row0);
                 // dV_j += Pᵀ·dO_i: A(key, query) = P[query][key].
                 Ops::gemm(bc, t.dvp, br, pt, 1, t.bcp, dot, lddo, t.dv.data(), t.dvp, true);
                 Ops::gemm(br, t.bcp, s.dv, dot, lddo, 1, t.vt.data(), t.bcp, ds, t.bcp, false);

@@ -78,7 +78,7 @@ TEST(MaskingOffsets, ABlockWithOffsetsGivesTheWholeCallsRows) {
 // and dV rows for keys [20, 24), which only queries of [20, 29) see. Float64: every kernel within
 // 1e-12 of the float64 reference on the whole call; float32 (the same inputs computed in
 // float32): within 2e-5 relative, the forward offsets test's bound scaled to the gradients.
-// With D given (BackwardParams::delta) every kernel gives the same bits.
+// With the whole rows' statistics given (as the ring gives them) the same holds.
 TEST(MaskingOffsets, ABackwardBlockWithOffsetsGivesTheWholeCallsGradients) {
   const std::int64_t h = 2, hkv = 1, n = 40, d = 8, dv = 6;
   std::mt19937 rng(26);
@@ -164,8 +164,9 @@ TEST(MaskingOffsets, ABackwardBlockWithOffsetsGivesTheWholeCallsGradients) {
           }
         }
       };
-      // D given (BackwardParams::delta, as the ring's backward gives it, summed as the kernels
-      // sum it): the same bits. The reference reads no D.
+      // The whole rows' statistics given, as the ring's backward gives them (row_max = the
+      // saved lse, row_sum = 1, delta = D = dO·O): the same gradients within the same bounds
+      // (not the same bits: given, D is dO·O; computed, it is Σ P∘dP). The reference reads none.
       std::vector<double> delta(static_cast<std::size_t>(h * nq));
       for (std::int64_t ih = 0; ih < h; ++ih) {
         for (std::int64_t i = 0; i < nq; ++i) {
@@ -179,15 +180,18 @@ TEST(MaskingOffsets, ABackwardBlockWithOffsetsGivesTheWholeCallsGradients) {
       }
       core::BackwardParams given = bp;
       given.delta = {delta.data(), DType::kF64, core::Strides4{nq, nq, 1, 0}};
+      const std::vector<double> ones(static_cast<std::size_t>(h * nq), 1.0);
+      given.row_max = bp.lse;
+      given.row_sum = {ones.data(), DType::kF64, core::Strides4{nq, nq, 1, 0}};
       Tensor dq2(grad, {h, nq, d}, "dq"), dk2(grad, {hkv, nk, d}, "dk"),
           dv2(grad, {hkv, nk, dv}, "dv");
       given.dq = slot(dq2);
       given.dk = slot(dk2);
       given.dv = slot(dv2);
       ASSERT_EQ(kernel.run(given), core::KernelStatus::kOk) << name;
-      for (const auto& [a, b] : {std::pair{&dq, &dq2}, {&dk, &dk2}, {&dv_t, &dv2}}) {
-        EXPECT_EQ(std::memcmp(a->data(), b->data(), a->nbytes()), 0) << name << " with D given";
-      }
+      check(dq2, whole.dq, h, nq, q0, 0, nq, d, "dQ (statistics given)");
+      check(dk2, whole.dk, hkv, nk, k0, 20 - k0, 24 - k0, d, "dK (statistics given)");
+      check(dv2, whole.dv, hkv, nk, k0, 20 - k0, 24 - k0, dv, "dV (statistics given)");
       check(dq, whole.dq, h, nq, q0, 0, nq, d, "dQ");
       check(dk, whole.dk, hkv, nk, k0, 20 - k0, 24 - k0, d, "dK");
       check(dv_t, whole.dv, hkv, nk, k0, 20 - k0, 24 - k0, dv, "dV");

@@ -405,7 +405,7 @@ def faults(qkv, launcher, rng):
                         "w.npy", "--check"] + tail)
     problems += one_line_failure(r, "refused flags", "--weights, --check", 2)
     # Gradients the ring refuses as one process does (exit 1, one line, nothing written): a
-    # 16-bit --dtype, a --backward-kernel that does not read the saved lse, dO of another shape.
+    # 16-bit --dtype, a --backward-kernel that is not a tiled one, dO of another shape.
     np.save("do.npy", rng.standard_normal((2, 12, 8)).astype(np.float32))
     np.save("do_short.npy", rng.standard_normal((2, 11, 8)).astype(np.float32))
     grad = ["--grad-q", "dq.npy", "--grad-k", "dk.npy"]

@@ -289,7 +289,9 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
           if (!core::structurally_allowed(p.masking, diag, j) || bias == -inf) continue;
           float dot = 0.0f;
           for (std::int64_t col = 0; col < s.d; ++col) {
-            dot += ld(p.q, p.q.strides.at(b, h, i, col)) * ld(p.k, p.k.strides.at(b, hk, j, col));
+            // Fused multiply-adds, as a float32 matmul (BLAS, or the kernels) sums Q·Kᵀ.
+            dot = std::fma(ld(p.q, p.q.strides.at(b, h, i, col)),
+                           ld(p.k, p.k.strides.at(b, hk, j, col)), dot);
           }
           pre[js] = dot * static_cast<float>(p.scale);
           float x = pre[js];

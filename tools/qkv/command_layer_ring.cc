@@ -269,8 +269,8 @@ void run_layer_ring(const LayerCommand& command, const dist::Communicator& comm,
                                                     const AttentionOptions& opts) {
       stepped = true;
       AttentionOptions backward = opts;
-      // --kernel names the forward's kernel; the ring's backward chooses among those that
-      // read the saved lse.
+      // --kernel names the forward's kernel; the ring's backward chooses among the tiled ones
+      // (which take the whole row's softmax statistics).
       backward.kernel.clear();
       ring_grads = dist::ring_attention_backward(q, k, v, o, lse, grad_o, backward, comm, {layout});
       AttentionGradients a;

@@ -231,7 +231,8 @@ void run_ring_ranks(const RingCommand& command, const AttentionFlags& flags,
     if (!ring_backward_kernel(wanted.backward_kernel)) {
       throw Error("--backward-kernel",
                   "the ring's backward runs fused_hwy, unfused_blas or "
-                  "fused_scalar (the kernels that read the saved lse), not " +
+                  "fused_scalar (the tiled kernels, which take the whole row's softmax "
+                  "statistics), not " +
                       wanted.backward_kernel);
     }
     AttentionFlags without_mask = flags;  // the mask is read below, this rank's rows alone

@@ -1,0 +1,197 @@
+// The softmax's row statistics the tiled backward weighs with (bwd_fused_driver.h), computed
+// by the backward itself from the scores it recomputes, never from the saved lse.
+//
+// Why: a weight recomputed as exp(x - lse) subtracts two large numbers. The lse of a row whose
+// scores are near 4e4 carries a rounding error of about 4e4·2^-24 ≈ 2e-3 in float32 (the
+// forward rounded it, the caller may have stored it), and the score the backward recomputes
+// differs from the forward's by as much again (another summation order), so a weight near 1
+// came out as 1 ± 2e-3: dV was off by 4e-4 to 3e-3 of its size at scores of 4e4, by more than
+// its size at 3e7, while the plain float32 composition (S, softmax, Pᵀ·dO) stays near 3e-8.
+// The composition is exact where it matters because it subtracts the row's maximum taken from
+// the very scores it exponentiates: x_max - M = 0 exactly, and x - M is exact for every x
+// within a factor of two of M (Sterbenz).
+//
+// The same holds for D_i, which dS = P∘(dP - D) subtracts from each dP_ij: the composition's
+// D = Σ_j P_ij·dP_ij (autograd's softmax backward) cancels dP exactly where one weight is 1,
+// while D = dO·O from the saved O (FlashAttention's) differs from the recomputed dP by
+// dP's rounding, which dQ and dK then carry at |K| and |Q| times the size (dQ off by 50x
+// its own size at scores of 4e4, where it is nearly 0).
+//
+// So the backward does what the composition does. Pass "stats", per query tile over every key
+// tile of the row, with the same packing, the same products and the same score transform as
+// the gradient pass (tile_logits below; dP = dO·Vᵀ by the same call), so each score and each
+// dP has the same bits in both passes:
+//
+//   x    = tile_logits(Q_i, K_j)            scale·S (or softcap, ALiBi, mask); -inf if masked
+//   dP   = dO_i·V_jᵀ
+//   m'   = max(M_r, rowmax(x))
+//   l_r  = l_r·exp(M_r - m') + Σ_c exp(x_rc - m')          (float64 running sums, tile by
+//   u_r  = u_r·exp(M_r - m') + Σ_c exp(x_rc - m')·dP_rc     tile)
+//   M_r  = m'
+//
+// starting from M_r = sink_h, l_r = 1 with a sink (its exp(sink - M) is the sink's share), or
+// M_r = -inf, l_r = 0; u_r = 0. The gradient pass weighs P = exp(min(x - M_r, 0)) · inv_r with
+// inv_r = 1 / l_r and uses D_r = u_r / l_r. A row with no allowed key gets M = +inf and inv =
+// 0: P = 0 everywhere, never NaN.
+//
+// When the call sees only some of the row's keys (the ring's backward, one call per block),
+// the caller gives the whole row's statistics (M*, l*) in float64 and the kernel still computes
+// its own M over its keys: P = exp(x - M) · exp(M - M*) / l*, where M - M* is a difference of
+// two scores of the row, exact when they are close (each block's M reaches the ring as the bits
+// its kernel computed, BackwardParams::row_max).
+//
+// The caller may give D as well (bp.delta, whole-row values, the ring's): then it is used.
+//
+// Cost: two more products (Q·Kᵀ and dO·Vᵀ) and one more exponential per score than a backward
+// that reads the lse and O (which does five products of that size); O(rows) memory.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/backward_params.h"
+#include "core/parallel_for.h"
+
+namespace qkv::kernels::bwd {
+
+// Row statistics of one call's rows, [b][h][i]: `shift` is M (+inf for an empty row) and `inv`
+// the factor each exp(x - M) is multiplied by; `max` and `sum` are M and l as computed (M =
+// -inf for an empty row), float64 for the caller who asked for them (the ring).
+template <class T>
+struct RowStats {
+  std::vector<T> shift, inv, delta;
+  std::vector<double> max, sum, dot;  // M, l and u as computed
+};
+
+// One tile's scores into `x` (rows x ld): the product with the packed Kᵀ, then either
+// scale·S stored (plain scores) with -inf where causal/window forbid a key and in the padding
+// columns, or tile_scores' full transform. Both passes call this, so a score has the same bits
+// in both; the scaled score is stored before any subtraction so no fused multiply-add can
+// round scale·S - M differently from the max it is compared against.
+template <class Ops, class T>
+void tile_logits(const core::AttentionParams& p, bool plain, std::int64_t b, std::int64_t h,
+                 std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
+                 const T* q, std::int64_t ldq, const T* kt, std::int64_t ld, T* x,
+                 T* factor) noexcept {
+  Ops::gemm(rows, ld, p.shape.d, q, ldq, 1, kt, ld, x, ld, false);
+  if (plain) {
+    Ops::scale_rows(x, rows, ld, static_cast<T>(p.scale));
+    fill_forbidden(p, i0, rows, j0, cols, ld, x, -std::numeric_limits<T>::infinity());
+  } else {
+    tile_scores(p, b, h, i0, rows, j0, cols, ld, x, factor);
+  }
+}
+
+// The statistics of every row of the call (the pass described above), then `shift` and `inv`
+// from them, or from the caller's whole-row statistics when bp.row_max is bound. Parallel over
+// (b, h, query tile); each row's sums run over its key tiles in order, so no bit depends on the
+// thread count.
+template <class Ops, class T>
+void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, bool plain,
+                       RowStats<T>& st) {
+  const core::AttentionParams& p = bp.forward;
+  const core::AttentionShape& s = p.shape;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const auto rows = static_cast<std::size_t>(s.b * s.h * s.nq);
+  st.shift.assign(rows, T(0));
+  st.inv.assign(rows, T(0));
+  st.max.assign(rows, -kInf);
+  st.sum.assign(rows, 0.0);
+  st.dot.assign(rows, 0.0);
+  st.delta.assign(rows, T(0));
+  const std::int64_t query_tiles = (s.nq + plan.query_tile - 1) / plan.query_tile;
+  const std::int64_t key_tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
+  const std::int64_t group = s.group();
+  core::parallel_for(s.b * s.h * query_tiles, p.threads, [&](std::int64_t begin,
+                                                             std::int64_t end) {
+    Tiles<T> t;
+    t.allocate(s, plan);
+    const auto tile_rows = static_cast<std::size_t>(plan.query_tile);
+    std::vector<T> tile_max(tile_rows), tile_shift(tile_rows);
+    std::vector<double> tile_sum(tile_rows), tile_dot(tile_rows);
+    for (std::int64_t task = begin; task < end; ++task) {
+      const std::int64_t qt = task % query_tiles;
+      const std::int64_t h = (task / query_tiles) % s.h;
+      const std::int64_t b = task / (query_tiles * s.h);
+      const std::int64_t hk = h / group;
+      const std::int64_t i0 = qt * plan.query_tile;
+      const std::int64_t br = std::min(plan.query_tile, s.nq - i0);
+      const std::size_t row0 = static_cast<std::size_t>((b * s.h + h) * s.nq + i0);
+      double* const m = st.max.data() + row0;
+      double* const l = st.sum.data() + row0;
+      double* const u = st.dot.data() + row0;
+      if (!p.modifiers.sinks.empty()) {
+        // Sinks are float64 parameters; the kernel weighs in T, so the sink's score is T's.
+        const auto sink = static_cast<double>(
+            static_cast<T>(p.modifiers.sinks[static_cast<std::size_t>(h)]));
+        std::fill_n(m, br, sink);
+        std::fill_n(l, br, 1.0);
+      }
+      std::int64_t ldq = t.dp, lddo = t.dvp;
+      const T* const q = rows_in_place(p.q, b, h, i0, br, s.d, t.q.data(), ldq);
+      const T* const dout = rows_in_place(bp.grad_out, b, h, i0, br, s.dv, t.dout.data(), lddo);
+      for (std::int64_t kt = 0; kt < key_tiles; ++kt) {
+        const std::int64_t j0 = kt * plan.key_tile;
+        const std::int64_t bc = std::min(plan.key_tile, s.nk - j0);
+        if (tile_masked(p, i0, i0 + br, j0, j0 + bc)) continue;
+        pack_transposed(p.k, b, hk, j0, bc, s.d, t.kt.data(), t.bcp, t.bcp);
+        pack_transposed(p.v, b, hk, j0, bc, s.dv, t.vt.data(), t.bcp, t.bcp);
+        T* const x = t.p.data();
+        T* const dp = t.ds.data();
+        tile_logits<Ops, T>(p, plain, b, h, i0, br, j0, bc, q, ldq, t.kt.data(), t.bcp, x,
+                            t.factor.data());
+        Ops::gemm(br, t.bcp, s.dv, dout, lddo, 1, t.vt.data(), t.bcp, dp, t.bcp, false);
+        Ops::max_rows(x, br, t.bcp, tile_max.data());
+        for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
+          const double next = std::max(m[r], static_cast<double>(tile_max[r]));
+          if (next == -kInf) {
+            tile_shift[r] = std::numeric_limits<T>::infinity();  // nothing allowed yet: skip
+            continue;
+          }
+          if (m[r] != next) {  // exp(-inf) = 0 for the first key
+            const double rescale = std::exp(m[r] - next);
+            l[r] *= rescale;
+            u[r] *= rescale;
+          }
+          m[r] = next;
+          tile_shift[r] = static_cast<T>(next);
+        }
+        Ops::exp_sum_rows(x, dp, br, t.bcp, tile_shift.data(), tile_sum.data(), tile_dot.data());
+        for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
+          l[r] += tile_sum[r];
+          u[r] += tile_dot[r];
+        }
+      }
+    }
+  });
+  const bool given = bp.row_max.data != nullptr;
+  for (std::int64_t b = 0; b < s.b; ++b) {
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      for (std::int64_t i = 0; i < s.nq; ++i) {
+        const auto row = static_cast<std::size_t>((b * s.h + h) * s.nq + i);
+        const double own = st.max[row];
+        if (own == -kInf) {  // no allowed key: P = 0
+          st.shift[row] = std::numeric_limits<T>::infinity();
+          st.inv[row] = T(0);
+          continue;
+        }
+        st.shift[row] = static_cast<T>(own);
+        st.delta[row] = static_cast<T>(st.dot[row] / st.sum[row]);
+        if (given) {
+          const double whole_max =
+              core::load_real(bp.row_max.data, bp.row_max.dtype, bp.row_max.strides.at(b, h, i, 0));
+          const double whole_sum =
+              core::load_real(bp.row_sum.data, bp.row_sum.dtype, bp.row_sum.strides.at(b, h, i, 0));
+          st.inv[row] = static_cast<T>(std::exp(std::min(own - whole_max, 0.0)) / whole_sum);
+        } else {
+          st.inv[row] = static_cast<T>(1.0 / st.sum[row]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace qkv::kernels::bwd
