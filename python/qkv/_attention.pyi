@@ -29,7 +29,8 @@ def attention(
     cu_seqlens_k: Optional[ArrayIn] = None, dtype: Optional[DTypeIn] = None,
     return_lse: Literal[False] = False, return_weights: Literal[False] = False,
     threads: Optional[int] = None, *, out_dtype: Optional[DTypeIn] = None,
-    kernel: Optional[str] = None, max_memory: Optional[int] = None,
+    kernel: Optional[str] = None, max_memory: Optional[int] = None, dropout_p: float = 0.0,
+    seed: int = 0, dropout_offset: int = 0,
 ) -> Array: ...
 @overload
 def attention(
@@ -40,7 +41,8 @@ def attention(
     cu_seqlens_k: Optional[ArrayIn] = None, dtype: Optional[DTypeIn] = None,
     return_lse: bool = False, return_weights: bool = False, threads: Optional[int] = None, *,
     out_dtype: Optional[DTypeIn] = None, kernel: Optional[str] = None,
-    max_memory: Optional[int] = None,
+    max_memory: Optional[int] = None, dropout_p: float = 0.0, seed: int = 0,
+    dropout_offset: int = 0,
 ) -> AttentionResult: ...
 def attention_backward(
     q: ArrayIn, k: ArrayIn, v: ArrayIn, out: ArrayIn, lse: ArrayIn, grad_out: ArrayIn,
@@ -49,5 +51,6 @@ def attention_backward(
     alibi_slopes: AlibiIn = None, sinks: Optional[ArrayIn] = None,
     cu_seqlens_q: Optional[ArrayIn] = None, cu_seqlens_k: Optional[ArrayIn] = None,
     dtype: Optional[DTypeIn] = None, threads: Optional[int] = None, *,
-    kernel: Optional[str] = None, max_memory: Optional[int] = None,
+    kernel: Optional[str] = None, max_memory: Optional[int] = None, dropout_p: float = 0.0,
+    seed: int = 0, dropout_offset: int = 0,
 ) -> AttentionGradients: ...

@@ -3,6 +3,7 @@
 // 256 x nk blocks fit), the fused kernel's scalar twin, and the float64 reference, which
 // supports every call.
 #include "kernels/backward_kernel.h"
+#include "kernels/bwd_fused_driver.h"
 #include "kernels/bwd_ops.h"
 
 namespace qkv::kernels {
@@ -32,6 +33,11 @@ void exp_below_rows_f32(float* x, std::int64_t rows, std::int64_t cols, float sc
 void exp_below_rows_f64(double* x, std::int64_t rows, std::int64_t cols, double scale,
                         const double* shift) noexcept {
   exp_below_scalar(x, rows, cols, scale, shift);
+}
+void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                         std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                         float* z) noexcept {
+  dropout_factors_portable(d, head_word, i0, rows, j0, cols, ld, z);
 }
 }  // namespace bwd
 #endif

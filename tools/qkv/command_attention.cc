@@ -115,6 +115,8 @@ std::string ring_refusals(const AttentionCommand& c) {
   refuse(!f.cu_seqlens_q_path.empty(), "--cu-seqlens-q");
   refuse(!f.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
   refuse(c.check, "--check");
+  // The ring's ranks would each draw their own blocks' masks: not drawn there.
+  refuse(f.dropout != 0.0, "--dropout");
   return refused;
 }
 
@@ -198,7 +200,8 @@ void register_attention_command(CLI::App& app) {
   sub->add_option("--out", command->out_path, "output [.., Nq, Dv]")->required();
   add_attention_flags(
       *sub, command->flags,
-      FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
+      FlagGroups{
+          .precision = true, .score_modifiers = true, .packed_batches = true, .dropout = true});
   sub->add_flag("--check", command->check,
                 "also run the float64 reference and print the chosen kernel's max errors");
   GradientFlags& g = command->gradients;
@@ -221,7 +224,7 @@ void register_attention_command(CLI::App& app) {
   sub->add_flag("--ring", command->ring,
                 "attention across the processes of mpirun -np P (ring attention over MPI): rank "
                 "0 writes --out, --lse and the --grad-* gradients; not with --weights, "
-                "--cu-seqlens-*, --check");
+                "--cu-seqlens-*, --check, --dropout");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -236,6 +239,10 @@ void register_attention_command(CLI::App& app) {
       "(array NAME of np.savez or np.savez_compressed, read as its NAME.npy), but the\n"
       "--cu-seqlens-* offsets: int32 or int64 .npy (the only integer files read).\n"
       "Outputs are always written as .npy (no .npz).\n"
+      "Dropout (--dropout P --seed S): weights dropped with probability P, the kept ones\n"
+      "scaled by 1/(1-P); the mask depends on the seed, --dropout-offset and each weight's\n"
+      "(batch, head, row, key) only, and the gradients draw it again. --weights then holds\n"
+      "the weights after dropout; --lse is the softmax's, before dropout.\n"
       "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in float32 (float64 for\n"
       "float64 inputs) and written in --out-dtype; a bf16 or f16 --dtype is refused with them.\n"
       "Across processes: mpirun -np P qkv attention --ring --q q.npy --k k.npy --v v.npy\n"

@@ -166,7 +166,11 @@ void register_train_command(CLI::App& app) {
   sub->add_option("--lr", command->lr, "Adam learning rate")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub->add_option("--seed", c.seed, "seed of initialisation, training and held-out streams")
+  sub->add_option("--dropout", c.dropout,
+                  "attention dropout P in [0, 1) while training (0: none); held-out evaluation "
+                  "runs without it")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--seed", c.seed, "seed of initialisation, training, dropout and held-out streams")
       ->capture_default_str();
   sub->add_option("--threads", c.threads, "threads (0: all); results do not depend on it")
       ->check(CLI::Range(0, 4096))
