@@ -259,6 +259,20 @@ CLI::Validator whole_number_up_to(std::uint64_t limit, const std::string& range)
 
 }  // namespace
 
+CLI::Validator dropout_rate_check() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        double value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ec != std::errc() || ptr != end || !(value >= 0.0 && value < 1.0)) {
+          return "must be a number in [0, 1), got '" + text + "'";
+        }
+        return {};
+      },
+      "[0, 1)", "dropout");
+}
+
 void add_dropout_flags(CLI::App& command, double& dropout, std::uint64_t& seed,
                        std::uint32_t* offset) {
   command
@@ -266,17 +280,7 @@ void add_dropout_flags(CLI::App& command, double& dropout, std::uint64_t& seed,
                   "P in [0, 1): drop each attention weight with probability P and scale the kept "
                   "ones by 1/(1-P) (training; P is rounded to a multiple of 2^-16); --weights "
                   "then holds the weights after dropout")
-      ->check(CLI::Validator(
-          [](const std::string& text) -> std::string {
-            double value = 0;
-            const char* end = text.data() + text.size();
-            const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-            if (text.empty() || ec != std::errc() || ptr != end || !(value >= 0.0 && value < 1.0)) {
-              return "must be a number in [0, 1), got '" + text + "'";
-            }
-            return {};
-          },
-          "[0, 1)", "dropout"));
+      ->check(dropout_rate_check());
   command
       .add_option("--seed", seed,
                   "dropout's seed (an integer, default 0): the same seed draws the same mask for "

@@ -66,6 +66,8 @@ struct FlagGroups {
 // integer in [0, 2^32)) into the given variables, checked by the parser.
 void add_dropout_flags(CLI::App& command, double& dropout, std::uint64_t& seed,
                        std::uint32_t* offset);
+// The parser's check of a dropout rate: a number in [0, 1).
+CLI::Validator dropout_rate_check();
 
 // A CLI11 check that an integer flag is at least `minimum`:
 // "--tokens: must be an integer >= 0, got '-1'".

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "qkv/error.h"
 #include "qkv/explain.h"
@@ -169,7 +170,7 @@ void register_train_command(CLI::App& app) {
   sub->add_option("--dropout", c.dropout,
                   "attention dropout P in [0, 1) while training (0: none); held-out evaluation "
                   "runs without it")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(dropout_rate_check());
   sub->add_option("--seed", c.seed, "seed of initialisation, training, dropout and held-out streams")
       ->capture_default_str();
   sub->add_option("--threads", c.threads, "threads (0: all); results do not depend on it")
