@@ -104,7 +104,7 @@ TEST_F(DropoutCli, RefusalsAreOneLineAndWriteNothing) {
       {{"--dropout", "0.1", "--seed", "-1"}, 2, "--seed: must be an integer in [0, 2^64)"},
       {{"--dropout", "0.1", "--seed", "18446744073709551616"}, 2, "--seed: must be an integer"},
       {{"--dropout", "0.1", "--dropout-offset", "4294967296"}, 2, "--dropout-offset: must be"},
-      {{"--dropout", "0.1", "--ring"}, 2, "--ring: cannot be combined with --dropout"},
+      {{"--dropout", "0.1", "--ring"}, 2, "--ring: cannot be combined with --weights, --dropout"},
       {{"--dropout", "0.1", "--kernel", "unfused_blas"}, 1, "it draws no dropout"},
       {{"--dropout", "0.1", "--kernel", "decode_scalar"}, 1, "it draws no dropout"},
   };
