@@ -25,7 +25,7 @@ def _labels(labels, name):
 def explain(q=None, k=None, v=None, *, attn_mask=None, is_causal=False, scale=None, window=None,
             softcap=None, alibi_slopes=None, sinks=None, dtype=None, threads=None,
             query_labels=None, key_labels=None, title=None, batch=0):
-    """The seed's walk-through of query, key and value, for attention(q, k, v, ...).
+    """The walk-through of query, key and value, for attention(q, k, v, ...).
 
     Shapes and options as for qkv.attention (a packed batch is refused: explain walks through
     one sequence); `batch` picks the batch element of a 4-D q. query_labels and key_labels name

@@ -1,4 +1,4 @@
-"""qkv.MultiHeadAttention and qkv.linear: the layer in the seed's X·W layout."""
+"""qkv.MultiHeadAttention and qkv.linear: the layer in the classic explanation's X·W layout."""
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def _shape(array):
 
 
 class MultiHeadAttention:
-    """The seed's multi-head attention layer, in the X·W layout:
+    """The multi-head attention layer of the classic explanation, in the X·W layout:
 
         Q = X·W^Q + b^Q,  K = M·W^K + b^K,  V = M·W^V + b^V     (M = X unless memory is given)
         head h = attention(Q_h, K_g, V_g),  g = h // (heads // kv_heads)

@@ -40,6 +40,10 @@ assert package.is_relative_to(venv), f"qkv imported from {package}, not from {ve
 
 assert qkv.__version__ == version, (qkv.__version__, version)
 assert importlib.metadata.version("qkv") == version, importlib.metadata.version("qkv")
+# The metadata pip and PyPI show: the summary and the licence, whose text the wheel carries.
+metadata = importlib.metadata.metadata("qkv")
+assert metadata["Summary"] and metadata["License-Expression"] == "MIT", dict(metadata)
+assert any(str(f).endswith("LICENSE") for f in importlib.metadata.files("qkv")), "no LICENSE"
 
 # Causal attention on float64 inputs against softmax(q·kᵀ/sqrt(d) + mask)·v in NumPy: the
 # kernels accumulate in float64 here, so they agree to a few ulps of values of order 1.

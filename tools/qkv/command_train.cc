@@ -55,9 +55,9 @@ std::string explain_page(const train::TrainResult& result, const train::TrainCon
   setup.title = "qkv train: what the trained layer attends to on a held-out sequence";
   setup.story =
       "This layer was trained by qkv train on sequences it never saw like this one. Each query "
-      "token ?k asks for the value paired with key k. Attention is retrieval, as the seed "
-      "explains it: the query is matched against the keys to fetch their values. Open a query "
-      "row (labelled ?k): its weight sits on the token that holds key k, and the value it "
+      "token ?k asks for the value paired with key k. Attention is retrieval, as the classic "
+      "explanation has it: the query is matched against the keys to fetch their values. Open a "
+      "query row (labelled ?k): its weight sits on the token that holds key k, and the value it "
       "fetches is the answer.";
   const Explanation e = explain_layer(x.view(), LayerWeights{wq.view(), wk.view(), wv.view()},
                                       options, std::nullopt, setup);
