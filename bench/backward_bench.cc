@@ -1,16 +1,23 @@
-// Google Benchmark over the backward kernels: one benchmark per backward kernel (fused_hwy,
-// unfused_blas) and the forward for the ratio, on B = 1, H = 8 and the n, d, causal, threads
-// grid. Counters: GFLOP/s counted as FlashAttention counts them, 2.5x the forward's useful
-// flops (2·(d + dv) per allowed pair and head) for the backward.
+// Google Benchmark over the backward kernels: one benchmark per backward kernel and the forward
+// for the ratio, on B = 1, H = 8 and the n, d, causal, threads grid (the reference and the
+// scalar twin, minutes per shape there, on a small grid of their own); and the multi-head layer,
+// forward and backward (from the forward's state), X [1, n, 8·d] with W^Q, W^K, W^V, W^O and
+// biases. Counters: GFLOP/s counted as FlashAttention counts them, 2.5x the forward's useful
+// flops (2·(d + dv) per allowed pair and head) for the backward; the layer's add its
+// projections' products (twice them for its backward).
 //   qkv_bench_backward --benchmark_filter='bwd_fused_hwy/.*' --benchmark_min_time=1
+//   qkv_bench_backward --benchmark_filter='layer_.*'
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "bench_pattern.h"
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
+#include "qkv/layer.h"
+#include "qkv/layer_backward.h"
 
 namespace {
 
@@ -68,12 +75,87 @@ void grid(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+// The kernels that take minutes per shape on the grid: n = 256 and 512 only.
+void small_grid(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "d", "causal", "threads"});
+  for (std::int64_t n : {256, 512}) {
+    for (std::int64_t causal : {0, 1}) {
+      for (std::int64_t threads : {1, 2}) b->Args({n, 64, causal, threads});
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+// The layer: X [1, n, H·d] (H = 8), every weight and bias; `backward` times
+// multi_head_attention_backward from the forward's state, else the forward.
+void layer_benchmark(benchmark::State& state, bool backward) {
+  const std::int64_t n = state.range(0);
+  const std::int64_t d = state.range(1);
+  const bool causal = state.range(2) != 0;
+  constexpr std::int64_t kHeads = 8;
+  const std::int64_t width = kHeads * d;
+  const qkv::Tensor x = pattern({1, n, width}, 1);
+  const qkv::Tensor wq = pattern({width, width}, 2), wk = pattern({width, width}, 3),
+                    wv = pattern({width, width}, 4), wo = pattern({width, width}, 5);
+  const qkv::Tensor bq = pattern({width}, 6), bk = pattern({width}, 7), bv = pattern({width}, 8),
+                    bo = pattern({width}, 9);
+  const qkv::Tensor dy = pattern({1, n, width}, 10);
+  qkv::LayerWeights weights{wq.view(), wk.view(), wv.view()};
+  weights.wo = wo.view();
+  weights.bq = bq.view();
+  weights.bk = bk.view();
+  weights.bv = bv.view();
+  weights.bo = bo.view();
+  qkv::LayerOptions options;
+  options.heads = kHeads;
+  options.attention.causal = causal;
+  options.attention.threads = static_cast<int>(state.range(3));
+  qkv::LayerForwardState forward;
+  const auto run = [&] {
+    if (backward) {
+      benchmark::DoNotOptimize(qkv::multi_head_attention_backward(
+          x.view(), weights, options, dy.view(), std::nullopt, &forward));
+    } else {
+      benchmark::DoNotOptimize(qkv::multi_head_attention(x.view(), weights, options));
+    }
+  };
+  try {
+    if (backward) qkv::multi_head_attention(x.view(), weights, options, std::nullopt, forward);
+    run();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  for (auto _ : state) run();
+  const double pairs = causal ? static_cast<double>(n) * static_cast<double>(n + 1) / 2.0
+                              : static_cast<double>(n) * static_cast<double>(n);
+  const double attention = 2.0 * pairs * static_cast<double>(2 * d) * kHeads;
+  const double projections = 4 * 2.0 * static_cast<double>(n) * static_cast<double>(width) *
+                             static_cast<double>(width);
+  const double flops = backward ? 2.0 * projections + 2.5 * attention : projections + attention;
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+void layer_grid(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "d", "causal", "threads"});
+  for (std::int64_t n : {512, 1024, 2048}) {
+    for (std::int64_t causal : {0, 1}) {
+      for (std::int64_t threads : {1, 2}) b->Args({n, 64, causal, threads});
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 const bool kRegistered = [] {
   benchmark::RegisterBenchmark("forward", backward_benchmark, std::string())->Apply(grid);
   for (const std::string& name : qkv::attention_backward_kernel_names()) {
-    if (name == "reference" || name == "fused_scalar") continue;  // minutes per shape
-    benchmark::RegisterBenchmark(("bwd_" + name).c_str(), backward_benchmark, name)->Apply(grid);
+    const bool slow = name == "reference" || name == "fused_scalar";
+    benchmark::RegisterBenchmark(("bwd_" + name).c_str(), backward_benchmark, name)
+        ->Apply(slow ? small_grid : grid);
   }
+  benchmark::RegisterBenchmark("layer_forward", layer_benchmark, false)->Apply(layer_grid);
+  benchmark::RegisterBenchmark("layer_backward", layer_benchmark, true)->Apply(layer_grid);
   return true;
 }();
 

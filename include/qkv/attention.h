@@ -84,6 +84,8 @@ struct AttentionOptions {
   // calls may come from several threads at once and a smaller `done` may arrive after a larger
   // one, so it must be thread-safe, quick, and must not throw (keep the largest `done`). The
   // largest `done` reaches `total` when the call succeeds; never called when total is 0.
+  // attention_backward (and the layer's backward) counts key rows instead
+  // (attention_backward.h).
   using ProgressFunction = std::function<void(std::int64_t done, std::int64_t total)>;
   ProgressFunction progress;
 

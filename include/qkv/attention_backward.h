@@ -38,8 +38,11 @@ struct AttentionGradients {
 // float64), anything else in float32; a bf16 or f16 storage type (options.dtype, or Q, K and V
 // all stored in one) is refused: ask for options.dtype = kF32 to differentiate 16-bit inputs
 // in float32. options.kernel names a backward kernel (attention_backward_kernel_names());
-// return_weights, return_lse and out_dtype are ignored. Gradients are bitwise identical for any
-// thread count. Throws qkv::Error naming the offending tensor or option on bad input.
+// return_weights, return_lse and out_dtype are ignored. options.progress counts key rows of
+// single kv heads whose dK and dV are written (total = B·Hkv·Nk, or Hkv·total_k for a packed
+// batch), once per kernel task, under the forward's rules (attention.h); listening changes no
+// bit. Gradients are bitwise identical for any thread count. Throws qkv::Error naming the
+// offending tensor or option on bad input.
 AttentionGradients attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const TensorView& out, const TensorView& lse,
                                       const TensorView& grad_out,

@@ -44,9 +44,11 @@ LayerResult multi_head_attention(const TensorView& x, const LayerWeights& weight
                                  const LayerOptions& options, const AttentionStep& step,
                                  LayerForwardState& state);
 
-// `state` from the forward on the same inputs, or nullptr to recompute it. Gradients are
-// float32, or float64 when the layer computes in float64; bitwise identical for any thread
-// count. Throws qkv::Error naming the offending tensor or option on bad input.
+// `state` from the forward on the same inputs, or nullptr to recompute it (that forward does
+// not report to options.attention.progress, which counts the attention backward's key rows,
+// attention_backward.h). Gradients are float32, or float64 when the layer computes in float64;
+// bitwise identical for any thread count. Throws qkv::Error naming the offending tensor or
+// option on bad input.
 LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWeights& weights,
                                              const LayerOptions& options,
                                              const TensorView& grad_out,

@@ -134,7 +134,19 @@ typedef enum qkv_result_part {
   QKV_RESULT_DQ = 3,
   QKV_RESULT_DK = 4,
   QKV_RESULT_DV = 5,
-  QKV_RESULT_DSINKS = 6
+  QKV_RESULT_DSINKS = 6,
+  /* qkv_layer_backward's: dX, the memory's (with one), each weight's (where given), and
+   * QKV_RESULT_DSINKS (with options.attention->sinks) */
+  QKV_RESULT_DX = 7,
+  QKV_RESULT_DMEMORY = 8,
+  QKV_RESULT_DWQ = 9,
+  QKV_RESULT_DWK = 10,
+  QKV_RESULT_DWV = 11,
+  QKV_RESULT_DWO = 12,
+  QKV_RESULT_DBQ = 13,
+  QKV_RESULT_DBK = 14,
+  QKV_RESULT_DBV = 15,
+  QKV_RESULT_DBO = 16
 } qkv_result_part;
 
 typedef struct qkv_result qkv_result;
@@ -208,6 +220,20 @@ static inline void qkv_layer_options_init(qkv_layer_options* options) {
 qkv_status qkv_multi_head_attention(const qkv_tensor* x, const qkv_layer_weights* weights,
                                     const qkv_layer_options* options, const qkv_tensor* memory,
                                     qkv_result** result);
+
+/* The gradients of sum(out ∘ grad_out) for out = qkv_multi_head_attention(x, weights, options,
+ * memory): grad_out has out's shape. The chain rule through the output projection, each head's
+ * attention backward (every option of the forward honoured) and the input projections. The
+ * forward runs again inside the call (the C API keeps no state between calls), so
+ * options.attention->kernel, when set, names a kernel of both lists ("fused_hwy",
+ * "unfused_blas", "fused_scalar", "reference"), for that forward and the backward. The result's parts are
+ * QKV_RESULT_DX (x's shape), _DMEMORY (with a memory), _DWQ, _DWK, _DWV, and _DWO, _DBQ, _DBK,
+ * _DBV, _DBO where that weight was given (each its weight's shape), _DSINKS ([H], with sinks);
+ * float32, or float64 when the layer computes in float64; bitwise the same for any thread
+ * count. */
+qkv_status qkv_layer_backward(const qkv_tensor* x, const qkv_layer_weights* weights,
+                              const qkv_layer_options* options, const qkv_tensor* memory,
+                              const qkv_tensor* grad_out, qkv_result** result);
 
 /* The KV cache (qkv::KVCache): pages of rows per sequence, forks share pages copy-on-write. */
 typedef enum qkv_cache_storage {

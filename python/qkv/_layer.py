@@ -1,4 +1,7 @@
-"""qkv.MultiHeadAttention and qkv.linear: the layer in the classic explanation's X·W layout."""
+"""qkv.MultiHeadAttention and qkv.linear: the layer in the classic explanation's X·W layout, and
+its backward."""
+
+from collections import namedtuple
 
 import numpy as np
 
@@ -7,9 +10,32 @@ from ._arrays import all_bfloat16, as_input, as_output, output_dtype, torch_give
 from ._attention import AttentionResult
 from ._options import attention_options
 
-__all__ = ["MultiHeadAttention", "linear"]
+__all__ = ["MultiHeadAttention", "LayerGradients", "LayerState", "linear"]
 
 _WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")
+
+LayerGradients = namedtuple("LayerGradients", ["dx", "dmemory", "dwq", "dwk", "dwv", "dwo", "dbq",
+                                               "dbk", "dbv", "dbo", "dsinks"])
+LayerGradients.__doc__ = """The gradients MultiHeadAttention.backward returns: dx (x's shape),
+dmemory (the memory's; None without one), dwq, dwk, dwv, dwo and dbq, dbk, dbv, dbo (each its
+weight's shape; None where the layer has no such weight), dsinks ([heads]; None without sinks)."""
+
+
+class LayerState:
+    """What MultiHeadAttention.__call__(..., return_state=True) keeps for the layer's backward:
+    the forward's projections, heads and lse (so that the backward computes none of them
+    again), the inputs x and memory and the call's options. Pass it to the same layer's
+    backward, any number of times; it holds its own copy of what the forward computed, but x,
+    memory and the weights as given (no copies): change them and the state no longer matches."""
+
+    __slots__ = ("_layer", "_x", "_memory", "_options", "_state", "_torch_out", "_shape")
+
+    def __init__(self, layer, x, memory, options, state, torch_out, shape):
+        self._layer, self._x, self._memory, self._options = layer, x, memory, options
+        self._state, self._torch_out, self._shape = state, torch_out, shape
+
+    def __repr__(self):
+        return f"qkv.LayerState(x={list(self._shape)}, memory={self._memory is not None})"
 
 
 def linear(x, w, bias=None, threads=None):
@@ -45,8 +71,9 @@ class MultiHeadAttention:
     (see from_torch). The arrays (NumPy, torch, DLPack or __array__) are converted once, here,
     without copying, and checked against each other: a mismatch raises qkv.Error naming them.
     kv_heads < heads is grouped-query attention (default: kv_heads = heads). Torch weights
-    that require grad raise qkv.Error unless given under torch.no_grad(): this layer does not
-    differentiate (qkv.torch.MultiheadAttention does).
+    that require grad raise qkv.Error unless given under torch.no_grad(): this layer is no
+    torch autograd function (qkv.torch.MultiheadAttention is). Its gradients come explicitly:
+    `out, state = layer(x, ..., return_state=True)`, then `layer.backward(grad_out, state)`.
     """
 
     def __init__(self, wq, wk, wv, wo=None, bq=None, bk=None, bv=None, bo=None, *, heads,
@@ -84,15 +111,14 @@ class MultiHeadAttention:
                 f"kv_heads={self.kv_heads}, dv={wv[-1] // self.kv_heads if wv else '?'}, "
                 f"weights={'/'.join(present)})")
 
-    def _call(self, x, memory, options):
-        caller = "qkv.MultiHeadAttention"
-        return _qkv.multi_head_attention(as_input(x, "x", caller),
-                                         as_input(memory, "memory", caller),
-                                         self._weights, self.heads, self.kv_heads, options)
+    def _call(self, x, memory, options, keep_state=False):
+        return _qkv.multi_head_attention(x, memory, self._weights, self.heads, self.kv_heads,
+                                         options, keep_state)
 
     def __call__(self, x, memory=None, attn_mask=None, is_causal=False, scale=None, window=None,
                  softcap=None, alibi_slopes=None, sinks=None, return_lse=False,
-                 return_weights=False, threads=None, dtype=None, out_dtype=None):
+                 return_weights=False, threads=None, dtype=None, out_dtype=None,
+                 return_state=False):
         """The layer on samples x, [B, N, d] or [N, d] (one sample per row).
 
         memory: cross-attention's source of K and V, [B, Nk, d_m] or [Nk, d_m] (same rank and
@@ -112,6 +138,9 @@ class MultiHeadAttention:
         heads, unlike torch's default). Torch tensors when x, memory, a mask, sinks or the
         layer's weights are torch tensors, else NumPy arrays (see qkv.attention). The GIL is
         released while qkv computes.
+
+        return_state: also keep what the backward needs; the call then returns the pair
+        (result, state), result as above and state a qkv.LayerState for self.backward.
         """
         torch_out = self._torch_weights or torch_given(x, memory, attn_mask, alibi_slopes, sinks)
         bfloat16_in = all_bfloat16(x, memory, *(w for w in self._weights if w is not None))
@@ -119,11 +148,48 @@ class MultiHeadAttention:
         options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                     sinks, dtype, out_dtype, return_lse, return_weights, threads,
                                     caller="qkv.MultiHeadAttention")
-        out, lse, weights, _ = self._call(x, memory, options)
+        caller = "qkv.MultiHeadAttention"
+        x_in, memory_in = as_input(x, "x", caller), as_input(memory, "memory", caller)
+        out, lse, weights, _, state = self._call(x_in, memory_in, options, return_state)
         out = as_output(out, torch_out, to_bfloat16)
         if return_lse or return_weights:
-            return AttentionResult(out, as_output(lse, torch_out), as_output(weights, torch_out))
+            out = AttentionResult(out, as_output(lse, torch_out), as_output(weights, torch_out))
+        if return_state:
+            return out, LayerState(self, x_in, memory_in, options, state, torch_out, _shape(x_in))
         return out
+
+    def backward(self, grad_out, state, *, threads=None, kernel=None):
+        """The gradients of L = sum(out * grad_out) for out = self(x, ...), from the state that
+        call kept (return_state=True): grad_out has out's shape (any float dtype).
+
+        The chain rule through the layer: dConcat = grad_out·W^Oᵀ, dW^O = Concatᵀ·grad_out,
+        db^O = the column sums of grad_out; each head's dQ, dK, dV from qkv.attention_backward
+        (every option of the forward honoured: mask, causal, window, softcap, ALiBi, sinks,
+        grouped-query heads); dW^Q = Xᵀ·dQ, db^Q = the column sums of dQ, dX = dQ·W^Qᵀ, and
+        dK·W^Kᵀ + dV·W^Vᵀ added to dX (or, with a memory, making dmemory). Computed in float64
+        when the forward computed in float64, else in float32 (a bfloat16 or float16 dtype=
+        is refused, as by qkv.attention_backward); bitwise the same for any thread count.
+
+        threads: as for the forward (default: the forward's); kernel forces a backward kernel
+        (qkv.backward_kernel_names()). Returns qkv.LayerGradients: torch tensors when the
+        forward's results were, or grad_out is one, else NumPy arrays. Raises qkv.Error naming
+        the argument on bad input (a state of another layer, a grad_out of the wrong shape).
+        """
+        caller = "qkv.MultiHeadAttention.backward"
+        if not isinstance(state, LayerState):
+            raise _qkv.Error(f"state: expected the qkv.LayerState of a call with "
+                             f"return_state=True, got {type(state).__name__}")
+        if state._layer is not self:
+            raise _qkv.Error("state: is the state of another layer's call")
+        options = dict(state._options)
+        if threads is not None:
+            options["threads"] = threads
+        options["kernel"] = kernel
+        torch_out = state._torch_out or torch_given(grad_out)
+        *grads, _ = _qkv.multi_head_attention_backward(
+            state._x, state._memory, self._weights, self.heads, self.kv_heads, options,
+            as_input(grad_out, "grad_out", caller), state._state)
+        return LayerGradients(*(as_output(g, torch_out) for g in grads))
 
     def explain(self, x, memory=None, *, attn_mask=None, is_causal=False, scale=None,
                 window=None, softcap=None, alibi_slopes=None, sinks=None, dtype=None,

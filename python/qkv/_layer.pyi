@@ -1,12 +1,33 @@
-# Type stubs of qkv.linear and qkv.MultiHeadAttention (python/qkv/_layer.py).
+# Type stubs of qkv.linear, qkv.MultiHeadAttention and its backward (python/qkv/_layer.py).
 from collections.abc import Sequence
-from typing import Any, Literal, Optional, overload
+from typing import Any, Literal, NamedTuple, Optional, Union, overload
 
 from ._attention import AttentionResult
 from ._explain import Explanation
 from ._types import AlibiIn, Array, ArrayIn, DTypeIn, Window
 
-__all__ = ["MultiHeadAttention", "linear"]
+__all__ = ["MultiHeadAttention", "LayerGradients", "LayerState", "linear"]
+
+class LayerGradients(NamedTuple):
+    """What MultiHeadAttention.backward returns: dx (x's shape), dmemory (None without a
+    memory), each weight's gradient in its shape (None where the layer has no such weight) and
+    dsinks ([heads], None without sinks)."""
+
+    dx: Array
+    dmemory: Optional[Array]
+    dwq: Array
+    dwk: Array
+    dwv: Array
+    dwo: Optional[Array]
+    dbq: Optional[Array]
+    dbk: Optional[Array]
+    dbv: Optional[Array]
+    dbo: Optional[Array]
+    dsinks: Optional[Array]
+
+class LayerState:
+    """What MultiHeadAttention.__call__(..., return_state=True) keeps for backward: the
+    forward's projections, heads and lse, its inputs and options."""
 
 def linear(
     x: ArrayIn, w: ArrayIn, bias: Optional[ArrayIn] = None, threads: Optional[int] = None
@@ -42,6 +63,7 @@ class MultiHeadAttention:
         sinks: Optional[ArrayIn] = None, return_lse: Literal[False] = False,
         return_weights: Literal[False] = False, threads: Optional[int] = None,
         dtype: Optional[DTypeIn] = None, out_dtype: Optional[DTypeIn] = None,
+        return_state: Literal[False] = False,
     ) -> Array: ...
     @overload
     def __call__(
@@ -50,8 +72,21 @@ class MultiHeadAttention:
         softcap: Optional[float] = None, alibi_slopes: AlibiIn = None,
         sinks: Optional[ArrayIn] = None, return_lse: bool = False, return_weights: bool = False,
         threads: Optional[int] = None, dtype: Optional[DTypeIn] = None,
-        out_dtype: Optional[DTypeIn] = None,
+        out_dtype: Optional[DTypeIn] = None, return_state: Literal[False] = False,
     ) -> AttentionResult: ...
+    @overload
+    def __call__(
+        self, x: ArrayIn, memory: Optional[ArrayIn] = None, attn_mask: Optional[ArrayIn] = None,
+        is_causal: bool = False, scale: Optional[float] = None, window: Optional[Window] = None,
+        softcap: Optional[float] = None, alibi_slopes: AlibiIn = None,
+        sinks: Optional[ArrayIn] = None, return_lse: bool = False, return_weights: bool = False,
+        threads: Optional[int] = None, dtype: Optional[DTypeIn] = None,
+        out_dtype: Optional[DTypeIn] = None, return_state: bool = False,
+    ) -> tuple[Union[Array, AttentionResult], LayerState]: ...
+    def backward(
+        self, grad_out: ArrayIn, state: LayerState, *, threads: Optional[int] = None,
+        kernel: Optional[str] = None,
+    ) -> LayerGradients: ...
     def explain(
         self, x: ArrayIn, memory: Optional[ArrayIn] = None, *,
         attn_mask: Optional[ArrayIn] = None, is_causal: bool = False,

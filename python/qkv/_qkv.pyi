@@ -38,8 +38,15 @@ def kernel_names() -> list[str]: ...
 def linear(x: _Input, w: _Input, bias: Optional[_Input], threads: Optional[int], /) -> _Array: ...
 def multi_head_attention(
     x: _Input, memory: Optional[_Input], weights: tuple[Optional[_Input], ...], heads: int,
-    kv_heads: int, options: _Options, /,
-) -> tuple[_Array, Optional[_Array], Optional[_Array], str]: ...
+    kv_heads: int, options: _Options, keep_state: bool, /,
+) -> tuple[_Array, Optional[_Array], Optional[_Array], str, Optional[LayerForwardState]]: ...
+def multi_head_attention_backward(
+    x: _Input, memory: Optional[_Input], weights: tuple[Optional[_Input], ...], heads: int,
+    kv_heads: int, options: _Options, grad_out: _Input, state: Optional[LayerForwardState], /,
+) -> tuple[Optional[_Array], ...]: ...
+
+class LayerForwardState:
+    """The layer forward's projections, heads and lse, for its backward (opaque)."""
 
 class Explanation:
     """What qkv.explain returns: one attention problem (the built-in example: two parts) as qkv

@@ -24,6 +24,8 @@ struct qkv_result {
   qkv::Tensor weights;
   qkv::Tensor lse;
   qkv::Tensor dq, dk, dv, dsinks;  // qkv_attention_backward's parts
+  // qkv_layer_backward's (and dsinks)
+  qkv::Tensor dx, dmemory, dwq, dwk, dwv, dwo, dbq, dbk, dbv, dbo;
   std::string kernel;
 };
 

@@ -1,4 +1,4 @@
-// The C API's attention, layer, result handles and reader: each entry point converts its
+// The C API's attention, layer (and both backwards), result handles and reader: each entry point converts its
 // arguments (capi_convert.cc), calls the C++ API, and turns any exception into a status.
 #include "qkv/qkv_c.h"
 
@@ -11,6 +11,7 @@
 #include "qkv/attention_backward.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
+#include "qkv/layer_backward.h"
 
 using qkv::capi::guarded;
 using qkv::capi::hand_over;
@@ -48,6 +49,36 @@ qkv_status qkv_result_tensor(const qkv_result* result, qkv_result_part part, qkv
         break;
       case QKV_RESULT_DSINKS:
         tensor = &result->dsinks, what = "dsinks";
+        break;
+      case QKV_RESULT_DX:
+        tensor = &result->dx, what = "dx";
+        break;
+      case QKV_RESULT_DMEMORY:
+        tensor = &result->dmemory, what = "dmemory";
+        break;
+      case QKV_RESULT_DWQ:
+        tensor = &result->dwq, what = "dwq";
+        break;
+      case QKV_RESULT_DWK:
+        tensor = &result->dwk, what = "dwk";
+        break;
+      case QKV_RESULT_DWV:
+        tensor = &result->dwv, what = "dwv";
+        break;
+      case QKV_RESULT_DWO:
+        tensor = &result->dwo, what = "dwo";
+        break;
+      case QKV_RESULT_DBQ:
+        tensor = &result->dbq, what = "dbq";
+        break;
+      case QKV_RESULT_DBK:
+        tensor = &result->dbk, what = "dbk";
+        break;
+      case QKV_RESULT_DBV:
+        tensor = &result->dbv, what = "dbv";
+        break;
+      case QKV_RESULT_DBO:
+        tensor = &result->dbo, what = "dbo";
         break;
       default:
         throw qkv::Error("part",
@@ -118,34 +149,74 @@ qkv_status qkv_attention_backward(const qkv_tensor* q, const qkv_tensor* k, cons
   });
 }
 
+namespace {
+
+// The caller's layer structs as the C++ API's.
+struct LayerCall {
+  qkv::LayerWeights weights;
+  qkv::LayerOptions options;
+};
+
+LayerCall layer_call(const qkv_layer_weights* weights, const qkv_layer_options* options) {
+  qkv_layer_weights no_weights;
+  qkv_layer_weights_init(&no_weights);
+  const qkv_layer_weights w = qkv::capi::read_struct(weights, no_weights, "weights");
+  qkv_layer_options default_options;
+  qkv_layer_options_init(&default_options);
+  const qkv_layer_options o = qkv::capi::read_struct(options, default_options, "options");
+
+  LayerCall call{{qkv::capi::to_view(w.wq, "wq"), qkv::capi::to_view(w.wk, "wk"),
+                  qkv::capi::to_view(w.wv, "wv")},
+                 {}};
+  call.weights.wo = qkv::capi::to_optional_view(w.wo, "wo");
+  call.weights.bq = qkv::capi::to_optional_view(w.bq, "bq");
+  call.weights.bk = qkv::capi::to_optional_view(w.bk, "bk");
+  call.weights.bv = qkv::capi::to_optional_view(w.bv, "bv");
+  call.weights.bo = qkv::capi::to_optional_view(w.bo, "bo");
+  call.options.heads = o.heads;
+  call.options.kv_heads = o.kv_heads;
+  call.options.attention = qkv::capi::to_options(o.attention);
+  return call;
+}
+
+}  // namespace
+
 qkv_status qkv_multi_head_attention(const qkv_tensor* x, const qkv_layer_weights* weights,
                                     const qkv_layer_options* options, const qkv_tensor* memory,
                                     qkv_result** result) {
   return guarded([&] {
     require(result, "result");
-    qkv_layer_weights no_weights;
-    qkv_layer_weights_init(&no_weights);
-    const qkv_layer_weights w = qkv::capi::read_struct(weights, no_weights, "weights");
-    qkv_layer_options default_options;
-    qkv_layer_options_init(&default_options);
-    const qkv_layer_options o = qkv::capi::read_struct(options, default_options, "options");
-
-    qkv::LayerWeights layer_weights{qkv::capi::to_view(w.wq, "wq"), qkv::capi::to_view(w.wk, "wk"),
-                                    qkv::capi::to_view(w.wv, "wv")};
-    layer_weights.wo = qkv::capi::to_optional_view(w.wo, "wo");
-    layer_weights.bq = qkv::capi::to_optional_view(w.bq, "bq");
-    layer_weights.bk = qkv::capi::to_optional_view(w.bk, "bk");
-    layer_weights.bv = qkv::capi::to_optional_view(w.bv, "bv");
-    layer_weights.bo = qkv::capi::to_optional_view(w.bo, "bo");
-    qkv::LayerOptions layer_options;
-    layer_options.heads = o.heads;
-    layer_options.kv_heads = o.kv_heads;
-    layer_options.attention = qkv::capi::to_options(o.attention);
-
+    const LayerCall call = layer_call(weights, options);
     qkv::LayerResult r =
-        qkv::multi_head_attention(qkv::capi::to_view(x, "x"), layer_weights, layer_options,
+        qkv::multi_head_attention(qkv::capi::to_view(x, "x"), call.weights, call.options,
                                   qkv::capi::to_optional_view(memory, "memory"));
     hand_over(make_result(std::move(r)), result);
+  });
+}
+
+qkv_status qkv_layer_backward(const qkv_tensor* x, const qkv_layer_weights* weights,
+                              const qkv_layer_options* options, const qkv_tensor* memory,
+                              const qkv_tensor* grad_out, qkv_result** result) {
+  return guarded([&] {
+    require(result, "result");
+    const LayerCall call = layer_call(weights, options);
+    qkv::LayerGradients g = qkv::multi_head_attention_backward(
+        qkv::capi::to_view(x, "x"), call.weights, call.options,
+        qkv::capi::to_view(grad_out, "grad_out"), qkv::capi::to_optional_view(memory, "memory"));
+    auto made = std::make_unique<qkv_result>();
+    made->dx = std::move(g.dx);
+    made->dmemory = std::move(g.dmemory);
+    made->dwq = std::move(g.dwq);
+    made->dwk = std::move(g.dwk);
+    made->dwv = std::move(g.dwv);
+    made->dwo = std::move(g.dwo);
+    made->dbq = std::move(g.dbq);
+    made->dbk = std::move(g.dbk);
+    made->dbv = std::move(g.dbv);
+    made->dbo = std::move(g.dbo);
+    made->dsinks = std::move(g.dsinks);
+    made->kernel = std::move(g.kernel);
+    hand_over(std::move(made), result);
   });
 }
 

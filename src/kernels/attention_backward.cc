@@ -7,6 +7,7 @@
 
 #include "core/format_bytes.h"
 #include "core/memory_budget.h"
+#include "core/progress.h"
 #include "core/validate_backward.h"
 #include "kernels/backward_kernel.h"
 #include "kernels/blas_threads.h"
@@ -86,6 +87,15 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
   }
   const kernels::BackwardKernel& kernel = choose_backward_kernel(bp, options.kernel);
   kernels::single_threaded_blas();
+  if (options.progress) {
+    // The backward counts key rows of single kv heads: its tasks own dK and dV rows. A packed
+    // batch's params cover all its rows (b = 1, nk = total_k), and each sequence's params are
+    // cut from call.forward's, so both point at the one counter.
+    call.forward.progress =
+        std::make_unique<core::Progress>(options.progress, s.b * s.hkv * s.nk);
+    bp.forward.progress = call.forward.progress.get();
+    call.forward.params.progress = call.forward.progress.get();
+  }
   core::KernelStatus status = core::KernelStatus::kOk;
   if (call.forward.cu_q.empty()) {
     status = kernel.run(bp);

@@ -25,6 +25,7 @@
 
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
+#include "core/progress.h"
 #include "core/score_modifiers.h"
 #include "kernels/backward_kernel.h"
 
@@ -198,6 +199,7 @@ core::KernelStatus attention_bwd_reference(const BackwardParams& bp) noexcept {
               }
             }
           }
+          core::report_rows(bp.forward, s.nk);  // this (b, kv head)'s key rows are written
         }
       } catch (const std::bad_alloc&) {
         out_of_memory.store(true, std::memory_order_relaxed);

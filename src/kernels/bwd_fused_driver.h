@@ -27,7 +27,8 @@
 //   pass 2 (only with chunks > 1), parallel over query rows: dQ += partial_1 + ... in order.
 //
 // Tasks own disjoint outputs (dK and dV rows of their key chunk, dQ of their chunk's buffer),
-// so no atomics are needed. The number of key chunks per (b, hk) depends on the shape alone
+// so no atomics are needed; each task tells the progress counter (options.progress) its key
+// rows once they are written. The number of key chunks per (b, hk) depends on the shape alone
 // (enough tasks for 8 threads when b·hkv is small, bounded by the memory their dQ partials
 // take), never on the thread count: the bits are the same for any thread count.
 //
@@ -50,6 +51,7 @@
 #include "core/dropout.h"
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
+#include "core/progress.h"
 #include "core/score_modifiers.h"
 
 namespace qkv::kernels::bwd {
@@ -504,6 +506,9 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
               std::copy_n(t.dv.data() + j * t.dvp, s.dv, grad_row<T>(bp.dv, b, hk, j0 + j));
             }
           }
+          // The task's key rows, whose dK and dV are written: counted once, per task.
+          core::report_rows(p, std::min(s.nk, kt1 * plan.key_tile) -
+                                   std::min(s.nk, kt0 * plan.key_tile));
         }
       } catch (const std::bad_alloc&) {
         out_of_memory.store(true, std::memory_order_relaxed);

@@ -201,7 +201,10 @@ LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWei
   // are those its forward validated.
   LayerForwardState computed;
   if (state == nullptr) {
-    multi_head_attention(x, weights, options, memory, computed);
+    // options.progress hears the backward's key rows only, not a forward's query rows too.
+    LayerOptions forward = options;
+    forward.attention.progress = nullptr;
+    multi_head_attention(x, weights, forward, memory, computed);
     state = &computed;
   } else {
     require_forward(*state);

@@ -115,5 +115,7 @@ void test_read_npy(const char* directory);
 /* capi_backward_test.c */
 void test_backward(void);
 void test_output_overlap(void);
+/* capi_layer_backward_test.c */
+void test_layer_backward(void);
 
 #endif /* QKV_TESTS_CAPI_CAPI_CHECK_H_ */

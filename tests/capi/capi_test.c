@@ -77,8 +77,12 @@ static void test_hand_computed(void) {
     CHECK_OK(qkv_attention(&q, &k, &v, &options, &result));
     CHECK_ERROR(qkv_result_tensor(result, QKV_RESULT_WEIGHTS, &view),
                 QKV_ERROR_INVALID_ARGUMENT, "weights: is not in this result");
-    CHECK_ERROR(qkv_result_tensor(result, (qkv_result_part)7, &view),
-                QKV_ERROR_INVALID_ARGUMENT, "part: 7 is not a qkv_result_part");
+    CHECK_ERROR(qkv_result_tensor(result, (qkv_result_part)17, &view),
+                QKV_ERROR_INVALID_ARGUMENT, "part: 17 is not a qkv_result_part");
+    CHECK_ERROR(qkv_result_tensor(result, (qkv_result_part)-1, &view),
+                QKV_ERROR_INVALID_ARGUMENT, "part: -1 is not a qkv_result_part");
+    CHECK_ERROR(qkv_result_tensor(result, QKV_RESULT_DX, &view), QKV_ERROR_INVALID_ARGUMENT,
+                "dx: is not in this result");
     view.struct_size = 4;
     CHECK_ERROR(qkv_result_tensor(result, QKV_RESULT_OUT, &view), QKV_ERROR_INVALID_ARGUMENT,
                 "view: struct_size 4");
@@ -400,6 +404,7 @@ int main(int argc, char** argv) {
   test_layer();
   test_kv_cache();
   test_backward();
+  test_layer_backward();
   test_output_overlap();
   test_errors();
   test_struct_sizes();

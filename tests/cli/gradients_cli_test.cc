@@ -234,5 +234,41 @@ TEST_F(CliGradients, BenchBackwardReportsTheForwardBenchsFields) {
                           "--backward", {2, 2});
 }
 
+// qkv bench --layer [--backward]: the layer's forward, and its backward from the forward's state,
+// in one JSON object or two text lines; the form, not the figures.
+TEST_F(CliGradients, BenchLayerTimesTheForwardAndTheBackward) {
+  const std::vector<std::string> shape = {"bench", "--layer", "--n", "40", "--d", "8", "--heads",
+                                          "2", "--kv-heads", "1", "--causal", "--threads", "2",
+                                          "--peak-gflops", "100", "--warmup", "0", "--repeats",
+                                          "2"};
+  std::vector<std::string> args = shape;
+  args.insert(args.end(), {"--backward", "--json", "--kernel", "fused_scalar"});
+  const testing::CommandRun r = testing::run_program(QKV_CLI_PATH, dir_.path(), args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* field :
+       {"\"layer\": true", "\"backward\": true", "\"width\": 16", "\"forward\": {\"kernel\": \"",
+        "\"backward\": {\"kernel\": \"fused_scalar\"", "\"gflops\": ",
+        "\"backward_forward_ratio\": "}) {
+    EXPECT_NE(r.out.find(field), std::string::npos) << field << " in " << r.out;
+  }
+  const testing::CommandRun text = testing::run_program(QKV_CLI_PATH, dir_.path(), shape);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("forward   "), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("backward"), std::string::npos) << "no --backward: " << text.out;
+  std::vector<std::string> f64 = shape;
+  f64.insert(f64.end(), {"--backward", "--dtype", "f64"});
+  const testing::CommandRun doubles = testing::run_program(QKV_CLI_PATH, dir_.path(), f64);
+  ASSERT_EQ(doubles.status, 0) << doubles.err;
+  EXPECT_NE(doubles.out.find("backward / forward time: "), std::string::npos) << doubles.out;
+  std::vector<std::string> bf16 = shape;
+  bf16.insert(bf16.end(), {"--dtype", "bf16"});
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(), bf16, "--dtype", {2, 2});
+  std::vector<std::string> nk = shape;
+  nk.insert(nk.end(), {"--nk", "30"});
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(), nk, "--nk", {2, 2});
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(), {"bench", "--layer", "--decode"}, "--layer",
+                          {2, 2});
+}
+
 }  // namespace
 }  // namespace qkv

@@ -1,6 +1,7 @@
 // What `qkv attention` and `qkv layer` say about a run besides their outputs: the progress line
-// on a terminal (drawn, then erased; never without a terminal; never with --quiet) and the one
-// summary line of -v/--verbose.
+// on a terminal (drawn, then erased; never without a terminal; never with --quiet; the
+// backward's own line, in key rows, when gradients are asked for) and the one summary line of
+// -v/--verbose.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <pty.h>
@@ -148,6 +149,49 @@ TEST_F(ProgressCli, LayerSaysTheSameThings) {
       run.err, std::regex(R"(qkv layer: X \[300, 8\] float32, 2 heads -> out \[300, 16\] )"
                           R"(float32; kernel reference; 1 thread; .* GFLOP/s; peak memory \d+ MiB\n)")))
       << run.err;
+}
+
+TEST_F(ProgressCli, TheBackwardHasItsOwnLineInKeyRows) {
+  write_npy(dir_ / "do.npy", testing::random_tensor(DType::kF32, {2, 300, 16}, 4).view(),
+            DType::kF32);
+  const std::vector<std::string> args =
+      attention_args({"--grad-out", "do.npy", "--grad-q", "dq.npy", "--backward-kernel",
+                      "reference"});
+  int status = -1;
+  const std::string seen = run_on_terminal(dir_.path(), args, status);
+  EXPECT_EQ(status, 0) << seen;
+  EXPECT_TRUE(fs::exists(dir_ / "dq.npy"));
+  EXPECT_TRUE(std::regex_search(seen, std::regex(R"(\rqkv attention: \d+% of 600 rows)"))) << seen;
+  EXPECT_TRUE(std::regex_search(
+      seen, std::regex(R"(\rqkv attention, backward: \d+% of 600 key rows, \d+\.\d s)")))
+      << seen;
+  ASSERT_GE(seen.size(), 4u);
+  EXPECT_EQ(seen.substr(seen.size() - 4), "\r\x1b[K") << seen;
+  std::vector<std::string> quiet = args;
+  quiet.push_back("--quiet");
+  EXPECT_EQ(run_on_terminal(dir_.path(), quiet, status), "");
+  EXPECT_EQ(status, 0);
+  setenv("QKV_PROGRESS_AFTER", "0", 1);
+  const testing::CommandRun piped = testing::run_program(QKV_CLI_PATH, dir_.path(), args);
+  unsetenv("QKV_PROGRESS_AFTER");
+  EXPECT_EQ(piped.status, 0);
+  EXPECT_EQ(piped.err, "");
+
+  // The layer's backward: 2 heads on one kv head each, 300 key rows of each.
+  write_npy(dir_ / "x.npy", testing::random_tensor(DType::kF32, {300, 8}, 5).view(), DType::kF32);
+  write_npy(dir_ / "w.npy", testing::random_tensor(DType::kF32, {8, 16}, 6).view(), DType::kF32);
+  write_npy(dir_ / "dy.npy", testing::random_tensor(DType::kF32, {300, 16}, 7).view(),
+            DType::kF32);
+  const std::vector<std::string> layer = {
+      "layer", "--x", "x.npy", "--wq", "w.npy", "--wk", "w.npy", "--wv", "w.npy", "--heads", "2",
+      "--out", "o.npy", "--kernel", "reference", "--threads", "1", "--grad-out", "dy.npy",
+      "--grad-x", "dx.npy"};
+  const std::string layer_seen = run_on_terminal(dir_.path(), layer, status);
+  EXPECT_EQ(status, 0) << layer_seen;
+  EXPECT_TRUE(std::regex_search(layer_seen,
+                                std::regex(R"(\rqkv layer, backward: \d+% of 600 key rows)")))
+      << layer_seen;
+  EXPECT_EQ(layer_seen.substr(layer_seen.size() - 4), "\r\x1b[K") << layer_seen;
 }
 
 TEST_F(ProgressCli, DecodeCountsSteps) {

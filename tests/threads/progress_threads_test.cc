@@ -1,6 +1,6 @@
 // AttentionOptions::progress is called from the kernels' worker threads: under ThreadSanitizer
 // (`make test-tsan`) the reports must be race-free in every kernel, and the count still ends at
-// B·H·Nq on 2 and 8 threads.
+// B·H·Nq on 2 and 8 threads (B·Hkv·Nk key rows for every backward kernel).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/error.h"
 #include "support/test_support.h"
 
@@ -44,6 +45,32 @@ TEST(ProgressThreads, ReportsFromWorkerThreadsAreRaceFreeInEveryKernel) {
         }
         EXPECT_EQ(largest.load(), total) << kernel << ", " << threads << " threads";
       }
+    }
+  }
+}
+
+TEST(ProgressThreads, BackwardReportsAreRaceFreeInEveryKernel) {
+  const Tensor q = testing::random_tensor(DType::kF32, {2, 4, 150, 16}, 7);
+  const Tensor k = testing::random_tensor(DType::kF32, {2, 2, 170, 16}, 8);
+  const Tensor v = testing::random_tensor(DType::kF32, {2, 2, 170, 16}, 9);
+  AttentionOptions options;
+  options.causal = true;
+  options.return_lse = true;
+  const AttentionResult forward = attention(q.view(), k.view(), v.view(), options);
+  const Tensor grad_out = testing::random_tensor(DType::kF32, forward.out.shape(), 10);
+  for (const std::string& kernel : attention_backward_kernel_names()) {
+    for (const int threads : {2, 8}) {
+      std::atomic<std::int64_t> largest{0};
+      options.kernel = kernel;
+      options.threads = threads;
+      options.progress = [&largest](std::int64_t done, std::int64_t) {
+        std::int64_t seen = largest.load();
+        while (done > seen && !largest.compare_exchange_weak(seen, done)) {
+        }
+      };
+      attention_backward(q.view(), k.view(), v.view(), forward.out.view(), forward.lse.view(),
+                         grad_out.view(), options);
+      EXPECT_EQ(largest.load(), 2 * 2 * 170) << kernel << ", " << threads << " threads";
     }
   }
 }

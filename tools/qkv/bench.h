@@ -1,6 +1,7 @@
 // What the two halves of `qkv bench` share: its flags, and the clocks and counters it reads.
 // command_bench.cc times attention() on given shapes (and --peak); bench_decode.cc times
-// attention_cached() on a KV cache (--decode).
+// attention_cached() on a KV cache (--decode); bench_backward.cc attention_backward()
+// (--backward); bench_layer.cc the multi-head layer and its backward (--layer).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -29,6 +30,7 @@ struct BenchCommand {
   bool backward = false;  // --backward: time attention_backward (bench_backward.cc)
   double dropout = 0.0;   // --dropout P, --seed S: every timed call drops weights
   std::uint64_t seed = 0;
+  bool layer = false;     // --layer: time the multi-head layer (bench_layer.cc)
   std::string dtype = "f32";
   std::string lengths;
   std::string mixed_lengths;
@@ -82,5 +84,8 @@ void run_decode_bench(BenchCommand c);
 
 // qkv bench --backward, on a command whose shape flags are checked and defaulted.
 void run_backward_bench(const BenchCommand& c);
+
+// qkv bench --layer [--backward], the same.
+void run_layer_bench(const BenchCommand& c);
 
 }  // namespace qkv::cli

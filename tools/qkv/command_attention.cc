@@ -46,7 +46,6 @@ void add_gradients(const AttentionCommand& command, const Tensor& q, const Tenso
   const GradientFlags& flags = command.gradients;
   const Tensor grad_out = read_input(flags.grad_out);
   options.kernel = flags.backward_kernel;
-  options.progress = nullptr;
   // What the forward allocated is no longer the backward's to spend.
   if (options.max_memory > 0) {
     const std::uint64_t held =
@@ -77,8 +76,12 @@ void add_gradients(const AttentionCommand& command, const Tensor& q, const Tenso
     }
     std::fputs(lines.c_str(), stderr);
   }
+  // The backward's own line: it counts key rows (the kernels' tasks own dK and dV rows).
+  ProgressLine progress(!command.report.quiet, "qkv attention, backward", "key row");
+  options.progress = progress.callback();
   try {
     gradients = within_memory_budget("attention backward", backward);
+    progress.erase();
   } catch (const Error& e) {
     // options.kernel is --backward-kernel here, not --kernel.
     if (e.subject().rfind("kernel", 0) == 0) throw Error("--backward-kernel", e.problem());
@@ -245,6 +248,7 @@ void register_attention_command(CLI::App& app) {
       "the weights after dropout; --lse is the softmax's, before dropout.\n"
       "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in float32 (float64 for\n"
       "float64 inputs) and written in --out-dtype; a bf16 or f16 --dtype is refused with them.\n"
+      "On a terminal the backward draws its own progress line, in key rows.\n"
       "Across processes: mpirun -np P qkv attention --ring --q q.npy --k k.npy --v v.npy\n"
       "--causal --out o.npy splits the sequence over P ranks (zig-zag under --causal or\n"
       "--window, else contiguous blocks) and passes K/V around a ring; -v prints each rank's\n"

@@ -205,6 +205,10 @@ void run_bench(BenchCommand c) {
                 std::to_string(c.kv_heads) + " does not divide --heads " + std::to_string(c.heads));
   }
 
+  if (c.layer) {
+    run_layer_bench(c);
+    return;
+  }
   if (c.backward) {
     run_backward_bench(c);
     return;
@@ -430,11 +434,21 @@ void register_bench_command(CLI::App& app) {
       "--lengths, --mixed-lengths), against the memory bandwidth");
   sub->add_flag("--backward", command->backward,
                 "time attention_backward: the chosen backward kernel against the unfused CBLAS "
-                "backward and the forward (GFLOP/s: 2.5x the forward's useful flops)")
+                "backward and the forward (GFLOP/s: 2.5x the forward's useful flops); with "
+                "--layer: the layer's backward")
       ->excludes(decode_option)
       ->excludes(peak_option);
+  sub->add_flag("--layer", command->layer,
+                "time the multi-head layer: X [B, n, H·d], W^Q, W^K, W^V, W^O and biases "
+                "(self-attention); with --backward its backward too, from the forward's state")
+      ->excludes(decode_option)
+      ->excludes(peak_option)
+      ->excludes(nk_option);
   add_dropout_flags(*sub, command->dropout, command->seed, nullptr);
-  sub->get_option("--dropout")->excludes(decode_option)->excludes(peak_option);
+  sub->get_option("--dropout")
+      ->excludes(decode_option)
+      ->excludes(peak_option)
+      ->excludes(sub->get_option("--layer"));
   decode_option->excludes(n_option)
       ->excludes(causal_option)
       ->excludes(peak_option)
@@ -472,6 +486,7 @@ void register_bench_command(CLI::App& app) {
       "  qkv bench --n 1024 --d 64 --heads 8 --dtype f64 --threads 2\n"
       "  qkv bench --peak --threads 2\n"
       "  qkv bench --backward --n 2048 --d 64 --heads 8 --threads 2\n"
+      "  qkv bench --layer --backward --n 1024 --d 64 --heads 8 --threads 2\n"
       "GFLOP/s count the useful work 2·(d+dv) per allowed (query, key) pair and head.\n"
       "--decode counts the K/V bytes one call must read: rows · Hkv · (d + dv) values of the\n"
       "storage type (int8: plus a 4-byte scale per 32 values), and compares the rate with the\n"

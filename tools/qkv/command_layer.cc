@@ -154,11 +154,14 @@ void run_layer(const LayerCommand& command) {
   std::vector<Tensor> transposed;
   if (gradients) {
     const Tensor grad_out = read_input(command.gradients.grad_out);
-    options.attention.progress = nullptr;
+    ProgressLine backward_progress(!command.report.quiet, "qkv layer, backward", "key row");
+    options.attention.progress = backward_progress.callback();
     grads = within_memory_budget("the layer's backward", [&] {
       return multi_head_attention_backward(x->view(), weights, options, grad_out.view(),
                                            view_of(memory), &state);
     });
+    backward_progress.erase();
+    options.attention.progress = nullptr;
     add_gradients(command, grads, transposed, outputs);
   }
   write_outputs(outputs, out_dtype);
@@ -236,7 +239,8 @@ void register_layer_command(CLI::App& app) {
       "Q, K, V. Packed batches: X is [total, d] (M [total_m, d_m]); --cu-seqlens-q cuts X's\n"
       "rows, --cu-seqlens-k those of X (or M) that give K and V; --lse is [H, total].\n"
       "Gradients: --grad-out DY.npy with --grad-x, --grad-wq, ... (float32, float64 for\n"
-      "float64 inputs; written in --out-dtype with the other outputs, all or none).\n"
+      "float64 inputs; written in --out-dtype with the other outputs, all or none). On a\n"
+      "terminal the backward draws its own progress line, in key rows.\n"
       "Across processes: mpirun -np P qkv layer --ring ... splits X's rows over P ranks as\n"
       "qkv attention --ring splits Q's (see 'qkv attention --help').");
   sub->callback([command] { run_layer(*command); });
