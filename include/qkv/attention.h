@@ -58,6 +58,18 @@ struct AttentionOptions {
   // lse = log(exp(sink_h) + sum_j exp(s_ij)); a row with no allowed key gives lse = sink_h.
   std::optional<TensorView> sinks;
 
+  // Attention dropout (training): each weight w_ij is kept with probability 1 - dropout_p and
+  // then scaled by 1/(1 - dropout_p), else set to 0, before it multiplies V; lse stays that of
+  // the softmax before dropout. dropout_p is rounded to a multiple of 2^-16 (at most
+  // 1 - 2^-16) and the scale matches the rounded probability exactly. The mask is drawn by
+  // Philox4x32-10 keyed by `seed`, with (dropout_offset, batch, head, row, key) as its counter:
+  // the same for any thread count, kernel or tile plan, and drawn again by attention_backward
+  // (give it the same three values). With return_weights the weights returned are those after
+  // dropout. 0: no dropout (bit for bit the call without it). Not with a KV cache or the ring.
+  double dropout_p = 0.0;
+  std::uint64_t seed = 0;
+  std::uint32_t dropout_offset = 0;
+
   // A packed batch of sequences of different lengths (int32 or int64, [B+1], from 0,
   // non-decreasing, ending at the row count): sequence b is query rows cu_seqlens_q[b] ..
   // cu_seqlens_q[b+1] against key rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]. Q is then

@@ -100,10 +100,20 @@ typedef struct qkv_attention_options {
   const qkv_tensor* sinks;         /* float [H]; NULL: none */
   const qkv_tensor* cu_seqlens_q;  /* int32/int64 [B+1]: a packed batch; both or neither */
   const qkv_tensor* cu_seqlens_k;
+  /* Version 3: attention dropout (training). Each weight is dropped with probability
+   * dropout_p in [0, 1) (rounded to a multiple of 2^-16) and the kept ones are scaled by
+   * 1/(1 - dropout_p); the mask is Philox4x32-10 of (seed, dropout_offset, batch, head, row,
+   * key), the same for any thread count, drawn again by qkv_attention_backward given the same
+   * values. Weights returned are those after dropout. 0: no dropout. */
+  double dropout_p;
+  uint64_t seed;
+  uint32_t dropout_offset;
 } qkv_attention_options;
 
 /* The smallest struct_size accepted: the version 1 fields. */
 #define QKV_ATTENTION_OPTIONS_V1_SIZE offsetof(qkv_attention_options, dtype)
+/* The version 2 fields' end (a client built before dropout). */
+#define QKV_ATTENTION_OPTIONS_V2_SIZE offsetof(qkv_attention_options, dropout_p)
 
 /* Inline so that struct_size is the caller's sizeof, never a newer library's. */
 static inline void qkv_attention_options_init(qkv_attention_options* options) {

@@ -44,7 +44,8 @@ def _swap_heads(value, name, caller):
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
               alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, dtype=None,
               return_lse=False, return_weights=False, threads=None, *, out_dtype=None,
-              kernel=None, max_memory=None, layout=None):
+              kernel=None, max_memory=None, layout=None, dropout_p=0.0, seed=0,
+              dropout_offset=0):
     """Self-attention: out_i = softmax(scale · q_i·Kᵀ + mask_i) · V for every query row i.
 
     q is [B, H, Nq, D], [H, Nq, D] or [Nq, D]; k is [.., Hkv, Nk, D] and v [.., Hkv, Nk, Dv],
@@ -94,6 +95,13 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
         [Nq, H, D]), k and v [.., Nk, Hkv, D], as transformers and flash-attn keep them; read
         as strided views, and out comes back [.., Nq, H, Dv] (lse and weights keep their
         [.., H, Nq] and [.., H, Nq, Nk]). As qkv attention --layout.
+      dropout_p, seed, dropout_offset: attention dropout (training): each weight is dropped
+        with probability dropout_p (a number in [0, 1), rounded to a multiple of 2**-16) and
+        the kept ones are scaled by 1/(1 - dropout_p). The mask is drawn by Philox4x32-10 from
+        the integer seed (in [0, 2**64)), dropout_offset (in [0, 2**32)) and each weight's
+        (batch, head, row, key): the same for any thread count; attention_backward given the
+        same three values draws it again. return_weights then returns the weights after
+        dropout; lse stays the softmax's. Not with a KV cache or ring attention.
 
     Returns the output (a NumPy array or torch tensor, as above), or an
     AttentionResult(out, lse, weights) when return_lse or return_weights is asked for. Raises
@@ -108,7 +116,8 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     out_dtype, to_bfloat16 = output_dtype(out_dtype, torch_out, all_bfloat16(q, k, v))
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, out_dtype, return_lse, return_weights, threads,
-                                cu_seqlens_q, cu_seqlens_k, kernel, max_memory, caller=caller)
+                                cu_seqlens_q, cu_seqlens_k, kernel, max_memory, caller=caller,
+                                dropout_p=dropout_p, seed=seed, dropout_offset=dropout_offset)
     out, lse, weights, _, _ = _qkv.attention(q, k, v, options)
     if tokens_first and out.ndim >= 3:
         out = np.swapaxes(out, -3, -2)
@@ -123,7 +132,8 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
 def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=False, scale=None,
                        window=None, softcap=None, alibi_slopes=None, sinks=None,
                        cu_seqlens_q=None, cu_seqlens_k=None, dtype=None, threads=None, *,
-                       kernel=None, max_memory=None, layout=None):
+                       kernel=None, max_memory=None, layout=None, dropout_p=0.0, seed=0,
+                       dropout_offset=0):
     """The gradients of L = sum(out * grad_out) for out = qkv.attention(q, k, v, ...).
 
     out and lse are what qkv.attention(q, k, v, ..., return_lse=True) returned for the same
@@ -139,6 +149,9 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
     16-bit inputs in float32). kernel forces a backward kernel (qkv.backward_kernel_names()).
     layout="bnhd": q, k, v, out and grad_out are [.., N, H, D] and so are dq, dk, dv (lse stays
     [.., H, Nq]), as for qkv.attention.
+    With dropout (dropout_p, seed, dropout_offset as given to qkv.attention) the mask is drawn
+    again, not stored: with Z its factors (1/(1 - p) where kept, 0 where dropped),
+    dV = (P∘Z)ᵀ·dO and dS = P∘(Z∘(dO·Vᵀ) - D).
     Returns AttentionGradients(dq, dk, dv, dsinks) (dsinks None without sinks): torch tensors
     when any array argument is one, else NumPy arrays. A tensor that requires grad raises
     qkv.Error while autograd is recording, as for qkv.attention. Raises qkv.Error naming the
@@ -149,7 +162,8 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
                             cu_seqlens_q, cu_seqlens_k)
     options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                 sinks, dtype, None, False, False, threads, cu_seqlens_q,
-                                cu_seqlens_k, kernel, max_memory, caller=caller)
+                                cu_seqlens_k, kernel, max_memory, caller=caller,
+                                dropout_p=dropout_p, seed=seed, dropout_offset=dropout_offset)
     tokens_first = _tokens_first(layout)
     if tokens_first:
         q, k, v, out, grad_out = (_swap_heads(x, name, caller) for x, name in (

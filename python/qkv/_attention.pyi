@@ -31,6 +31,7 @@ def attention(
     threads: Optional[int] = None, *, out_dtype: Optional[DTypeIn] = None,
     kernel: Optional[str] = None, max_memory: Optional[int] = None,
     layout: Optional[Literal["bhnd", "bnhd"]] = None,
+    dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
 ) -> Array: ...
 @overload
 def attention(
@@ -42,6 +43,7 @@ def attention(
     return_lse: bool = False, return_weights: bool = False, threads: Optional[int] = None, *,
     out_dtype: Optional[DTypeIn] = None, kernel: Optional[str] = None,
     max_memory: Optional[int] = None, layout: Optional[Literal["bhnd", "bnhd"]] = None,
+    dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
 ) -> AttentionResult: ...
 def attention_backward(
     q: ArrayIn, k: ArrayIn, v: ArrayIn, out: ArrayIn, lse: ArrayIn, grad_out: ArrayIn,
@@ -52,4 +54,5 @@ def attention_backward(
     dtype: Optional[DTypeIn] = None, threads: Optional[int] = None, *,
     kernel: Optional[str] = None, max_memory: Optional[int] = None,
     layout: Optional[Literal["bhnd", "bnhd"]] = None,
+    dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
 ) -> AttentionGradients: ...

@@ -29,6 +29,20 @@ def _backward_dtype(q, k, v, dtype):
     return "float32" if name in _SIXTEEN_BIT_NAMES else dtype
 
 
+def torch_dropout(dropout_p, generator=None):
+    """The dropout options of a torch-facing call: {} without dropout, else dropout_p and a seed
+    drawn from torch's generator (torch.default_generator unless one is given), one draw per
+    call, so that torch.manual_seed reproduces a run as it does for torch's own dropout. The
+    Function keeps the seed for its backward, which draws the same mask again."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        from . import _qkv
+        raise _qkv.Error(f"dropout_p: must be a number in [0, 1), got {dropout_p!r}")
+    if dropout_p == 0:
+        return {}
+    seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator))
+    return {"dropout_p": float(dropout_p), "seed": seed}
+
+
 class Attention(torch.autograd.Function):
     """qkv.attention forward (with its lse kept), qkv.attention_backward backward.
 

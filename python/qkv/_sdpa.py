@@ -26,7 +26,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import _qkv
 from ._arrays import check_tensor
-from ._autograd import Attention
+from ._autograd import Attention, torch_dropout
 
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -120,16 +120,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (qkv's bfloat16 kernel) and float16; the output has query's dtype. A row with no allowed
     key gives zeros and zero gradients, as torch 2.13 does.
 
+    dropout_p > 0 drops weights as torch does (kept ones scaled by 1/(1 - dropout_p)), with
+    qkv's own mask (Philox4x32-10, not torch's stream): its seed is drawn from torch's default
+    generator, so torch.manual_seed reproduces a run, and the backward draws the same mask.
+
     Gradients flow to query, key and value; bfloat16 and float16 ones are computed in float32
     (qkv has no 16-bit backward) and rounded to the input's dtype. Where qkv differs from
-    torch, it raises qkv.Error (a ValueError) in one line naming the argument: dropout_p > 0
-    (no attention dropout), a float attn_mask that requires grad (no mask gradient), NaN or
+    torch, it raises qkv.Error (a ValueError) in one line naming the argument: dropout_p outside
+    [0, 1), a float attn_mask that requires grad (no mask gradient), NaN or
     infinite inputs, a +inf in the mask or a non-finite scale (torch returns NaN), a tensor
     off the CPU, nested or sparse, an integer or complex dtype.
     """
     _check_inputs(query, key, value)
-    if dropout_p != 0.0:
-        raise _qkv.Error("dropout_p: qkv has no attention dropout yet; pass 0.0")
+    dropout = torch_dropout(dropout_p)
     bottom_right = False
     if isinstance(attn_mask, CausalBias):
         if is_causal:
@@ -184,7 +187,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     options = {"attn_mask": mask4, "is_causal": causal,
                "scale": None if scale is None else float(scale), "window": window,
                "softcap": None, "alibi_slopes": None, "cu_seqlens_q": None,
-               "cu_seqlens_k": None, "dtype": None, "threads": None}
+               "cu_seqlens_k": None, "dtype": None, "threads": None, **dropout}
     try:
         out = Attention.apply(q4, k4, v4, None, options)
     except _qkv.Error as e:  # qkv names q, k, v; this function's arguments are named in full

@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import _qkv
-from ._autograd import Attention as _Attention
+from ._autograd import Attention as _Attention, torch_dropout as _torch_dropout
 from ._sdpa import scaled_dot_product_attention
 
 __all__ = ["attention", "scaled_dot_product_attention", "MultiheadAttention"]
@@ -21,7 +21,7 @@ __all__ = ["attention", "scaled_dot_product_attention", "MultiheadAttention"]
 
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None, softcap=None,
               alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, dtype=None,
-              threads=None):
+              threads=None, *, dropout_p=0.0, generator=None):
     """qkv.attention on CPU torch tensors, as a torch.autograd.Function.
 
     The arguments mean what they mean for qkv.attention; the output is a torch tensor of the
@@ -31,6 +31,11 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     and the offsets get none. A 16-bit computation (bfloat16 or float16 inputs, or
     dtype="bfloat16") is differentiated in float32 (qkv has no 16-bit backward), reading the
     16-bit inputs as they are, and the gradients are rounded to each input's dtype.
+
+    dropout_p > 0 drops attention weights with that probability (the kept ones scaled by
+    1/(1 - dropout_p)), as torch's SDPA does: the seed is drawn from torch's generator
+    (`generator`, or the default one), so torch.manual_seed reproduces the mask, and the
+    backward draws the same mask again (qkv.attention's dropout_p and seed).
     """
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         # A NumPy array (or a list) takes no gradient; as a tensor it passes through autograd's
@@ -43,7 +48,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     options = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale,
                "window": window, "softcap": softcap, "alibi_slopes": alibi_slopes,
                "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dtype": dtype,
-               "threads": threads}
+               "threads": threads, **_torch_dropout(dropout_p, generator)}
     return _Attention.apply(q, k, v, sinks, options)
 
 

@@ -20,8 +20,9 @@ last key's (q_offset + Nq == kv_offset + Nk): training, prefill and decode with 
 and its sliding-window layers. The mask function checks that before it uses the short forms.
 
 What qkv cannot do it refuses, with a qkv.Error naming the option, rather than compute something
-else: attention dropout in training mode, output_attentions (the weights), a position bias,
-per-token sinks, tensors off the CPU and dtypes other than float32, float64, bfloat16, float16.
+else: output_attentions (the weights), a position bias, per-token sinks, tensors off the CPU
+and dtypes other than float32, float64, bfloat16, float16. Attention dropout in training mode is
+qkv's own (its seed drawn from torch's default generator: torch.manual_seed reproduces a run).
 """
 
 import torch
@@ -31,6 +32,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from . import _qkv
 from ._attention import attention as _attention
+from ._autograd import torch_dropout as _torch_dropout
 from .torch import attention as _attention_with_grad
 
 __all__ = ["attention_forward", "attention_mask", "NAME"]
@@ -93,13 +95,8 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                                    **kwargs)
 
 
-def _refuse(module, query, dropout, kwargs):
+def _refuse(module, query, kwargs):
     """qkv.Error naming the model option qkv cannot honour, if there is one."""
-    if dropout:
-        raise _qkv.Error(
-            f"attention dropout: {dropout} in training mode (the model config's attention "
-            f"dropout, e.g. attention_dropout or attention_probs_dropout_prob); qkv has no "
-            f"attention dropout: set it to 0 or call model.eval()")
     if kwargs.get("output_attentions") or getattr(getattr(module, "config", None),
                                                   "output_attentions", False):
         raise _qkv.Error("output_attentions: qkv does not return the attention weights to a "
@@ -123,8 +120,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
     scaling, softcap (Gemma 2's attn_logit_softcapping), sliding_window (keys within
     sliding_window - 1 before the query) and s_aux (GPT-OSS's sinks, one logit per head) go to
-    qkv as scale, softcap, window and sinks; gradients reach query, key, value and s_aux."""
-    _refuse(module, query, dropout, kwargs)
+    qkv as scale, softcap, window and sinks; gradients reach query, key, value and s_aux.
+    dropout (the model's attention dropout in training mode) is qkv's attention dropout, its
+    seed drawn from torch's default generator."""
+    _refuse(module, query, kwargs)
     if attention_mask is None:
         causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
         mask = None
@@ -146,7 +145,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                "window": window, "softcap": softcap}
     # qkv.torch.attention differentiates 16-bit inputs in float32 and rounds the output back;
     # without gradients the plain call skips the autograd bookkeeping and the lse.
-    out = (_attention_with_grad if wants_grad else _attention)(query, key, value, **options)
+    # Attention dropout (the model passes its config's rate in training mode, 0 in eval):
+    # the seed from torch's default generator, so torch.manual_seed reproduces a run.
+    if wants_grad:
+        out = _attention_with_grad(query, key, value, dropout_p=dropout, **options)
+    else:
+        out = _attention(query, key, value, **options, **_torch_dropout(dropout))
     if out.dtype != query.dtype:
         out = out.to(query.dtype)
     # The model reshapes this to [B, Nq, H·Dv]: one copy here, as sdpa's, and a view there.

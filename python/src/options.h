@@ -84,7 +84,8 @@ inline DType default_out_dtype(std::initializer_list<const TensorView*> views) {
 // Keys (all optional): attn_mask, is_causal, scale, window (left, right; -1 unbounded),
 // softcap, alibi (True: the standard slopes), alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k,
 // dtype, out_dtype (absent: kF32; callers apply default_out_dtype), return_lse,
-// return_weights, threads, kernel, max_memory. The arrays stay alive in `keeper`.
+// return_weights, threads, kernel, max_memory, dropout_p, seed, dropout_offset. The arrays stay
+// alive in `keeper`.
 inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& keeper) {
   AttentionOptions result;
   result.mask = optional_view_of(item_or_none(options, "attn_mask"), "attn_mask", keeper);
@@ -115,6 +116,10 @@ inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& 
   result.threads = thread_option(item_or_none(options, "threads"));
   result.kernel = optional_item<std::string>(options, "kernel").value_or("");
   result.max_memory = optional_item<std::uint64_t>(options, "max_memory").value_or(0);
+  // Checked as integers in range by python/qkv/_options.py; dropout_p by validation.
+  result.dropout_p = optional_item<double>(options, "dropout_p").value_or(0.0);
+  result.seed = optional_item<std::uint64_t>(options, "seed").value_or(0);
+  result.dropout_offset = optional_item<std::uint32_t>(options, "dropout_offset").value_or(0);
   return result;
 }
 

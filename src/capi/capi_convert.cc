@@ -179,7 +179,8 @@ AttentionOptions to_options(const qkv_attention_options* options) {
   qkv_attention_options defaults;
   qkv_attention_options_init(&defaults);
   const qkv_attention_options o = read_struct(
-      options, defaults, "options", {QKV_ATTENTION_OPTIONS_V1_SIZE, sizeof(qkv_attention_options)});
+      options, defaults, "options", {QKV_ATTENTION_OPTIONS_V1_SIZE, QKV_ATTENTION_OPTIONS_V2_SIZE,
+                                    sizeof(qkv_attention_options)});
   if (o.has_scale) result.scale = o.scale;
   result.causal = o.causal != 0;
   if (o.has_window) result.window = Window{o.window_left, o.window_right};
@@ -199,6 +200,9 @@ AttentionOptions to_options(const qkv_attention_options* options) {
   result.sinks = to_optional_view(o.sinks, "sinks");
   result.cu_seqlens_q = to_optional_view(o.cu_seqlens_q, "cu_seqlens_q");
   result.cu_seqlens_k = to_optional_view(o.cu_seqlens_k, "cu_seqlens_k");
+  result.dropout_p = o.dropout_p;
+  result.seed = o.seed;
+  result.dropout_offset = o.dropout_offset;
   return result;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/dropout.h"
 #include "qkv/tensor.h"
 
 namespace qkv::core {
@@ -113,6 +114,10 @@ struct AttentionParams {
   ScoreModifiers modifiers;
   Magnitudes magnitudes;
   Masking masking;
+  // Dropout on the weights (core/dropout.h); inactive unless options.dropout_p > 0. Kernels
+  // that cannot draw it decline (the fused forward kernels, the reference and every backward
+  // kernel draw it).
+  Dropout dropout;
   OutputOperand out;      // [b, h, nq, dv]
   OutputOperand weights;  // [b, h, nq, nk]
   OutputOperand lse;      // [b, h, nq]

@@ -72,6 +72,9 @@ void apply_packed_batch(const AttentionOptions& options, const TensorView& q, co
 // set in p.modifiers (and the sinks' bound in p.magnitudes); throws qkv::Error naming the
 // option or the tensor.
 void apply_score_modifiers(const AttentionOptions& options, AttentionParams& p);
+// dropout_p, seed and dropout_offset checked into p.dropout (core/dropout.h); called by
+// apply_score_modifiers.
+void apply_dropout(const AttentionOptions& options, AttentionParams& p);
 
 // The canonical [b, h, row, col] strides of a rank-2..4 tensor's trailing dims.
 Strides4 canonical_strides(const Shape& strides);

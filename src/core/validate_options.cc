@@ -84,6 +84,31 @@ void apply_score_modifiers(const AttentionOptions& options, AttentionParams& p) 
       p.magnitudes.sink = std::max(p.magnitudes.sink, std::abs(sink));
     }
   }
+  apply_dropout(options, p);
+}
+
+void apply_dropout(const AttentionOptions& options, AttentionParams& p) {
+  const double rate = options.dropout_p;
+  if (!(rate >= 0.0 && rate < 1.0)) {
+    throw Error("dropout_p", "must be in [0, 1), got " + std::to_string(rate));
+  }
+  p.dropout = Dropout{};
+  if (rate == 0.0) return;
+  // t = round(p·2^16), at least 1 (a p > 0 always drops something) and at most 2^16 - 1.
+  const double t = std::clamp(std::nearbyint(rate * 65536.0), 1.0, 65535.0);
+  // The counter holds rows, key blocks and b·H + h in 32 bits each.
+  constexpr std::int64_t kWord = std::int64_t{1} << 32;
+  const AttentionShape& s = p.shape;
+  if (s.nq >= kWord || s.nk >= kWord || s.b * s.h >= kWord) {
+    throw Error("dropout_p", "dropout draws over at most 2^32 - 1 rows, keys and batch·heads, got "
+                             "B·H = " + str(s.b * s.h) + ", Nq = " + str(s.nq) + ", Nk = " +
+                             str(s.nk));
+  }
+  p.dropout.threshold = static_cast<std::uint32_t>(t);
+  p.dropout.keep_scale = 65536.0 / (65536.0 - t);
+  p.dropout.seed = options.seed;
+  p.dropout.offset = options.dropout_offset;
+  p.dropout.heads = s.h;
 }
 
 namespace {
@@ -126,6 +151,7 @@ std::vector<std::int64_t> sequence_offsets(const TensorView& view, std::int64_t 
 
 AttentionParams sequence_params(const AttentionCall& call, std::size_t s) {
   AttentionParams p = call.params;
+  p.dropout.batch_base = static_cast<std::int64_t>(s);
   const std::int64_t q0 = call.cu_q[s];
   const std::int64_t k0 = call.cu_k[s];
   p.shape.nq = call.cu_q[s + 1] - q0;

@@ -371,6 +371,9 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
     if (options.cu_seqlens_q || options.cu_seqlens_k) {
       throw Error("cu_seqlens", "ring attention splits one sequence, not a packed batch");
     }
+    if (options.dropout_p != 0.0) {
+      throw Error("dropout_p", "not supported by ring attention (its ranks do not draw the mask)");
+    }
     if (options.out_dtype != DType::kF32 && options.out_dtype != DType::kF64 &&
         options.out_dtype != DType::kF16) {
       throw Error("out_dtype", "must be float32, float64 or float16");

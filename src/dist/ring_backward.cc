@@ -442,6 +442,9 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
     if (options.cu_seqlens_q || options.cu_seqlens_k) {
       throw Error("cu_seqlens", "ring attention splits one sequence, not a packed batch");
     }
+    if (options.dropout_p != 0.0) {
+      throw Error("dropout_p", "not supported by ring attention (its ranks do not draw the mask)");
+    }
     // The mask spans this rank's query rows and every key: checked once nk is known.
     AttentionOptions unmasked = options;
     unmasked.mask.reset();

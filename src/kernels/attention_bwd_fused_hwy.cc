@@ -34,6 +34,7 @@
 #include "kernels/blas_threads.h"
 #include "kernels/bwd_fused_driver.h"
 #include "kernels/bwd_ops.h"
+#include "kernels/dropout_hwy-inl.h"
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/kernel.h"
 
@@ -265,6 +266,17 @@ struct HwyOps {
   }
 };
 
+void DropoutFactorsF32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                       std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                       float* z) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* zr = z + r * ld;
+    std::fill_n(zr, cols, 1.0f);
+    std::fill(zr + cols, zr + ld, 0.0f);
+    dropout_hwy::span<float>(d, head_word, i0 + r, j0, cols, zr);
+  }
+}
+
 core::KernelStatus RunBackwardF32(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
   return bwd::run_backward<HwyOps<float>, float>(bp, plan);
 }
@@ -287,6 +299,7 @@ HWY_EXPORT(ExpSumRowsF64);
 HWY_EXPORT(WeighRowsF32);
 HWY_EXPORT(WeighRowsF64);
 HWY_EXPORT(RunBackwardF32);
+HWY_EXPORT(DropoutFactorsF32);
 HWY_EXPORT(RunBackwardF64);
 
 namespace bwd {
@@ -308,6 +321,11 @@ namespace bwd {
 QKV_ROWS_DISPATCH(float, F32)
 QKV_ROWS_DISPATCH(double, F64)
 #undef QKV_ROWS_DISPATCH
+void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                         std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                         float* z) noexcept {
+  HWY_DYNAMIC_DISPATCH(DropoutFactorsF32)(d, head_word, i0, rows, j0, cols, ld, z);
+}
 }  // namespace bwd
 
 namespace {

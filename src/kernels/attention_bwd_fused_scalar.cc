@@ -22,7 +22,8 @@ std::string gradient_bounds_declines(const core::BackwardParams& bp, double limi
   const core::AttentionParams& p = bp.forward;
   const core::AttentionShape& s = p.shape;
   const core::Magnitudes& mag = p.magnitudes;
-  const double dout = bp.grad_out_magnitude;
+  // Dropout's scale multiplies dP and the weights dV sums.
+  const double dout = bp.grad_out_magnitude * p.dropout.keep_scale;
   const double dp = static_cast<double>(s.dv) * dout * mag.v;
   const double ds = 2.0 * std::abs(p.scale) * dp;
   const double rows = static_cast<double>(s.group()) * static_cast<double>(s.nq);

@@ -6,10 +6,11 @@
 //       s_ij  = scale · q_i·k_j                       (every key causal/window/mask allow)
 //       r_ij  = softcap(s_ij) + alibi_ij + bias_ij     (the forward's score)
 //       P_ij  = exp(r_ij - m) / den, P_sink = exp(sink_h - m) / den    (the forward's softmax)
-//       O_i   = Σ_j P_ij · v_j;   D_i = dO_i · O_i
-//       dP_ij = dO_i · v_j;       dS_ij = P_ij · (dP_ij - D_i) · (1 - tanh²(s_ij / C))
+//       z_ij  = keep_ij / (1 - p) with dropout (core/dropout.h), else 1
+//       O_i   = Σ_j P_ij·z_ij · v_j;   D_i = dO_i · O_i
+//       dP_ij = dO_i · v_j;       dS_ij = P_ij · (z_ij·dP_ij - D_i) · (1 - tanh²(s_ij / C))
 //       dQ_i  = scale · Σ_j dS_ij · k_j
-//       dK_j += scale · dS_ij · q_i;   dV_j += P_ij · dO_i;   dsink_h -= P_sink · D_i
+//       dK_j += scale · dS_ij · q_i;   dV_j += P_ij·z_ij · dO_i;   dsink_h -= P_sink · D_i
 //
 // It recomputes the softmax and O from Q, K and V (out and lse are not read), so that it
 // states the gradient of the function itself; the fused kernels, which trust the saved out
@@ -38,6 +39,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 struct RowScratch {
   std::vector<double> pre;          // [nk] scale · q·k before the softcap
   std::vector<double> prob;         // [nk] P_ij (0 where not allowed)
+  std::vector<double> keep;         // [nk] dropout's z_ij (1 without dropout)
   std::vector<double> q, dout, dq;  // [d], [dv], [d]
 };
 
@@ -104,12 +106,20 @@ double reference_row(const BackwardParams& bp, std::int64_t b, std::int64_t h, s
   for (double& x : r.prob) x /= den;
   const double p_sink = sink == -kInf ? 0.0 : std::exp(sink - m) / den;
 
-  // D_i = dO_i · O_i with O_i = Σ_j P_ij v_j.
+  // Dropout's factors z_ij = keep_ij / (1 - p) (1 without dropout).
+  const core::Dropout& drop = p.dropout;
+  for (std::int64_t j = 0; j < s.nk; ++j) {
+    const auto js = static_cast<std::size_t>(j);
+    r.keep[js] = 1.0;
+    if (drop.active()) r.keep[js] = core::dropout_keeps(drop, b, h, i, j) ? drop.keep_scale : 0.0;
+  }
+
+  // D_i = dO_i · O_i with O_i = Σ_j P_ij z_ij v_j.
   double d_i = 0.0;
   for (std::int64_t c = 0; c < s.dv; ++c) {
     double o = 0.0;
     for (std::int64_t j = 0; j < s.nk; ++j) {
-      const double w = r.prob[static_cast<std::size_t>(j)];
+      const double w = r.prob[static_cast<std::size_t>(j)] * r.keep[static_cast<std::size_t>(j)];
       if (w != 0.0) o += w * v_at(j, c);
     }
     d_i += r.dout[static_cast<std::size_t>(c)] * o;
@@ -121,7 +131,8 @@ double reference_row(const BackwardParams& bp, std::int64_t b, std::int64_t h, s
     if (w == 0.0) continue;
     double dp = 0.0;
     for (std::int64_t c = 0; c < s.dv; ++c) dp += r.dout[static_cast<std::size_t>(c)] * v_at(j, c);
-    double ds = w * (dp - d_i);
+    const double z = r.keep[js];
+    double ds = w * (z * dp - d_i);
     if (mod.softcap > 0.0) {
       const double t = std::tanh(r.pre[js] / mod.softcap);
       ds *= 1.0 - t * t;
@@ -133,7 +144,7 @@ double reference_row(const BackwardParams& bp, std::int64_t b, std::int64_t h, s
     }
     for (std::int64_t c = 0; c < s.dv; ++c) {
       const auto cs = static_cast<std::size_t>(c);
-      dv[js * static_cast<std::size_t>(s.dv) + cs] += w * r.dout[cs];
+      dv[js * static_cast<std::size_t>(s.dv) + cs] += w * z * r.dout[cs];
     }
   }
   store_dq();
@@ -155,6 +166,7 @@ core::KernelStatus attention_bwd_reference(const BackwardParams& bp) noexcept {
         RowScratch r;
         r.pre.resize(static_cast<std::size_t>(s.nk));
         r.prob.resize(static_cast<std::size_t>(s.nk));
+        r.keep.resize(static_cast<std::size_t>(s.nk));
         r.q.resize(static_cast<std::size_t>(s.d));
         r.dout.resize(static_cast<std::size_t>(s.dv));
         r.dq.resize(static_cast<std::size_t>(s.d));

@@ -128,6 +128,9 @@ AttentionResult attention_cached(const TensorView& q, const KVCache& cache,
     throw Error("cu_seqlens", "not supported with a KV cache (give the cache's sequences "
                               "instead)");
   }
+  if (options.dropout_p != 0.0) {
+    throw Error("dropout_p", "not supported with a KV cache (dropout is for training)");
+  }
   // Scale, causal, window and threads as attention() checks them; `checked` also carries the
   // float32 range check's inputs below.
   core::AttentionParams checked;

@@ -43,6 +43,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h, which re-includes this file once per target.
 #include "hwy/highway.h"
+#include "kernels/dropout_hwy-inl.h"
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
 #include "kernels/fused_tiles.h"
@@ -253,6 +254,13 @@ struct HwyMicro {
       default:
         break;
     }
+  }
+
+  // core/dropout.h's mask on keys j0 + k (k < count) of row i: a vectorised Philox per row of
+  // 64 float32 weights (dropout_hwy-inl.h), the portable draws for float64.
+  static void dropout(const core::Dropout& d, std::uint32_t head_word, std::int64_t i,
+                      std::int64_t j0, std::int64_t count, F* s) noexcept {
+    dropout_hwy::span<F>(d, head_word, i, j0, count, s);
   }
 
   static void accumulate_pv(const F* p, std::int64_t rows, std::int64_t bk, const F* v,

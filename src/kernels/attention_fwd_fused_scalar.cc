@@ -99,6 +99,11 @@ struct ScalarMicro {
     for (std::int64_t j = 0; j < kTile; ++j) s[j] = std::exp(s[j] - m) * factor;
   }
 
+  static void dropout(const core::Dropout& d, std::uint32_t head_word, std::int64_t i,
+                      std::int64_t j0, std::int64_t count, F* s) noexcept {
+    core::dropout_span_scalar(d, head_word, i, j0, count, s);
+  }
+
   static void accumulate_pv(const F* p, std::int64_t rows, std::int64_t bk, const F* v,
                             std::int64_t ldv, std::int64_t dvp, const F* alpha, F* o) noexcept {
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -164,7 +169,8 @@ std::string float32_declines(const core::AttentionParams& p) {
            (mag.mask > 0 ? " with mask values up to " + sci(mag.mask) : std::string()) +
            ", beyond float32's range";
   }
-  const double accumulator = static_cast<double>(s.nk) * mag.v;
+  // Dropout scales the kept weights by up to 2^16.
+  const double accumulator = static_cast<double>(s.nk) * mag.v * p.dropout.keep_scale;
   if (accumulator > kFloatLimit) {
     return "the P·V accumulator may reach " + sci(accumulator) +
            " (Nk·max|V|), beyond float32's range";
@@ -196,7 +202,7 @@ std::string float64_declines(const core::AttentionParams& p) {
   const double alibi = slope * static_cast<double>(std::max(s.nk, s.nq));
   const double dot = static_cast<double>(s.d) * mag.q * mag.k;
   const double score = std::max(1.0, std::abs(p.scale)) * dot;
-  const double accumulator = static_cast<double>(s.nk) * mag.v;
+  const double accumulator = static_cast<double>(s.nk) * mag.v * p.dropout.keep_scale;
   if (!(score <= kLimit / 4) || !(alibi <= kLimit / 4) || !(mag.sink <= kLimit / 4) ||
       !(mag.mask <= kLimit / 4) || !(accumulator <= kLimit)) {
     return "its scores or P·V sums may pass float64's range";

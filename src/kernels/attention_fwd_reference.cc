@@ -11,7 +11,8 @@
 //                                              sinks, sink_h = -inf)
 //     den  = exp(sink_h - m) + sum_j exp(r_ij - m)
 //     w_ij = exp(r_ij - m) / den
-//     O_i  = sum_j w_ij · v_j
+//     z_ij = keep_ij / (1 - p)                 with dropout (core/dropout.h), else 1
+//     O_i  = sum_j w_ij · z_ij · v_j           (the weights output is w_ij · z_ij)
 //     lse_i = m + log(den)
 //   A row with no allowed key (every r_ij = -inf) gives O_i = 0, w_i = 0 and lse_i = -inf, or
 //   with a sink, lse_i = sink_h (the sink alone is the denominator).
@@ -87,8 +88,13 @@ void reference_row(const AttentionParams& p, std::int64_t b, std::int64_t h, std
   const double lse = m == -kInf ? -kInf : (m == kInf ? kInf : m + std::log(sum));
 
   std::fill(acc.begin(), acc.end(), 0.0);
+  const core::Dropout& drop = p.dropout;
   for (std::int64_t j = 0; j < s.nk; ++j) {
-    const double w = empty ? 0.0 : scores[static_cast<std::size_t>(j)] / sum;
+    double w = empty ? 0.0 : scores[static_cast<std::size_t>(j)] / sum;
+    // Dropout: w_ij·z_ij, one draw per weight straight from core/dropout.h's definition.
+    if (drop.active() && w != 0.0) {
+      w = core::dropout_keeps(drop, b, h, i, j) ? w * drop.keep_scale : 0.0;
+    }
     scores[static_cast<std::size_t>(j)] = w;
     if (w == 0.0) continue;
     for (std::int64_t c = 0; c < s.dv; ++c) {

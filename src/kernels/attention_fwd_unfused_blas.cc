@@ -98,6 +98,7 @@ std::int64_t unfused_workers(const core::AttentionShape& shape, int threads) noe
 }
 
 std::string attention_fwd_unfused_blas_declines(const core::AttentionParams& p) {
+  if (p.dropout.active()) return "it draws no dropout (the fused kernels do)";
   const core::AttentionShape& s = p.shape;
   const double bytes = 4.0 * static_cast<double>(std::min(s.nq, kUnfusedRowBlock)) *
                        static_cast<double>(s.nk) *

@@ -3,6 +3,7 @@
 // 256 x nk blocks fit), the fused kernel's scalar twin, and the float64 reference, which
 // supports every call.
 #include "kernels/backward_kernel.h"
+#include "kernels/bwd_fused_driver.h"
 #include "kernels/bwd_ops.h"
 
 namespace qkv::kernels {
@@ -43,6 +44,11 @@ namespace bwd {
 QKV_SCALAR_ROWS(float)
 QKV_SCALAR_ROWS(double)
 #undef QKV_SCALAR_ROWS
+void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                         std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                         float* z) noexcept {
+  dropout_factors_portable(d, head_word, i0, rows, j0, cols, ld, z);
+}
 }  // namespace bwd
 #endif
 

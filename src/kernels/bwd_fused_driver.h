@@ -16,6 +16,8 @@
 //       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed (tile_logits)
 //       P    = exp(min(x - M_i, 0)) / l_i               Ops::weigh_rows (x - M_i is exact
 //                                                        near the max: no lse cancellation)
+//       with dropout: Z drawn for the tile (dropout_tile), P∘Z in place of P for dV, dP∘Z
+//       in place of dP, and D = Σ P∘Z∘dP in the stats pass (core/dropout.h)
 //       dV_j += Pᵀ·dO_i
 //       dP   = dO_i·V_jᵀ
 //       dS   = scale · P∘(dP - D_i) ∘ (1 - tanh²)        element-wise
@@ -49,12 +51,32 @@
 #include <vector>
 
 #include "core/backward_params.h"
+#include "core/dropout.h"
 #include "core/mask_rule.h"
 #include "core/parallel_for.h"
 #include "core/progress.h"
 #include "core/score_modifiers.h"
 
 namespace qkv::kernels::bwd {
+
+// Dropout's factors Z for query rows [i0, i0 + rows) and keys [j0, j0 + cols) of one head:
+// z[r·ld + c] = 1/(1 - p) where kept, 0 where dropped (core/dropout.h), 0 for c in [cols, ld).
+template <class T>
+void dropout_factors_portable(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                              std::int64_t rows, std::int64_t j0, std::int64_t cols,
+                              std::int64_t ld, T* z) noexcept {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* zr = z + r * ld;
+    std::fill_n(zr, cols, T(1));
+    std::fill(zr + cols, zr + ld, T(0));
+    core::dropout_span_scalar(d, head_word, i0 + r, j0, cols, zr);
+  }
+}
+// The same in SIMD where the build has it, one dispatch per tile (attention_bwd_fused_hwy.cc;
+// backward_kernel_list.cc in a portable build).
+void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                         std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                         float* z) noexcept;
 
 struct TilePlan {
   std::int64_t query_tile = 64;  // Br
@@ -112,8 +134,9 @@ template <class T>
 struct Tiles {
   std::int64_t dp = 0, dvp = 0, bcp = 0;  // padded widths of d, dv and the key tile
   std::span<T> k, kt, vt, q, dout, p, ds, factor, dk, dv, dq;
+  std::span<T> zd, pd;  // dropout's factors and P∘Z (empty without dropout)
   std::vector<T> own;  // the tiles' memory when too large to keep (zeroed_tile_memory)
-  void allocate(const core::AttentionShape& s, const TilePlan& plan) {
+  void allocate(const core::AttentionShape& s, const TilePlan& plan, bool dropout = false) {
     dp = padded<T>(s.d);
     dvp = padded<T>(s.dv);
     bcp = padded<T>(plan.key_tile);
@@ -128,7 +151,9 @@ struct Tiles {
                                                             {&factor, z(plan.query_tile, bcp)},
                                                             {&dk, z(plan.key_tile, dp)},
                                                             {&dv, z(plan.key_tile, dvp)},
-                                                            {&dq, z(plan.query_tile, dp)}};
+                                                            {&dq, z(plan.query_tile, dp)},
+                                                            {&zd, z(dropout ? plan.query_tile : 0, bcp)},
+                                                            {&pd, z(dropout ? plan.query_tile : 0, bcp)}};
     std::size_t total = 0;
     for (const auto& entry : layout) total += entry.second;
     T* at = zeroed_tile_memory<T>(total, own);
@@ -313,6 +338,31 @@ inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::in
   return last.last <= j0 || first.first >= j1;
 }
 
+// Dropout (core/dropout.h) on a tile of weights P (rows x ld, keys [j0, j0 + cols) of query
+// rows [i0, i0 + rows) of head h): z := Z (1/(1 - p) where kept, 0 where dropped, 0 in the
+// padding), pd := P∘Z, the weights dV takes and O was made of. The same draws as the forward's,
+// made again rather than stored. dP∘Z then gives dS = P∘(dP∘Z - D), D = Σ P∘Z∘dP (= dO·O, O
+// made of the dropped weights) from the stats pass, which draws Z too (dropout_factors).
+template <class T>
+void dropout_factors(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
+                     std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
+                     std::int64_t ld, T* z) noexcept {
+  const std::uint32_t head_word = core::dropout_head_word(p.dropout, b, h);
+  if constexpr (std::is_same_v<T, float>) {
+    dropout_factors_f32(p.dropout, head_word, i0, rows, j0, cols, ld, z);
+  } else {
+    dropout_factors_portable(p.dropout, head_word, i0, rows, j0, cols, ld, z);
+  }
+}
+
+template <class T>
+void dropout_tile(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
+                  std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
+                  std::int64_t ld, const T* pt, T* z, T* pd) noexcept {
+  dropout_factors(p, b, h, i0, rows, j0, cols, ld, z);
+  for (std::int64_t x = 0; x < rows * ld; ++x) pd[x] = pt[x] * z[x];
+}
+
 }  // namespace qkv::kernels::bwd
 
 // The row statistics pass builds on the tiles, packing and score helpers above.
@@ -402,7 +452,7 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
     core::run_team(workers, [&](int, core::Team&) {
       try {
         Tiles<T> t;
-        t.allocate(s, plan);
+        t.allocate(s, plan, p.dropout.active());
         for (std::int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
           const std::int64_t c = task / (s.b * s.hkv);
           const std::int64_t hk = task % s.hkv;
@@ -443,9 +493,19 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                 tile_logits<Ops, T>(p, plain_scores, b, h, i0, br, j0, bc, qt, ldq, t.kt.data(),
                                     t.bcp, pt, t.factor.data());
                 Ops::weigh_rows(pt, br, t.bcp, stats.shift.data() + row0, stats.inv.data() + row0);
+                // With dropout, dV takes P∘Z and dP becomes dP∘Z (dropout_tile).
+                const T* pv = pt;
+                if (p.dropout.active()) {
+                  dropout_tile(p, b, h, i0, br, j0, bc, t.bcp, pt, t.zd.data(), t.pd.data());
+                  pv = t.pd.data();
+                }
                 // dV_j += Pᵀ·dO_i: A(key, query) = P[query][key].
-                Ops::gemm(bc, t.dvp, br, pt, 1, t.bcp, dot, lddo, t.dv.data(), t.dvp, true);
+                Ops::gemm(bc, t.dvp, br, pv, 1, t.bcp, dot, lddo, t.dv.data(), t.dvp, true);
                 Ops::gemm(br, t.bcp, s.dv, dot, lddo, 1, t.vt.data(), t.bcp, ds, t.bcp, false);
+                if (p.dropout.active()) {
+                  const T* z = t.zd.data();
+                  for (std::int64_t x = 0; x < br * t.bcp; ++x) ds[x] *= z[x];
+                }
                 // The softcap's factor is finite everywhere (1 - tanh², or the zeros it was
                 // allocated with), so P = 0 gives dS = 0 without a test.
                 Ops::ds_rows(ds, pt, p.modifiers.softcap > 0.0 ? t.factor.data() : nullptr, br,

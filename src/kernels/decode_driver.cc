@@ -243,6 +243,7 @@ core::KernelStatus run_decode(const DecodeCall& call, ChunkFn chunk) noexcept {
 }
 
 std::string plain_declines(const core::AttentionParams& p) {
+  if (p.dropout.active()) return "it draws no dropout (the fused kernels do)";
   if (std::string why = float32_declines(p); !why.empty()) return why;
   if (core::inputs_round(p)) {
     return std::string("it reads K and V in place and cannot round them to ") +

@@ -38,6 +38,8 @@
 //              o := alpha · o + P · V           micro-kernel, 24 x dvp, the rescale fused in
 //            (the group's scores stay in L1; the K^T and V tiles, 16 KiB each at d = dv = 64,
 //            are reused by 4 register blocks while in L1)
+//            with dropout: P_j := P_j·z_ij after l has taken P (core/dropout.h), so that
+//            o sums the dropped weights and l stays the softmax's denominator
 //            O = o / l, lse = m + log l; a row with no allowed key stays m = -inf, l = 0, o = 0
 //            and is written as zeros with lse = -inf.
 //   order    without causal/window, head by head (a kv head's K^T and V stay in L2 from one
@@ -71,7 +73,9 @@
 //   lane's part of sum_j s_j); softmax_rows(s, rows, tile_max, m, alpha, lsum) (for `rows`
 //   rows with finite new maxes: m := max(m, tile_max), alpha := exp1(m_old - m), then
 //   exp_accumulate per row); exp_scale(s, m, f) (s := exp(s - m) · f);
-//   accumulate_pv(p, rows, bk, v, ldv, dvp, alpha, o) (V rows ldv apart, o rows dvp apart).
+//   accumulate_pv(p, rows, bk, v, ldv, dvp, alpha, o) (V rows ldv apart, o rows dvp apart);
+//   dropout(dropout, head_word, i, j0, count, s) (core/dropout.h's mask on keys j0 + k, k <
+//   count, of row i: s_k·1/(1 - p) or 0).
 
 #if defined(QKV_KERNELS_FUSED_DRIVER_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef QKV_KERNELS_FUSED_DRIVER_INL_H_
@@ -189,6 +193,7 @@ class FusedWorker {
           }
         }
         update_group(r0, nr);
+        if (p_.dropout.active()) drop_rows(t, r0, nr, j0);
         Micro::accumulate_pv(s_.get() + r0 * fused::kKeyTile, nr, used, v_tile, kv.ldv, dvp_,
                              alpha_.get() + r0, o_.get() + r0 * dvp_);
       }
@@ -286,6 +291,20 @@ class FusedWorker {
     return Micro::row_max(s);
   }
 
+  // Dropout on the rows [r0, r0 + nr) of the tile at key j0, after their exponentials entered
+  // the running sums (l is the softmax's, before dropout) and before P·V: kept weights times
+  // 1/(1 - p), dropped ones 0, drawn for (b, h, i, j) whatever the tile plan
+  // (core/dropout.h). All 64 columns: those past the tile's keys are never read.
+  void drop_rows(const fused::Task& t, std::int64_t r0, std::int64_t nr,
+                 std::int64_t j0) noexcept {
+    const std::int64_t per_head = t.i1 - t.i0;
+    for (std::int64_t r = r0; r < r0 + nr; ++r) {
+      const std::int64_t h = t.hk * plan_.g + r / per_head;
+      Micro::dropout(p_.dropout, core::dropout_head_word(p_.dropout, t.b, h),
+                     t.i0 + r % per_head, j0, fused::kKeyTile, s_.get() + r * fused::kKeyTile);
+    }
+  }
+
   // The attention weights, recomputed tile by tile from the final (m, l) of each row, with
   // the same score arithmetic as the forward sweep.
   void write_weights(const fused::Task& t, const core::KeyRange& range,
@@ -326,6 +345,10 @@ class FusedWorker {
         }
         const std::int64_t h = t.hk * plan_.g + r / per_head;
         const std::int64_t i = t.i0 + r % per_head;
+        if (p_.dropout.active()) {
+          Micro::dropout(p_.dropout, core::dropout_head_word(p_.dropout, t.b, h), i, j0,
+                         fused::kKeyTile, s);
+        }
         fused::store_row(p_.weights, t.b, h, i, j0, s, bk, F{1});
       }
     }

@@ -23,7 +23,8 @@ std::uint64_t mix(std::uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-constexpr std::uint64_t kInitStream = 1, kTrainStream = 2, kHeldoutStream = 3;
+constexpr std::uint64_t kInitStream = 1, kTrainStream = 2, kHeldoutStream = 3,
+                        kDropoutStream = 4;
 Rng stream(std::uint64_t seed, std::uint64_t which) { return Rng(mix(seed * 4 + which)); }
 
 TensorView view_of(const std::vector<float>& v, Shape shape, std::string name) {
@@ -62,10 +63,23 @@ void add_tensor(std::vector<float>& into, const Tensor& t) {
   for (std::size_t i = 0; i < into.size(); ++i) into[i] += p[i];
 }
 
+// Layer l's options at training step `step` (0: evaluation, no dropout): dropout keyed by the
+// step's seed, the layer as its offset, so that no two layers or steps share a mask.
+LayerOptions step_options(const TrainConfig& c, int step, std::size_t l) {
+  LayerOptions o = layer_options(c);
+  if (step > 0 && c.dropout > 0.0) {
+    o.attention.dropout_p = c.dropout;
+    o.attention.seed = mix(mix(c.seed * 8 + kDropoutStream) + static_cast<std::uint64_t>(step));
+    o.attention.dropout_offset = static_cast<std::uint32_t>(l);
+  }
+  return o;
+}
+
 // Forward over a batch of sequences; returns x_0..x_L (each [B·N·d]) and fills the layer states.
+// `step` > 0: a training step's forward (with dropout when asked for).
 std::vector<std::vector<float>> forward(const Model& m, const TrainConfig& c,
                                         const std::vector<Sequence>& batch,
-                                        std::vector<LayerForwardState>* states) {
+                                        std::vector<LayerForwardState>* states, int step = 0) {
   const auto b = static_cast<std::int64_t>(batch.size());
   const std::int64_t n = batch.front().length();
   const auto row = static_cast<std::size_t>(n * m.d);
@@ -73,8 +87,8 @@ std::vector<std::vector<float>> forward(const Model& m, const TrainConfig& c,
   xs[0].resize(static_cast<std::size_t>(b) * row);
   for (std::size_t i = 0; i < batch.size(); ++i)
     embed(batch[i], c.task.task, m.table_a, m.table_b, m.d, xs[0].data() + i * row);
-  const LayerOptions options = layer_options(c);
   for (std::size_t l = 0; l < static_cast<std::size_t>(c.layers); ++l) {
+    const LayerOptions options = step_options(c, step, l);
     const TensorView x = view_of(xs[l], {b, n, m.d}, "x");
     LayerResult y = states != nullptr
                         ? multi_head_attention(x, layer_weights(m, l), options, std::nullopt,
@@ -99,6 +113,7 @@ void validate(const TrainConfig& c) {
   need(c.d_model >= 1 && c.heads >= 1 && c.d_model % c.heads == 0, "--heads",
        "must divide --d-model");
   need(c.layers >= 1, "--layers", "must be at least 1");
+  need(c.dropout >= 0.0 && c.dropout < 1.0, "--dropout", "must be in [0, 1)");
   if (c.task.task == Task::kMqar) {
     need(sequence_length(c.task) > 2 * c.task.pairs, "--seq-len",
          "must exceed 2·--pairs (room for at least one query)");
@@ -240,7 +255,6 @@ TrainResult train(const TrainConfig& c, const std::function<void(const CurvePoin
   for (auto* p : params) adam.emplace_back(p->size());
 
   Rng data = stream(c.seed, kTrainStream);
-  const LayerOptions options = layer_options(c);
   const auto row = static_cast<std::size_t>(n) * ud;
   double loss_since = 0.0;
   int steps_since = 0;
@@ -249,7 +263,7 @@ TrainResult train(const TrainConfig& c, const std::function<void(const CurvePoin
     std::vector<Sequence> batch;
     for (int i = 0; i < c.batch; ++i) batch.push_back(make_sequence(c.task, data));
     std::vector<LayerForwardState> states(static_cast<std::size_t>(c.layers));
-    const auto xs = forward(m, c, batch, &states);
+    const auto xs = forward(m, c, batch, &states, step);
 
     // The loss is the mean over every target position of the batch.
     int targets = 0;
@@ -272,7 +286,7 @@ TrainResult train(const TrainConfig& c, const std::function<void(const CurvePoin
     for (int l = c.layers - 1; l >= 0; --l) {
       const auto ul = static_cast<std::size_t>(l);
       const LayerGradients g = multi_head_attention_backward(
-          view_of(xs[ul], {b, n, m.d}, "x"), layer_weights(m, ul), options,
+          view_of(xs[ul], {b, n, m.d}, "x"), layer_weights(m, ul), step_options(c, step, ul),
           view_of(dx, {b, n, m.d}, "dy"), std::nullopt, &states[ul]);
       const std::size_t base = 4 + 4 * ul;
       add_tensor(grads[base + 0], g.dwq);

@@ -32,6 +32,9 @@ struct TrainConfig {
   int threads = 0;
   int eval_every = 50;   // steps between held-out evaluations
   int heldout = 256;     // held-out sequences
+  // Attention dropout while training (not in evaluation): step s draws its masks with a seed
+  // from (seed, s) and layer l's with dropout offset l, the backward drawing them again.
+  double dropout = 0.0;
 };
 
 struct CurvePoint {

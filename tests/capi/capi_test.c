@@ -339,6 +339,61 @@ static void test_names(void) {
   CHECK(strcmp(qkv_version(), QKV_EXPECTED_VERSION) == 0);
 }
 
+/* Dropout: with all-zero queries every weight is 1/64, so after dropout at p = 0.5 each is 0 or
+ * exactly 1/32; the same seed draws the same mask, another seed another; p = 1 is refused; a
+ * client of the version 2 struct (struct_size without the dropout fields) gets no dropout
+ * whatever lies past its struct_size; the backward takes the same options. */
+static void test_dropout(void) {
+  enum { kRows = 4, kKeys = 64, kDim = 2 };
+  static float q[kRows * kDim], k[kKeys * kDim], v[kKeys * kDim];
+  float out[kRows * kDim], out2[kRows * kDim], weights[kRows * kKeys], weights2[kRows * kKeys];
+  float lse[kRows];
+  const int64_t q_shape[] = {kRows, kDim}, kv_shape[] = {kKeys, kDim};
+  const int64_t w_shape[] = {kRows, kKeys}, lse_shape[] = {kRows};
+  qkv_tensor qt = make_tensor(q, QKV_F32, 2, q_shape, "q");
+  qkv_tensor kt = make_tensor(k, QKV_F32, 2, kv_shape, "k");
+  qkv_tensor vt = make_tensor(v, QKV_F32, 2, kv_shape, "v");
+  qkv_tensor ot = make_tensor(out, QKV_F32, 2, q_shape, "out");
+  qkv_tensor ot2 = make_tensor(out2, QKV_F32, 2, q_shape, "out");
+  qkv_tensor wt = make_tensor(weights, QKV_F32, 2, w_shape, "weights");
+  qkv_tensor wt2 = make_tensor(weights2, QKV_F32, 2, w_shape, "weights");
+  qkv_tensor lt = make_tensor(lse, QKV_F32, 1, lse_shape, "lse");
+  qkv_attention_options options;
+  qkv_result* grads = NULL;
+  int kept = 0, differ = 0, i;
+  for (i = 0; i < kKeys * kDim; ++i) {
+    k[i] = (float)(i % 7) - 3.0f;
+    v[i] = (float)(i % 5);
+  }
+  qkv_attention_options_init(&options);
+  options.dropout_p = 0.5;
+  options.seed = 1234;
+  CHECK_OK(qkv_attention_into(&qt, &kt, &vt, &options, &ot, &wt, &lt));
+  for (i = 0; i < kRows * kKeys; ++i) {
+    CHECK(weights[i] == 0.0f || weights[i] == 1.0f / 32);
+    kept += weights[i] != 0.0f;
+  }
+  /* 256 fair coins: 128 expected, a standard deviation of 8. */
+  CHECK(kept > 64 && kept < 192);
+  CHECK_OK(qkv_attention_into(&qt, &kt, &vt, &options, &ot2, &wt2, NULL));
+  CHECK(memcmp(weights, weights2, sizeof weights) == 0 && memcmp(out, out2, sizeof out) == 0);
+  options.seed = 1235;
+  CHECK_OK(qkv_attention_into(&qt, &kt, &vt, &options, &ot2, &wt2, NULL));
+  for (i = 0; i < kRows * kKeys; ++i) differ += weights[i] != weights2[i];
+  CHECK(differ > 0);
+  options.seed = 1234;
+  CHECK_OK(qkv_attention_backward(&qt, &kt, &vt, &ot, &lt, &ot, &options, &grads));
+  qkv_result_free(grads);
+  options.dropout_p = 1.0;
+  CHECK_ERROR(qkv_attention_into(&qt, &kt, &vt, &options, &ot2, NULL, NULL),
+              QKV_ERROR_INVALID_ARGUMENT, "dropout_p: must be in [0, 1)");
+  /* A version 2 client: the dropout fields lie past its struct_size. */
+  options.dropout_p = 0.5;
+  options.struct_size = QKV_ATTENTION_OPTIONS_V2_SIZE;
+  CHECK_OK(qkv_attention_into(&qt, &kt, &vt, &options, &ot2, &wt2, NULL));
+  for (i = 0; i < kRows * kKeys; ++i) CHECK(weights2[i] == 1.0f / 64);
+}
+
 int main(int argc, char** argv) {
   const char* directory = argc > 1 ? argv[1] : ".";
   test_names();
@@ -353,6 +408,7 @@ int main(int argc, char** argv) {
   test_output_overlap();
   test_errors();
   test_struct_sizes();
+  test_dropout();
   test_read_npy(directory);
   test_thread_local_message();
   printf("capi_test: all checks passed\n");

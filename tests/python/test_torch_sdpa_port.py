@@ -33,7 +33,7 @@ sources named beside them). Re-written, not copied; tolerances are theirs:
     (B, H, S, E), causal or not, and a float (L, S) mask; dropout 0 only.
 Left out: everything CUDA/ROCm/XPU/PrivateUse1 (TestSDPACudaOnly, flash/efficient/cuDNN
 backends, fused-kernel refusals), nested tensors (qkv refuses them: test below), dropout > 0
-(refused: test below), torch.compile variants, backend choice (_fused_sdp_choice: qkv has
+(qkv draws its own mask, not torch's: tests/python/test_dropout.py), torch.compile variants, backend choice (_fused_sdp_choice: qkv has
 none), and the nn.MultiheadAttention / TransformerEncoder fast-path tests (not SDPA).
 """
 
@@ -321,8 +321,7 @@ def test_invalid_inputs():
     one_line_error(lambda: SDPA(torch.randn(4).half(), torch.randn(1, 4).half(),
                                 torch.randn(1, 4).half()), "query", "at least 2 dims")
     # What qkv refuses where torch computes something else, each in one line naming it.
-    one_line_error(lambda: SDPA(q, q, q, dropout_p=0.5), "dropout_p",
-                   "qkv has no attention dropout yet; pass 0.0")
+    one_line_error(lambda: SDPA(q, q, q, dropout_p=1.5), "dropout_p", "must be in [0, 1)")
     one_line_error(lambda: SDPA(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool),
                                 is_causal=True), "attn_mask", "not both")
     one_line_error(lambda: SDPA(q, q, q, attn_mask=torch.zeros(8, 8, requires_grad=True)),

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -27,6 +28,8 @@ struct BenchCommand {
   // --decode and its own flags.
   bool decode = false;
   bool backward = false;  // --backward: time attention_backward (bench_backward.cc)
+  double dropout = 0.0;   // --dropout P, --seed S: every timed call drops weights
+  std::uint64_t seed = 0;
   bool layer = false;     // --layer: time the multi-head layer (bench_layer.cc)
   std::string dtype = "f32";
   std::string lengths;
@@ -36,6 +39,14 @@ struct BenchCommand {
   std::string max_memory;                     // empty: the default budget
   const CLI::Option* batch_option = nullptr;  // to tell a given --batch from the default
 };
+
+// " dropout 0.1" for a bench line's shape, or empty.
+inline std::string dropout_words(const BenchCommand& c) {
+  if (c.dropout == 0.0) return {};
+  char text[48];
+  std::snprintf(text, sizeof text, " dropout %g", c.dropout);
+  return text;
+}
 
 // Median process CPU time per run and the process's peak RSS, as every bench line reports them.
 double process_cpu_ms();

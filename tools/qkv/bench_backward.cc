@@ -42,6 +42,8 @@ void run_backward_bench(const BenchCommand& c) {
   options.threads = c.threads;
   options.return_lse = true;
   options.out_dtype = dtype;
+  options.dropout_p = c.dropout;
+  options.seed = c.seed;
   const double forward_flops = attention_flops(q.shape(), k.shape(), v.shape(), options);
   const double flops = 2.5 * forward_flops;
   // Measured before the timed calls and again after them, keeping the larger (as the forward
@@ -87,13 +89,14 @@ void run_backward_bench(const BenchCommand& c) {
   if (c.json) {
     std::printf(
         "{\n  \"backward\": true, \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, "
-        "\"heads\": %lld, \"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d,\n"
+        "\"heads\": %lld, \"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"dropout\": %g, "
+        "\"threads\": %d,\n"
         "  \"dtype\": \"%s\", \"fma_peak_gflops\": %.2f, \"peak_gflops\": %.2f, "
         "\"simd_target\": \"%s\", \"useful_gflop\": %.4f, \"openblas_env_set\": %s,\n",
         static_cast<long long>(c.n), static_cast<long long>(c.nk), static_cast<long long>(c.d),
         static_cast<long long>(c.dv), static_cast<long long>(c.heads),
         static_cast<long long>(c.kv_heads), static_cast<long long>(c.batch),
-        c.causal ? "true" : "false", c.threads, c.dtype.c_str(), fma_peak, peak,
+        c.causal ? "true" : "false", c.dropout, c.threads, c.dtype.c_str(), fma_peak, peak,
         kernels::simd_target_name().c_str(), flops * 1e-9, openblas_env_set() ? "true" : "false");
     print_json_timing("chosen", chosen, peak);
     std::printf(
@@ -109,12 +112,12 @@ void run_backward_bench(const BenchCommand& c) {
     return;
   }
   std::printf(
-      "attention backward B=%lld H=%lld Hkv=%lld n=%lld nk=%lld d=%lld dv=%lld%s, %s, %d "
+      "attention backward B=%lld H=%lld Hkv=%lld n=%lld nk=%lld d=%lld dv=%lld%s%s, %s, %d "
       "thread(s), SIMD %s\n",
       static_cast<long long>(c.batch), static_cast<long long>(c.heads),
       static_cast<long long>(c.kv_heads), static_cast<long long>(c.n), static_cast<long long>(c.nk),
       static_cast<long long>(c.d), static_cast<long long>(c.dv), c.causal ? " causal" : "",
-      c.dtype.c_str(), c.threads, kernels::simd_target_name().c_str());
+      dropout_words(c).c_str(), c.dtype.c_str(), c.threads, kernels::simd_target_name().c_str());
   std::printf("useful work %.3f GFLOP (2.5x the forward's); %s FMA peak %.1f GFLOP/s\n",
               flops * 1e-9, dtype == DType::kF64 ? "fp64" : "fp32", peak);
   const auto line = [&](const char* role, const Timing& t) {

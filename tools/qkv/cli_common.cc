@@ -232,6 +232,7 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups gr
     cu_q->needs(cu_k)->excludes(mask)->excludes(weights);
     cu_k->needs(cu_q)->excludes(mask)->excludes(weights);
   }
+  if (groups.dropout) add_dropout_flags(command, flags.dropout, flags.seed, &flags.dropout_offset);
   add_threads_option(command, flags.threads,
                      "threads to use (default: all cores; a small call runs on fewer)");
   command.add_option("--kernel", flags.kernel,
@@ -241,6 +242,62 @@ void add_attention_flags(CLI::App& command, AttentionFlags& flags, FlagGroups gr
   command.add_option("--max-memory", flags.max_memory,
                      "memory budget: refuse, before allocating, a run that needs more (e.g. 8G, "
                      "512MiB, 25%; 0: no limit; default 75% of physical memory)");
+}
+
+namespace {
+
+// A whole number in [0, limit]: digits only (no sign, point or exponent).
+CLI::Validator whole_number_up_to(std::uint64_t limit, const std::string& range) {
+  return CLI::Validator(
+      [limit, range](std::string& text) -> std::string {
+        std::uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])) ||
+            ec != std::errc() || ptr != end || value > limit) {
+          return "must be an integer in " + range + ", got '" + text + "'";
+        }
+        return {};
+      },
+      range);
+}
+
+}  // namespace
+
+CLI::Validator dropout_rate_check() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        double value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || ec != std::errc() || ptr != end || !(value >= 0.0 && value < 1.0)) {
+          return "must be a number in [0, 1), got '" + text + "'";
+        }
+        return {};
+      },
+      "[0, 1)", "dropout");
+}
+
+void add_dropout_flags(CLI::App& command, double& dropout, std::uint64_t& seed,
+                       std::uint32_t* offset) {
+  command
+      .add_option("--dropout", dropout,
+                  "P in [0, 1): drop each attention weight with probability P and scale the kept "
+                  "ones by 1/(1-P) (training; P is rounded to a multiple of 2^-16); --weights "
+                  "then holds the weights after dropout")
+      ->check(dropout_rate_check());
+  command
+      .add_option("--seed", seed,
+                  "dropout's seed (an integer, default 0): the same seed draws the same mask for "
+                  "any thread count or kernel")
+      ->check(whole_number_up_to(std::numeric_limits<std::uint64_t>::max(), "[0, 2^64)"));
+  if (offset != nullptr) {
+    command
+        .add_option("--dropout-offset", *offset,
+                    "dropout's counter offset (an integer in [0, 2^32), default 0): a second "
+                    "stream for the same seed, as FlashAttention's Philox offset")
+        ->check(whole_number_up_to(std::numeric_limits<std::uint32_t>::max(), "[0, 2^32)"));
+  }
 }
 
 CLI::Validator at_least(std::int64_t minimum) {
@@ -367,6 +424,9 @@ std::string flag_for_subject(const std::string& subject) {
       {"sinks", "--sinks"},
       {"cu_seqlens_q", "--cu-seqlens-q"},
       {"cu_seqlens_k", "--cu-seqlens-k"},
+      {"dropout_p", "--dropout"},
+      {"seed", "--seed"},
+      {"dropout_offset", "--dropout-offset"},
       {"heads", "--heads"},
       {"kv-heads", "--kv-heads"},
   };
@@ -459,6 +519,9 @@ AttentionOptions attention_options(const AttentionFlags& flags, const AttentionT
   options.sinks = view_of(tensors.sinks);
   options.cu_seqlens_q = view_of(tensors.cu_seqlens_q);
   options.cu_seqlens_k = view_of(tensors.cu_seqlens_k);
+  options.dropout_p = flags.dropout;
+  options.seed = flags.seed;
+  options.dropout_offset = flags.dropout_offset;
   return options;
 }
 

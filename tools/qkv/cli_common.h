@@ -48,6 +48,9 @@ struct AttentionFlags {
   std::string sinks_path;
   std::string cu_seqlens_q_path;
   std::string cu_seqlens_k_path;
+  double dropout = 0.0;
+  std::uint64_t seed = 0;
+  std::uint32_t dropout_offset = 0;
 };
 
 // The flag groups a command offers beyond the version 1 set (--mask ... --max-memory), so that
@@ -56,7 +59,15 @@ struct FlagGroups {
   bool precision = false;        // --dtype, and f16 for --out-dtype
   bool score_modifiers = false;  // --softcap, --alibi, --alibi-slopes, --sinks
   bool packed_batches = false;   // --cu-seqlens-q, --cu-seqlens-k (not with --mask, --weights)
+  bool dropout = false;          // --dropout, --seed, --dropout-offset
 };
+
+// --dropout P (in [0, 1)), --seed S (an integer in [0, 2^64)) and --dropout-offset O (an
+// integer in [0, 2^32)) into the given variables, checked by the parser.
+void add_dropout_flags(CLI::App& command, double& dropout, std::uint64_t& seed,
+                       std::uint32_t* offset);
+// The parser's check of a dropout rate: a number in [0, 1).
+CLI::Validator dropout_rate_check();
 
 // A CLI11 check that an integer flag is at least `minimum`:
 // "--tokens: must be an integer >= 0, got '-1'".

@@ -166,6 +166,8 @@ std::string ring_refusals(const AttentionCommand& c) {
   refuse(!f.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
   refuse(c.check, "--check");
   refuse(!c.layout.empty(), "--layout");
+  // The ring's ranks would each draw their own blocks' masks: not drawn there.
+  refuse(f.dropout != 0.0, "--dropout");
   return refused;
 }
 
@@ -263,7 +265,8 @@ void register_attention_command(CLI::App& app) {
   add_layout_option(*sub, command->layout);
   add_attention_flags(
       *sub, command->flags,
-      FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
+      FlagGroups{
+          .precision = true, .score_modifiers = true, .packed_batches = true, .dropout = true});
   sub->add_flag("--check", command->check,
                 "also run the float64 reference and print the chosen kernel's max errors");
   GradientFlags& g = command->gradients;
@@ -286,7 +289,7 @@ void register_attention_command(CLI::App& app) {
   sub->add_flag("--ring", command->ring,
                 "attention across the processes of mpirun -np P (ring attention over MPI): rank "
                 "0 writes --out, --lse and the --grad-* gradients; not with --weights, "
-                "--cu-seqlens-*, --check");
+                "--cu-seqlens-*, --check, --dropout");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -306,6 +309,11 @@ void register_attention_command(CLI::App& app) {
       "Each output's extension picks its format: .npy (or none), .npz (np.load(path)['out'],\n"
       "an array named after its flag) or .safetensors; outputs naming the same .npz or\n"
       ".safetensors file share it (--out r.npz --lse r.npz). Another extension is refused.\n"
+      "Outputs are always written as .npy (no .npz).\n"
+      "Dropout (--dropout P --seed S): weights dropped with probability P, the kept ones\n"
+      "scaled by 1/(1-P); the mask depends on the seed, --dropout-offset and each weight's\n"
+      "(batch, head, row, key) only, and the gradients draw it again. --weights then holds\n"
+      "the weights after dropout; --lse is the softmax's, before dropout.\n"
       "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in float32 (float64 for\n"
       "float64 inputs) and written in --out-dtype; a bf16 or f16 --dtype is refused with them.\n"
       "On a terminal the backward draws its own progress line, in key rows.\n"

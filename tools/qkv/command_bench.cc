@@ -124,6 +124,8 @@ Timing time_kernel(const BenchCommand& c, const TensorView& q, const TensorView&
   options.causal = c.causal;
   options.threads = c.threads;
   options.kernel = kernel;
+  options.dropout_p = c.dropout;
+  options.seed = c.seed;
   // A float64 call writes a float64 output (its accuracy is the point); every other a float32 one.
   Tensor out(q.dtype == DType::kF64 ? DType::kF64 : DType::kF32, {c.batch, c.heads, c.n, c.dv},
              "out");
@@ -245,6 +247,8 @@ void run_bench(BenchCommand c) {
     options.threads = c.threads;
     options.kernel = c.kernel;
     options.dtype = dtype;
+    options.dropout_p = c.dropout;
+    options.seed = c.seed;
     std::fprintf(stderr, "%s",
                  explain_kernel_choice(q.view(), k.view(), v.view(), options).c_str());
   }
@@ -276,7 +280,8 @@ void run_bench(BenchCommand c) {
   }
   std::optional<Timing> base;
   std::string base_note;
-  if (!c.no_baseline && !f64 && main.kernel != "unfused_blas") {
+  // unfused_blas draws no dropout: no baseline then.
+  if (!c.no_baseline && !f64 && main.kernel != "unfused_blas" && c.dropout == 0.0) {
     try {
       base = time_kernel(c, q.view(), k.view(), v.view(), "unfused_blas", flops);
     } catch (const Error& e) {
@@ -293,14 +298,14 @@ void run_bench(BenchCommand c) {
   if (c.json) {
     std::printf(
         "{\n  \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, \"heads\": %lld, "
-        "\"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d,\n"
+        "\"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"dropout\": %g, \"threads\": %d,\n"
         "  \"dtype\": \"%s\", \"path\": \"%s\", \"fma_peak_gflops\": %.2f,\n"
         "  \"simd_target\": \"%s\", \"peak_gflops\": %.2f, \"useful_gflop\": %.4f, "
         "\"inputs_outputs_mib\": %.1f, \"openblas_env_set\": %s, \"openblas_core\": \"%s\",\n",
         static_cast<long long>(c.n), static_cast<long long>(c.nk), static_cast<long long>(c.d),
         static_cast<long long>(c.dv), static_cast<long long>(c.heads),
         static_cast<long long>(c.kv_heads), static_cast<long long>(c.batch),
-        c.causal ? "true" : "false", threads, c.dtype.c_str(), path.c_str(), fma_peak,
+        c.causal ? "true" : "false", c.dropout, threads, c.dtype.c_str(), path.c_str(), fma_peak,
         kernels::simd_target_name().c_str(), peak, flops * 1e-9, input_output_mib,
         blas_env ? "true" : "false", blas_core.c_str());
     print_json_timing("chosen", main, peak);
@@ -324,12 +329,12 @@ void run_bench(BenchCommand c) {
     return;
   }
   std::printf(
-      "attention B=%lld H=%lld Hkv=%lld n=%lld nk=%lld d=%lld dv=%lld%s, %d thread(s), "
+      "attention B=%lld H=%lld Hkv=%lld n=%lld nk=%lld d=%lld dv=%lld%s%s, %d thread(s), "
       "SIMD %s\n",
       static_cast<long long>(c.batch), static_cast<long long>(c.heads),
       static_cast<long long>(c.kv_heads), static_cast<long long>(c.n), static_cast<long long>(c.nk),
-      static_cast<long long>(c.d), static_cast<long long>(c.dv), c.causal ? " causal" : "", threads,
-      kernels::simd_target_name().c_str());
+      static_cast<long long>(c.d), static_cast<long long>(c.dv), c.causal ? " causal" : "",
+      dropout_words(c).c_str(), threads, kernels::simd_target_name().c_str());
   std::printf("useful work %.3f GFLOP; fp32 FMA peak %.1f GFLOP/s; inputs+output %.1f MiB\n",
               flops * 1e-9, fma_peak, input_output_mib);
   if (bf16_dots) std::printf("bf16 dot-product peak %.1f GFLOP/s\n", peak);
@@ -439,6 +444,11 @@ void register_bench_command(CLI::App& app) {
       ->excludes(decode_option)
       ->excludes(peak_option)
       ->excludes(nk_option);
+  add_dropout_flags(*sub, command->dropout, command->seed, nullptr);
+  sub->get_option("--dropout")
+      ->excludes(decode_option)
+      ->excludes(peak_option)
+      ->excludes(sub->get_option("--layer"));
   decode_option->excludes(n_option)
       ->excludes(causal_option)
       ->excludes(peak_option)

@@ -273,8 +273,12 @@ void register_train_command(CLI::App& app) {
   sub->add_option("--lr", command->lr, "Adam learning rate")
       ->check(learning_rate())
       ->capture_default_str();
+  sub->add_option("--dropout", c.dropout,
+                  "attention dropout P in [0, 1) while training (0: none); held-out evaluation "
+                  "runs without it")
+      ->check(dropout_rate_check());
   sub->add_option("--seed", c.seed,
-                  "seed of initialisation, training and held-out streams (0 to 2^64-1)")
+                  "seed of initialisation, training, dropout and held-out streams (0 to 2^64-1)")
       ->check(seed_number())
       ->capture_default_str();
   sub->add_option("--threads", c.threads, "threads (0: all); results do not depend on it")
