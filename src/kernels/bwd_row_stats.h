@@ -108,7 +108,7 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
   core::parallel_for(s.b * s.h * query_tiles, p.threads, [&](std::int64_t begin,
                                                              std::int64_t end) {
     Tiles<T> t;
-    t.allocate(s, plan);
+    t.allocate(s, plan, p.dropout.active());
     const auto tile_rows = static_cast<std::size_t>(plan.query_tile);
     std::vector<T> tile_max(tile_rows), tile_shift(tile_rows);
     std::vector<double> tile_sum(tile_rows), tile_dot(tile_rows);
@@ -144,6 +144,13 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
         tile_logits<Ops, T>(p, plain, b, h, i0, br, j0, bc, q, ldq, t.kt.data(), t.bcp, x,
                             t.factor.data());
         Ops::gemm(br, t.bcp, s.dv, dout, lddo, 1, t.vt.data(), t.bcp, dp, t.bcp, false);
+        if (p.dropout.active()) {
+          // D = dO·O, and O is made of the dropped weights: D = Σ P∘Z∘dP (dropout_factors
+          // draws the gradient pass's Z).
+          T* const z = t.zd.data();
+          dropout_factors(p, b, h, i0, br, j0, bc, t.bcp, z);
+          for (std::int64_t x = 0; x < br * t.bcp; ++x) dp[x] *= z[x];
+        }
         Ops::max_rows(x, br, t.bcp, tile_max.data());
         for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
           const double next = std::max(m[r], static_cast<double>(tile_max[r]));
