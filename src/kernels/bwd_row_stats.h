@@ -149,7 +149,7 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
           // draws the gradient pass's Z).
           T* const z = t.zd.data();
           dropout_factors(p, b, h, i0, br, j0, bc, t.bcp, z);
-          for (std::int64_t x = 0; x < br * t.bcp; ++x) dp[x] *= z[x];
+          for (std::int64_t e = 0; e < br * t.bcp; ++e) dp[e] *= z[e];
         }
         Ops::max_rows(x, br, t.bcp, tile_max.data());
         for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
