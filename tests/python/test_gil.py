@@ -1,6 +1,7 @@
 """qkv.attention releases the GIL while it computes."""
 
 import os
+import statistics
 import threading
 import time
 
@@ -128,18 +129,21 @@ def test_two_threads_take_the_time_of_one():
         qkv.attention(q2, k2, v2, threads=2)
 
     q2, k2, v2 = (np.concatenate([a, a]) for a in (q, k, v))
-    # Best of five of each, interleaved, so that a busy moment on the machine falls on all.
+    # Five of each, interleaved, so that a busy moment on the machine falls on all; compared by
+    # their medians: the fastest of five single calls once came at a moment of the host's
+    # clock 1.6x faster than the other four, and a best-of-five bar measured that moment.
     single, pair, baseline = [], [], []
     for _ in range(5):
         single.append(timed(one))
         pair.append(timed(both))
         baseline.append(timed(qkv_two_threads))
-    if min(pair) > 1.5 * min(single) and min(baseline) > 1.5 * min(single):
+    pair_time, single_time, baseline_time = (statistics.median(t) for t in (pair, single, baseline))
+    if pair_time > 1.5 * single_time and baseline_time > 1.5 * single_time:
         # qkv's own two threads could not do two calls' work in the time of one either: the
         # second core was busy (a shared machine), so the bar cannot be measured now. With two
         # free cores and the GIL held, `baseline` stays near one call and the assert below fails.
-        pytest.skip(f"the second core is busy: qkv's own two threads took {min(baseline):.3f} s "
-                    f"for two calls' work, one call {min(single):.3f} s")
-    assert min(pair) <= 1.5 * min(single), (
-        f"two Python threads took {min(pair):.3f} s, one call {min(single):.3f} s; qkv's own "
-        f"two threads took {min(baseline):.3f} s for the same work")
+        pytest.skip(f"the second core is busy: qkv's own two threads took {baseline_time:.3f} s "
+                    f"for two calls' work, one call {single_time:.3f} s")
+    assert pair_time <= 1.5 * single_time, (
+        f"two Python threads took {pair_time:.3f} s, one call {single_time:.3f} s; qkv's own "
+        f"two threads took {baseline_time:.3f} s for the same work")
