@@ -93,6 +93,26 @@ std::uint64_t converted_gradient_bytes(const core::AttentionShape& s, DType grad
   return kernels::backward_memory(s, 1, grad, sinks).outputs;
 }
 
+// The bf16 products' workspace (attention_bwd_fused_hwy.cc, bwd_bf16-inl.h): Q and dO as bf16
+// rows and pairs of rows, K and V packed per key tile, and each thread's P and dS pairs; an
+// upper bound (head dims padded to 16, keys to whole 128-key tiles).
+std::uint64_t bf16_workspace(const core::AttentionShape& s, int threads) {
+  const auto u = [](std::int64_t x) {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0));
+  };
+  const auto padded = [&](std::int64_t x) { return (u(x) + 16) / 16 * 16; };
+  const std::uint64_t query_rows = core::saturating_mul(u(s.b) * u(s.h), u(s.nq) + 1);
+  const std::uint64_t key_rows = core::saturating_mul(u(s.b) * u(s.hkv), u(s.nk) + 128);
+  const std::uint64_t dims = 2 * padded(s.d) + 2 * padded(s.dv);
+  std::uint64_t bytes = core::saturating_mul(core::saturating_mul(query_rows, dims), 2);
+  bytes = core::saturating_add(
+      bytes, core::saturating_mul(core::saturating_mul(key_rows, 2 * padded(s.d) + padded(s.dv)),
+                                  2));
+  const std::uint64_t per_thread = 4 * 128 * 128 * 2;
+  return core::saturating_add(
+      bytes, core::saturating_mul(per_thread, static_cast<std::uint64_t>(std::max(threads, 1))));
+}
+
 }  // namespace
 
 std::uint64_t attention_backward_memory(const TensorView& q, const TensorView& k,
@@ -104,6 +124,10 @@ std::uint64_t attention_backward_memory(const TensorView& q, const TensorView& k
   std::uint64_t bytes = kernels::backward_memory(call.params.shape, call.params.threads, grad,
                                                  options.sinks.has_value())
                             .total();
+  if (compute == DType::kBF16) {
+    bytes = core::saturating_add(bytes,
+                                 bf16_workspace(call.params.shape, call.params.threads));
+  }
   if (wanted != grad) {
     bytes = core::saturating_add(
         bytes, converted_gradient_bytes(call.params.shape, wanted, options.sinks.has_value()));
@@ -123,6 +147,10 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
   const DType grad = kernel_gradient_type(bp.forward.compute);
   core::MemoryEstimate needed = kernels::backward_memory(bp.forward.shape, bp.forward.threads,
                                                          grad, options.sinks.has_value());
+  if (bp.forward.compute == DType::kBF16) {
+    needed.workspace = core::saturating_add(
+        needed.workspace, bf16_workspace(bp.forward.shape, bp.forward.threads));
+  }
   if (call.grad_dtype != grad) {
     needed.outputs = core::saturating_add(
         needed.outputs,

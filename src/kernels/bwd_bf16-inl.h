@@ -157,15 +157,33 @@ struct Gemm {
 struct Bf16Products {
   using u16 = std::uint16_t;
 
-  // Q and dO of the whole call in bf16: rows (qr, dor: row (b, h, i) of `qw` / `dow` words) and
-  // pairs of rows per (b, h) (qp, dop: word (i2, c) of `dp` / `dvp` words a pair, c the padded
-  // head dim). Both of the float32 tiles' padded widths, so the products write whole vectors.
+  // The whole call's operands in bf16, packed once (both passes read them for every tile):
+  // Q and dO as rows (qr, dor: row (b, h, i) of `qw` / `dow` words) and as pairs of rows per
+  // (b, h) (qp, dop: word (i2, c) of `dp` / `dvp` words a pair, c the padded head dim: the
+  // float32 tiles' widths, so the products write whole vectors); per (b, hk, key tile): Kᵀ
+  // and Vᵀ pairs over the head dim (ktp, vtp: word (c2, j), bcp words a row) and K as pairs of
+  // keys (kp: word (j2, c), dp words a row).
   struct Shared {
-    std::int64_t qw = 0, dow = 0, dp = 0, dvp = 0, pairs = 0;
-    std::vector<u16> qr, dor, qp, dop;
+    std::int64_t qw = 0, dow = 0, dp = 0, dvp = 0, pairs = 0, bcp = 0, key_tile = 1, key_tiles = 0;
+    std::int64_t kt_words = 0, vt_words = 0, kp_words = 0;  // per key tile
+    std::vector<u16> qr, dor, qp, dop, ktp, vtp, kp;
   };
 
-  static Shared prepare(const core::BackwardParams& bp, const bwd::TilePlan&) {
+  // Word (c2, j) of `to` (bcp words a row) = (row_j[2c2], row_j[2c2 + 1]) of `rows` (`words`
+  // words each); an odd `dim`'s last pair takes a zero, keys [keys, bcp) are zeros.
+  static void transpose_pairs(const u16* rows, std::int64_t keys, std::int64_t words,
+                              std::int64_t dim, std::int64_t bcp, u16* to) {
+    for (std::int64_t c2 = 0; c2 < words; ++c2) {
+      u16* out = to + c2 * bcp * 2;
+      for (std::int64_t j = 0; j < bcp; ++j) {
+        const bool live = j < keys;
+        out[2 * j] = live ? rows[(j * words + c2) * 2] : u16{0};
+        out[2 * j + 1] = live && 2 * c2 + 1 < dim ? rows[(j * words + c2) * 2 + 1] : u16{0};
+      }
+    }
+  }
+
+  static Shared prepare(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
     const core::AttentionParams& p = bp.forward;
     const core::AttentionShape& s = p.shape;
     Shared sh;
@@ -174,7 +192,38 @@ struct Bf16Products {
     sh.dp = bwd::padded<float>(s.d);
     sh.dvp = bwd::padded<float>(s.dv);
     sh.pairs = (s.nq + 1) / 2;
+    sh.bcp = bwd::padded<float>(plan.key_tile);
+    sh.key_tile = plan.key_tile;
+    sh.key_tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
+    sh.kt_words = sh.qw * sh.bcp;
+    sh.vt_words = sh.dow * sh.bcp;
+    sh.kp_words = (plan.key_tile + 1) / 2 * sh.dp;
     const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+    const std::int64_t kv_tiles = s.b * s.hkv * sh.key_tiles;
+    sh.ktp.assign(z(kv_tiles * sh.kt_words * 2), 0);
+    sh.vtp.assign(z(kv_tiles * sh.vt_words * 2), 0);
+    sh.kp.assign(z(kv_tiles * sh.kp_words * 2), 0);
+    core::parallel_for(kv_tiles, p.threads, [&](std::int64_t begin, std::int64_t end) {
+      std::vector<u16> krow(z(plan.key_tile * sh.qw * 2), 0), vrow(z(plan.key_tile * sh.dow * 2), 0);
+      for (std::int64_t task = begin; task < end; ++task) {
+        const std::int64_t kt = task % sh.key_tiles;
+        const std::int64_t hk = (task / sh.key_tiles) % s.hkv;
+        const std::int64_t b = task / (sh.key_tiles * s.hkv);
+        const std::int64_t j0 = kt * plan.key_tile;
+        const std::int64_t bc = std::min(plan.key_tile, s.nk - j0);
+        for (std::int64_t j = 0; j < bc; ++j) {
+          bf16::round_row(p.k, p.k.strides.at(b, hk, j0 + j, 0), p.k.strides.col, s.d,
+                          krow.data() + j * sh.qw * 2);
+          bf16::round_row(p.v, p.v.strides.at(b, hk, j0 + j, 0), p.v.strides.col, s.dv,
+                          vrow.data() + j * sh.dow * 2);
+        }
+        transpose_pairs(krow.data(), bc, sh.qw, s.d, sh.bcp, sh.ktp.data() + task * sh.kt_words * 2);
+        transpose_pairs(vrow.data(), bc, sh.dow, s.dv, sh.bcp,
+                        sh.vtp.data() + task * sh.vt_words * 2);
+        bwd_bf16::pair_rows(krow.data(), bc, s.d, sh.qw * 2, sh.kp.data() + task * sh.kp_words * 2,
+                            sh.dp);
+      }
+    });
     const std::int64_t heads = s.b * s.h;
     sh.qr.assign(z(heads * s.nq * sh.qw * 2), 0);
     sh.dor.assign(z(heads * s.nq * sh.dow * 2), 0);
@@ -203,58 +252,31 @@ struct Bf16Products {
   const Shared& sh;
   const core::BackwardParams& bp;
   bwd::Tiles<float>& t;
-  std::int64_t kw, vw;  // words of a K / V row in bf16
-  // Per key tile: K and V rows in bf16, Kᵀ and Vᵀ pairs over the head dim (word (c2, j) of
-  // t.bcp words a row), K pairs of keys (word (j2, c) of dp words a row). Per query tile: P and
-  // dS as pairs of query rows (word (i2, j), t.bcp words a row), dS rows (t.bcp / 2 words).
-  std::vector<u16> krow, vrow, ktp, vtp, kp, pp, dsp, dsr;
+  // Per query tile: P and dS as pairs of query rows (word (i2, j), t.bcp words a row), dS
+  // rows (t.bcp / 2 words).
+  std::vector<u16> pp, dsp, dsr;
   const u16 *qa = nullptr, *doa = nullptr, *qb = nullptr, *dob = nullptr;
+  const u16 *ktp = nullptr, *vtp = nullptr, *kp = nullptr;
   std::int64_t br = 0, bc = 0;
 
   Bf16Products(const Shared& shared, const core::BackwardParams& params,
                const bwd::TilePlan& plan, bwd::Tiles<float>& tiles)
-      : sh(shared), bp(params), t(tiles), kw(shared.qw), vw((params.forward.shape.dv + 1) / 2) {
+      : sh(shared), bp(params), t(tiles) {
     const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
-    const std::int64_t keys = plan.key_tile, queries = plan.query_tile;
-    krow.assign(z(keys * kw * 2), 0);
-    vrow.assign(z(keys * vw * 2), 0);
-    ktp.assign(z(kw * t.bcp * 2), 0);
-    vtp.assign(z(vw * t.bcp * 2), 0);
-    kp.assign(z((keys + 1) / 2 * sh.dp * 2), 0);
+    const std::int64_t queries = plan.query_tile;
     pp.assign(z((queries + 1) / 2 * t.bcp * 2), 0);
     dsp.assign(z((queries + 1) / 2 * t.bcp * 2), 0);
     dsr.assign(z(queries * t.bcp), 0);
   }
 
-  HWY_NOINLINE void key_tile(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t keys,
-                             bool rows) {
-    const core::AttentionParams& p = bp.forward;
-    const core::AttentionShape& s = p.shape;
+  void key_tile(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t keys,
+                bool /*rows*/) noexcept {
+    const core::AttentionShape& s = bp.forward.shape;
     bc = keys;
-    for (std::int64_t j = 0; j < bc; ++j) {
-      bf16::round_row(p.k, p.k.strides.at(b, hk, j0 + j, 0), p.k.strides.col, s.d,
-                      krow.data() + j * kw * 2);
-      bf16::round_row(p.v, p.v.strides.at(b, hk, j0 + j, 0), p.v.strides.col, s.dv,
-                      vrow.data() + j * vw * 2);
-    }
-    // Word (c2, j) = (row_j[2c2], row_j[2c2 + 1]); an odd head dim's last pair takes a zero,
-    // keys [bc, bcp) are zeros.
-    const auto transpose = [&](const std::vector<u16>& from, std::int64_t words, std::int64_t dim,
-                               std::vector<u16>& to) {
-      for (std::int64_t c2 = 0; c2 < words; ++c2) {
-        u16* out = to.data() + c2 * t.bcp * 2;
-        for (std::int64_t j = 0; j < t.bcp; ++j) {
-          const bool live = j < bc;
-          out[2 * j] = live ? from[static_cast<std::size_t>((j * words + c2) * 2)] : u16{0};
-          out[2 * j + 1] = live && 2 * c2 + 1 < dim
-                               ? from[static_cast<std::size_t>((j * words + c2) * 2 + 1)]
-                               : u16{0};
-        }
-      }
-    };
-    transpose(krow, kw, s.d, ktp);
-    transpose(vrow, vw, s.dv, vtp);
-    if (rows) bwd_bf16::pair_rows(krow.data(), bc, s.d, kw * 2, kp.data(), sh.dp);
+    const std::int64_t tile = (b * s.hkv + hk) * sh.key_tiles + j0 / sh.key_tile;
+    ktp = sh.ktp.data() + tile * sh.kt_words * 2;
+    vtp = sh.vtp.data() + tile * sh.vt_words * 2;
+    kp = sh.kp.data() + tile * sh.kp_words * 2;
   }
 
   void query_tile(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) noexcept {
@@ -268,10 +290,10 @@ struct Bf16Products {
   }
 
   void scores(float* x) {
-    bwd_bf16::Gemm::run(br, t.bcp, sh.qw, qa, sh.qw, 1, ktp.data(), t.bcp, x, t.bcp, false);
+    bwd_bf16::Gemm::run(br, t.bcp, sh.qw, qa, sh.qw, 1, ktp, t.bcp, x, t.bcp, false);
   }
   void dp(float* x) {
-    bwd_bf16::Gemm::run(br, t.bcp, sh.dow, doa, sh.dow, 1, vtp.data(), t.bcp, x, t.bcp, false);
+    bwd_bf16::Gemm::run(br, t.bcp, sh.dow, doa, sh.dow, 1, vtp, t.bcp, x, t.bcp, false);
   }
   // dV_j += Pᵀ·dO_i: A(key j, pair i2) = word (i2, j) of pp.
   HWY_NOINLINE void add_dv(const float* pv) {
@@ -286,7 +308,7 @@ struct Bf16Products {
     bwd_bf16::round_floats(ds, br * t.bcp, dsr.data());
     bwd_bf16::Gemm::run(bc, t.dp, (br + 1) / 2, dsp.data(), 1, t.bcp, qb, sh.dp, t.dk.data(),
                         t.dp, true);
-    bwd_bf16::Gemm::run(br, t.dp, (bc + 1) / 2, dsr.data(), t.bcp / 2, 1, kp.data(), sh.dp,
+    bwd_bf16::Gemm::run(br, t.dp, (bc + 1) / 2, dsr.data(), t.bcp / 2, 1, kp, sh.dp,
                         t.dq.data(), t.dp, false);
   }
 };
