@@ -188,6 +188,15 @@ TEST(Bf16BackwardApi, Bf16StorageAndGradientDtypes) {
   EXPECT_TRUE(same_bytes(g.dk, f.dk.to(DType::kBF16)));
   EXPECT_TRUE(same_bytes(g.dv, f.dv.to(DType::kBF16)));
   EXPECT_TRUE(same_bytes(g.dsinks, f.dsinks.to(DType::kBF16)));
+  // QKV_VERBOSE's line says how the products ran.
+  const std::string choice = explain_backward_kernel_choice(
+      in.qv(), in.kv(), in.vv(), fwd.out.view(), fwd.lse.view(), in.dov(), options);
+  const bool dots = g.kernel == "fused_hwy" && kernels::backward_bf16_dots_available();
+  EXPECT_NE(choice.find(g.kernel + ": chosen, " +
+                        (dots ? "bf16 dot products (vdpbf16ps)"
+                              : "bf16 operands in float32 products")),
+            std::string::npos)
+      << choice;
   // The memory estimate counts both sets.
   options.grad_dtype.reset();
   const std::uint64_t bf16_bytes = attention_backward_memory(in.qv(), in.kv(), in.vv(), options);
