@@ -56,6 +56,27 @@ inline void pair_rows(const float* x, std::int64_t rows, std::int64_t cols, std:
   }
 }
 
+// pair_rows and, from the same roundings, the rows themselves in bf16 (rounded[r·cols + c]):
+// dS enters dK's product as pairs of rows and dQ's as rows.
+inline void pair_and_round_rows(const float* x, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld, u16* out, std::int64_t ldo, u16* rounded) {
+  for (std::int64_t r = 0; r < rows; r += 2) {
+    const float* lo = x + r * ld;
+    const float* hi = x + (r + 1) * ld;
+    const bool pair = r + 1 < rows;
+    u16* dst = out + r / 2 * ldo * 2;
+    for (std::int64_t c = 0; c < cols; c += 16) {
+      const __m256i a16 = bf16::round16(_mm512_loadu_ps(lo + c));
+      const __m256i b16 = pair ? bf16::round16(_mm512_loadu_ps(hi + c)) : _mm256_setzero_si256();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rounded + r * cols + c), a16);
+      if (pair) _mm256_storeu_si256(reinterpret_cast<__m256i*>(rounded + (r + 1) * cols + c), b16);
+      const __m512i a = _mm512_cvtepu16_epi32(a16);
+      const __m512i b = _mm512_cvtepu16_epi32(b16);
+      _mm512_storeu_si512(dst + c * 2, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+    }
+  }
+}
+
 // The same from bf16 rows (u16, ld a row): no rounding; columns [cols, width) are zeros.
 inline void pair_rows(const u16* x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                       u16* out, std::int64_t width) {
@@ -67,13 +88,6 @@ inline void pair_rows(const u16* x, std::int64_t rows, std::int64_t cols, std::i
       dst[2 * c] = c < cols ? lo[c] : u16{0};
       dst[2 * c + 1] = c < cols && r + 1 < rows ? hi[c] : u16{0};
     }
-  }
-}
-
-// x (count floats, a multiple of 16) rounded to bf16 into out.
-inline void round_floats(const float* x, std::int64_t count, u16* out) {
-  for (std::int64_t e = 0; e < count; e += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + e), bf16::round16(_mm512_loadu_ps(x + e)));
   }
 }
 
@@ -304,8 +318,7 @@ struct Bf16Products {
   // dK_j += dSᵀ·Q_i (A(key j, pair i2) = word (i2, j) of dsp); the dQ tile = dS·K_j (A(row i,
   // pair j2) = word j2 of dS's row i in dsr).
   HWY_NOINLINE void add_dk_dq(float* ds) {
-    bwd_bf16::pair_rows(ds, br, t.bcp, t.bcp, dsp.data(), t.bcp);
-    bwd_bf16::round_floats(ds, br * t.bcp, dsr.data());
+    bwd_bf16::pair_and_round_rows(ds, br, t.bcp, t.bcp, dsp.data(), t.bcp, dsr.data());
     bwd_bf16::Gemm::run(bc, t.dp, (br + 1) / 2, dsp.data(), 1, t.bcp, qb, sh.dp, t.dk.data(),
                         t.dp, true);
     bwd_bf16::Gemm::run(br, t.dp, (bc + 1) / 2, dsr.data(), t.bcp / 2, 1, kp, sh.dp,
