@@ -201,9 +201,11 @@ class FusedWorker {
 
     for (std::int64_t r = 0; r < rows; ++r) {
       const F* lsum = lsum_.get() + r * Micro::kLanes;
-      F& sum = sum_.get()[r];
-      sum = F{0};
+      // Summed in a local (the same adds in the same order): through the reference into sum_
+      // the compiler stored and reloaded it after every add, as lsum might alias it.
+      F sum = F{0};
       for (std::int64_t x = 0; x < Micro::kLanes; ++x) sum += lsum[x];
+      sum_.get()[r] = sum;
       const BasicSoftmaxState<F> st{m_.get()[r], sum};
       const std::int64_t h = t.hk * plan_.g + r / per_head;
       const std::int64_t i = t.i0 + r % per_head;
