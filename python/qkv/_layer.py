@@ -174,10 +174,11 @@ class MultiHeadAttention:
         The chain rule through the layer: dConcat = grad_out·W^Oᵀ, dW^O = Concatᵀ·grad_out,
         db^O = the column sums of grad_out; each head's dQ, dK, dV from qkv.attention_backward
         (every option of the forward honoured: mask, causal, window, softcap, ALiBi, sinks,
-        grouped-query heads, and dropout, whose mask is drawn again); dW^Q = Xᵀ·dQ, db^Q = the column sums of dQ, dX = dQ·W^Qᵀ, and
-        dK·W^Kᵀ + dV·W^Vᵀ added to dX (or, with a memory, making dmemory). Computed in float64
-        when the forward computed in float64, else in float32 (a bfloat16 or float16 dtype=
-        is refused, as by qkv.attention_backward); bitwise the same for any thread count.
+        grouped-query heads, and dropout, whose mask is drawn again); dW^Q = Xᵀ·dQ, db^Q = the
+        column sums of dQ, dX = dQ·W^Qᵀ, and dK·W^Kᵀ + dV·W^Vᵀ added to dX (or, with a memory,
+        making dmemory). Computed in float64 when the forward computed in float64, else in
+        float32 (a bfloat16 or float16 dtype= is refused, as by qkv.attention_backward);
+        bitwise the same for any thread count.
 
         threads: as for the forward (default: the forward's); kernel forces a backward kernel
         (qkv.backward_kernel_names()). Returns qkv.LayerGradients: torch tensors when the
