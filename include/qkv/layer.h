@@ -1,4 +1,4 @@
-// The seed's whole system: from samples X (one per row) and projection matrices to the output.
+// The whole multi-head layer: from samples X (one per row) and projection matrices to the output.
 //   Q = X·W^Q + b^Q,  K = M·W^K + b^K,  V = M·W^V + b^V   (M = X unless cross-attention)
 //   head h = attention(Q_h, K_{h/(H/Hkv)}, V_{h/(H/Hkv)}),  Q_h = the h-th block of dk columns
 //   out = concat_h(head h)·W^O + b^O   (or the concatenation itself without W^O)

@@ -1,4 +1,4 @@
-// qkv layer: the seed's whole system, from X and the projection matrices (layer_weights.h reads
+// qkv layer: the whole multi-head layer, from X and the projection matrices (layer_weights.h reads
 // them, for qkv explain too).
 #include "command_layer.h"
 
