@@ -46,10 +46,7 @@ void run_backward_bench(const BenchCommand& c) {
   options.seed = c.seed;
   const double forward_flops = attention_flops(q.shape(), k.shape(), v.shape(), options);
   const double flops = 2.5 * forward_flops;
-  // Measured before the timed calls and again after them, keeping the larger (as the forward
-  // bench does): on a shared host a measurement can only come out low.
-  double fma_peak =
-      c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(c.threads);
+  BenchPeak bench_peak(c, dtype);  // measured now and again after the timed calls
 
   const AttentionResult forward = attention(q.view(), k.view(), v.view(), options);
   const auto backward_with = [&](const std::string& kernel) {
@@ -82,22 +79,12 @@ void run_backward_bench(const BenchCommand& c) {
       base_note = e.what();
     }
   }
-  if (c.peak_gflops <= 0) {
-    fma_peak = std::max(fma_peak, kernels::measure_fma_peak_gflops(c.threads));
-  }
-  const double peak = dtype == DType::kF64 ? fma_peak / 2 : fma_peak;
+  bench_peak.measure_again();
+  const double peak = bench_peak.of_dtype();
   if (c.json) {
-    std::printf(
-        "{\n  \"backward\": true, \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, "
-        "\"heads\": %lld, \"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"dropout\": %g, "
-        "\"threads\": %d,\n"
-        "  \"dtype\": \"%s\", \"fma_peak_gflops\": %.2f, \"peak_gflops\": %.2f, "
-        "\"simd_target\": \"%s\", \"useful_gflop\": %.4f, \"openblas_env_set\": %s,\n",
-        static_cast<long long>(c.n), static_cast<long long>(c.nk), static_cast<long long>(c.d),
-        static_cast<long long>(c.dv), static_cast<long long>(c.heads),
-        static_cast<long long>(c.kv_heads), static_cast<long long>(c.batch),
-        c.causal ? "true" : "false", c.dropout, c.threads, c.dtype.c_str(), fma_peak, peak,
-        kernels::simd_target_name().c_str(), flops * 1e-9, openblas_env_set() ? "true" : "false");
+    char useful[64];
+    std::snprintf(useful, sizeof useful, "\"useful_gflop\": %.4f, ", flops * 1e-9);
+    print_json_header(c, bench_peak, "\"backward\": true, ", useful);
     print_json_timing("chosen", chosen, peak);
     std::printf(
         ",\n  \"forward_ms\": %.4f, \"forward_kernel\": \"%s\", "
@@ -120,27 +107,16 @@ void run_backward_bench(const BenchCommand& c) {
       dropout_words(c).c_str(), c.dtype.c_str(), c.threads, kernels::simd_target_name().c_str());
   std::printf("useful work %.3f GFLOP (2.5x the forward's); %s FMA peak %.1f GFLOP/s\n",
               flops * 1e-9, dtype == DType::kF64 ? "fp64" : "fp32", peak);
-  const auto line = [&](const char* role, const Timing& t) {
-    std::printf(
-        "%-9s %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of peak  "
-        "peak RSS %.0f MiB\n",
-        role, t.kernel.c_str(), t.ms, t.min_ms, t.cpu_ms, t.runs, t.gflops,
-        peak > 0 ? 100.0 * t.gflops / peak : 0.0, t.peak_rss_mib);
-  };
-  line("backward", chosen);
-  line("forward", fwd);
+  print_timing_line("backward", chosen, peak);
+  print_timing_line("forward", fwd, peak);
   std::printf("backward / forward time: %.2f\n", chosen.ms / fwd.ms);
   if (base) {
-    line("baseline", *base);
+    print_timing_line("baseline", *base, peak);
     std::printf("speedup vs the unfused backward: %.2fx\n", base->ms / chosen.ms);
   } else if (!base_note.empty()) {
     std::printf("baseline: not run (%s)\n", base_note.c_str());
   }
-  if (openblas_env_set()) {
-    std::printf(
-        "note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set; OpenBLAS may pick slow kernels "
-        "for the baseline\n");
-  }
+  print_openblas_note("the baseline");
 }
 
 }  // namespace qkv::cli

@@ -1,4 +1,4 @@
-// qkv layer: the seed's whole system, from X and the projection matrices (layer_weights.h reads
+// qkv layer: the whole multi-head layer, from X and the projection matrices (layer_weights.h reads
 // them, for qkv explain too).
 #include "command_layer.h"
 
@@ -200,7 +200,8 @@ void register_layer_command(CLI::App& app) {
       ->required();
   add_attention_flags(
       *sub, command->flags,
-      FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
+      FlagGroups{
+          .precision = true, .score_modifiers = true, .packed_batches = true, .dropout = true});
   LayerGradientFlags& g = command->gradients;
   CLI::Option* grad_out = sub->add_option(
       "--grad-out", g.grad_out,
@@ -227,7 +228,7 @@ void register_layer_command(CLI::App& app) {
                 "with --grad-out each rank reads its rows of DY, the backward runs over the "
                 "ring too and rank 0 writes the --grad-* outputs (dX gathered, the weight "
                 "gradients summed in rank order); --max-memory is per rank; not with --memory, "
-                "--weights, --cu-seqlens-*");
+                "--weights, --cu-seqlens-*, --dropout");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -244,6 +245,11 @@ void register_layer_command(CLI::App& app) {
       "Gradients: --grad-out DY.npy with --grad-x, --grad-wq, ... (float32, float64 for\n"
       "float64 inputs; written in --out-dtype with the other outputs, all or none). On a\n"
       "terminal the backward draws its own progress line, in key rows.\n"
+      "Dropout (--dropout P --seed S [--dropout-offset O]): the heads' attention weights\n"
+      "dropped with probability P, the kept ones scaled by 1/(1-P); head h of batch b draws\n"
+      "the mask qkv attention draws for (b, h) on the projected Q, K, V with the same seed and\n"
+      "offset, and the backward (--grad-out) draws it again. --weights then holds the weights\n"
+      "after dropout; --lse is the softmax's, before dropout.\n"
       "Across processes: mpirun -np P qkv layer --ring ... splits X's rows over P ranks as\n"
       "qkv attention --ring splits Q's (see 'qkv attention --help').");
   sub->callback([command] { run_layer(*command); });
