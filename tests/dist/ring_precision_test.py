@@ -6,9 +6,10 @@ and rank 0 gathers the gradients and holds them to the bound tests/kernels/
 backward_precision_test.cc holds one process's kernels to: at most twice the error of the plain
 float32 composition (S = Q·Kᵀ, softmax, autograd's backward, on the whole sequence)
 against float64 (the reference kernel on float64 copies), plus one float32 rounding of the
-gradient's largest element; past scores of 1e3, where the rounding of S itself dominates both,
-3x in the largest element and 2x in root-mean-square (3x for unfused_blas, whose S is
-OpenBLAS's sgemm). Weighed against the saved lse, the ring's dV erred 1e2-1e4 times the
+gradient's largest element; past scores of 1e3, where the rounding of S itself dominates both
+and this composition's S comes from NumPy's sgemm (another summation order than the fused
+kernels', so another draw of that rounding), 3x in the largest element and 2x in
+root-mean-square (3x for unfused_blas). Weighed against the saved lse, the ring's dV erred 1e2-1e4 times the
 composition at scores of 1e4 and more. Then: the same bits for 1 and 2 threads."""
 import sys
 
