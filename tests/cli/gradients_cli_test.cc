@@ -360,6 +360,30 @@ TEST_F(CliGradients, TheBudgetCoversTheBackwardBeforeTheForwardRuns) {
   EXPECT_EQ(ok.status, 0) << ok.err;
 }
 
+// dO is an input: the budget left after the inputs already excludes it, and the backward's share
+// once the forward has run must not take it off again. A budget with room for the inputs, the
+// forward's outputs and the backward, plus half of dO: taken off twice, the backward was refused
+// ("attention_backward needs ..."); counted once, the run fits.
+TEST_F(CliGradients, TheBudgetCountsGradOutOnce) {
+  const Tensor q = testing::random_tensor(DType::kF32, {4, 512, 64}, 51);
+  const Tensor kv = testing::random_tensor(DType::kF32, {4, 512, 64}, 52);
+  write_npy(dir_ / "cq.npy", q.view(), DType::kF32);
+  write_npy(dir_ / "ckv.npy", kv.view(), DType::kF32);
+  AttentionOptions options;
+  options.threads = 1;
+  const std::uint64_t backward = attention_backward_memory(q.view(), kv.view(), kv.view(), options);
+  const std::uint64_t inputs = 4 * q.nbytes();  // Q, K, V and dO (Q's shape)
+  const std::uint64_t forward = q.nbytes() + static_cast<std::uint64_t>(4 * 512 * 4);  // O, lse
+  const std::uint64_t budget = inputs + forward + backward + q.nbytes() / 2;
+  const testing::CommandRun r = testing::run_program(
+      QKV_CLI_PATH, dir_.path(),
+      {"attention", "--q", "cq.npy", "--k", "ckv.npy", "--v", "ckv.npy", "--out", "o.npy",
+       "--grad-out", "cq.npy", "--grad-q", "dq.npy", "--threads", "1", "--max-memory",
+       std::to_string(budget)});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "dq.npy"));
+}
+
 // qkv bench --backward: the forward bench's JSON fields (chosen.ms, chosen.gflops, baseline for
 // the unfused backward) plus forward_ms; the form, not the figures (timings on a shared host).
 TEST_F(CliGradients, BenchBackwardReportsTheForwardBenchsFields) {
