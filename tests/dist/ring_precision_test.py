@@ -9,8 +9,9 @@ against float64 (the reference kernel on float64 copies), plus one float32 round
 gradient's largest element; past scores of 1e3, where the rounding of S itself dominates both
 and this composition's S comes from NumPy's sgemm (another summation order than the fused
 kernels', so another draw of that rounding), 3x in the largest element and 2x in
-root-mean-square (3x for unfused_blas). Weighed against the saved lse, the ring's dV erred 1e2-1e4 times the
-composition at scores of 1e4 and more. Then: the same bits for 1 and 2 threads."""
+root-mean-square (3x for unfused_blas). Weighed against the saved lse, the ring's dV erred
+1e2-1e4 times the composition at scores of 1e4 and more. Then: the same bits for 1 and 2
+threads."""
 import sys
 
 sys.path.insert(0, sys.argv[1])
