@@ -52,11 +52,11 @@ void add_gradients(const AttentionCommand& command, const TensorView& q, const T
   const Tensor grad_out_read = read_input(flags.grad_out);
   const TensorView grad_out = in_layout(grad_out_read.view(), layout);
   options.kernel = flags.backward_kernel;
-  // What the forward allocated is no longer the backward's to spend.
+  // What the forward allocated is no longer the backward's to spend. dO is not counted here:
+  // it is an input, which the budget left after the inputs already excludes.
   if (options.max_memory > 0) {
     const std::uint64_t held =
-        forward.out.nbytes() + forward.lse.nbytes() + forward.weights.nbytes() +
-        grad_out_read.nbytes();
+        forward.out.nbytes() + forward.lse.nbytes() + forward.weights.nbytes();
     if (held >= options.max_memory) {
       throw Error("--max-memory",
                   "the gradients need more than the budget left after the "
