@@ -4,8 +4,11 @@
 // forward and backward (from the forward's state), X [1, n, 8·d] with W^Q, W^K, W^V, W^O and
 // biases. Counters: GFLOP/s counted as FlashAttention counts them, 2.5x the forward's useful
 // flops (2·(d + dv) per allowed pair and head) for the backward; the layer's add its
-// projections' products (twice them for its backward).
+// projections' products (twice them for its backward). bwd_bf16_fused_hwy and forward_bf16
+// time the bf16 backward and forward (Q, K, V and dO stored in bf16), for the ratio to
+// bwd_fused_hwy's float32 backward on the same values.
 //   qkv_bench_backward --benchmark_filter='bwd_fused_hwy/.*' --benchmark_min_time=1
+//   qkv_bench_backward --benchmark_filter='bwd(_bf16)?_fused_hwy/n:2048/.*'
 //   qkv_bench_backward --benchmark_filter='layer_.*'
 #include <benchmark/benchmark.h>
 
@@ -23,16 +26,17 @@ namespace {
 
 using qkv::bench::pattern;
 
-// kernel empty: the forward (the default kernel), else that backward kernel.
-void backward_benchmark(benchmark::State& state, const std::string& kernel) {
+// kernel empty: the forward (the default kernel), else that backward kernel; inputs stored in
+// `storage` (kF32, or kBF16: the bf16 forward and backward).
+void backward_benchmark(benchmark::State& state, const std::string& kernel, qkv::DType storage) {
   const std::int64_t n = state.range(0);
   const std::int64_t d = state.range(1);
   const bool causal = state.range(2) != 0;
   constexpr std::int64_t kHeads = 8;
-  const qkv::Tensor q = pattern({1, kHeads, n, d}, 1);
-  const qkv::Tensor k = pattern({1, kHeads, n, d}, 2);
-  const qkv::Tensor v = pattern({1, kHeads, n, d}, 3);
-  const qkv::Tensor dout = pattern({1, kHeads, n, d}, 4);
+  const qkv::Tensor q = pattern({1, kHeads, n, d}, 1).to(storage);
+  const qkv::Tensor k = pattern({1, kHeads, n, d}, 2).to(storage);
+  const qkv::Tensor v = pattern({1, kHeads, n, d}, 3).to(storage);
+  const qkv::Tensor dout = pattern({1, kHeads, n, d}, 4).to(storage);
   qkv::AttentionOptions options;
   options.causal = causal;
   options.threads = static_cast<int>(state.range(3));
@@ -148,12 +152,18 @@ void layer_grid(benchmark::internal::Benchmark* b) {
 }
 
 const bool kRegistered = [] {
-  benchmark::RegisterBenchmark("forward", backward_benchmark, std::string())->Apply(grid);
+  constexpr qkv::DType kF32 = qkv::DType::kF32, kBF16 = qkv::DType::kBF16;
+  benchmark::RegisterBenchmark("forward", backward_benchmark, std::string(), kF32)->Apply(grid);
   for (const std::string& name : qkv::attention_backward_kernel_names()) {
     const bool slow = name == "reference" || name == "fused_scalar";
-    benchmark::RegisterBenchmark(("bwd_" + name).c_str(), backward_benchmark, name)
+    benchmark::RegisterBenchmark(("bwd_" + name).c_str(), backward_benchmark, name, kF32)
         ->Apply(slow ? small_grid : grid);
   }
+  benchmark::RegisterBenchmark("forward_bf16", backward_benchmark, std::string(), kBF16)
+      ->Apply(grid);
+  benchmark::RegisterBenchmark("bwd_bf16_fused_hwy", backward_benchmark, std::string("fused_hwy"),
+                               kBF16)
+      ->Apply(grid);
   benchmark::RegisterBenchmark("layer_forward", layer_benchmark, false)->Apply(layer_grid);
   benchmark::RegisterBenchmark("layer_backward", layer_benchmark, true)->Apply(layer_grid);
   return true;

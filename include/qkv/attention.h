@@ -43,6 +43,11 @@ struct AttentionOptions {
   // path, the reference when that declines). Default: the type Q, K and V are all stored in when
   // it is f64, bf16 or f16, else f32 (mixed dtypes); kF32 opts all-float64 inputs into float32.
   std::optional<DType> dtype;
+  // The gradients' dtype (attention_backward and the layer's backward only; the forward ignores
+  // it): default the compute type's, bf16 for a bf16 call (float32 accumulators rounded to
+  // nearest even once at the end), float64 for float64, else float32; a bf16 call may ask for
+  // kF32 (the float32 accumulators as they are).
+  std::optional<DType> grad_dtype;
 
   // Score modifiers. What the softmax sees is
   //   s_ij = softcap(scale · q_i·k_j) + alibi_ij + float mask_ij

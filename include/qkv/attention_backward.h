@@ -28,17 +28,24 @@ struct AttentionGradients {
   Tensor dv;                    // V's shape
   Tensor dsinks;                // [H]; empty unless options.sinks
   std::string kernel;           // the backward kernel that ran
-  DType compute = DType::kF32;  // kF32 or kF64: the gradients' dtype and what they were computed in
+  // What the gradients were computed in: kF32, kF64 or kBF16 (bf16 products, float32 sums);
+  // their dtype is options.grad_dtype's (dq.dtype()).
+  DType compute = DType::kF32;
   int threads = 1;              // the threads the kernel was given
 };
 
 // `out` and `lse` are what attention(q, k, v, options) returned for the same inputs and
 // options (return_lse = true); `grad_out` (dO) has the output's shape. Every forward option is
 // honoured (masks, causal, window, grouped-query heads, Dv != D, scale, softcap, ALiBi, sinks,
-// packed batches, strided views). Float64 inputs compute in float64 (the gradients are then
-// float64), anything else in float32; a bf16 or f16 storage type (options.dtype, or Q, K and V
-// all stored in one) is refused: ask for options.dtype = kF32 to differentiate 16-bit inputs
-// in float32. options.kernel names a backward kernel (attention_backward_kernel_names());
+// packed batches, strided views, dropout). The backward computes in the forward's storage
+// type: float64 (gradients float64), bf16 (options.dtype = kBF16, or Q, K and V all stored in
+// it), else float32. bf16 is FlashAttention-2's bf16 backward: Q, K, V and dO rounded to bf16;
+// S = Q·Kᵀ and dP = dO·Vᵀ as bf16 dot products with float32 sums (vdpbf16ps on AVX512-BF16,
+// elsewhere float32 FMAs, which multiply two bf16 values exactly); the softmax statistics, P,
+// D and dS in float32; P and dS rounded to bf16 only as the operands of dV += Pᵀ·dO,
+// dK += dSᵀ·Q and dQ += dS·K, whose sums are float32; the gradients bf16 (those sums rounded
+// once) unless options.grad_dtype = kF32. An f16 storage type is refused: ask for kF32 or
+// kBF16. options.kernel names a backward kernel (attention_backward_kernel_names());
 // return_weights, return_lse and out_dtype are ignored. options.progress counts key rows of
 // single kv heads whose dK and dV are written (total = B·Hkv·Nk, or Hkv·total_k for a packed
 // batch), once per kernel task, under the forward's rules (attention.h); listening changes no

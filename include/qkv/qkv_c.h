@@ -74,8 +74,8 @@ typedef struct qkv_tensor {
   const char* name;
 } qkv_tensor;
 
-/* qkv::AttentionOptions. Zero means "off" or "default" everywhere except `dtype`
- * (QKV_DTYPE_DEFAULT), so the _init function is the reliable way to start. */
+/* qkv::AttentionOptions. Zero means "off" or "default" everywhere except `dtype` and
+ * `grad_dtype` (QKV_DTYPE_DEFAULT), so the _init function is the reliable way to start. */
 typedef struct qkv_attention_options {
   size_t struct_size;
   /* Version 1: the options of the command-line contract's version 1. */
@@ -108,12 +108,18 @@ typedef struct qkv_attention_options {
   double dropout_p;
   uint64_t seed;
   uint32_t dropout_offset;
+  /* Version 4: the gradients' dtype (qkv_attention_backward). QKV_DTYPE_DEFAULT: the compute
+   * type's (BF16 for a bf16 call, F64 for float64, else F32); QKV_F32 asks a bf16 call for its
+   * float32 sums. */
+  qkv_dtype grad_dtype;
 } qkv_attention_options;
 
 /* The smallest struct_size accepted: the version 1 fields. */
 #define QKV_ATTENTION_OPTIONS_V1_SIZE offsetof(qkv_attention_options, dtype)
 /* The version 2 fields' end (a client built before dropout). */
 #define QKV_ATTENTION_OPTIONS_V2_SIZE offsetof(qkv_attention_options, dropout_p)
+/* The version 3 fields' end (a client built before grad_dtype). */
+#define QKV_ATTENTION_OPTIONS_V3_SIZE offsetof(qkv_attention_options, grad_dtype)
 
 /* Inline so that struct_size is the caller's sizeof, never a newer library's. */
 static inline void qkv_attention_options_init(qkv_attention_options* options) {
@@ -123,6 +129,7 @@ static inline void qkv_attention_options_init(qkv_attention_options* options) {
   options->window_right = -1;
   options->out_dtype = QKV_F32;
   options->dtype = QKV_DTYPE_DEFAULT;
+  options->grad_dtype = QKV_DTYPE_DEFAULT;
 }
 
 /* What a call computed, owned by the library. Parts: */
@@ -174,8 +181,11 @@ qkv_status qkv_attention(const qkv_tensor* q, const qkv_tensor* k, const qkv_ten
  * `lse` that qkv_attention returned on the same inputs and options (return_lse); grad_out has
  * out's shape. Every option of the forward is honoured; the result's parts are QKV_RESULT_DQ,
  * _DK, _DV (each of its input's shape; a kv head's dK and dV sum over its query heads) and
- * _DSINKS ([H], with options.sinks), float32, or float64 when the call computes in float64.
- * bf16/f16 storage is refused (set options.dtype = QKV_F32). options.kernel names a backward
+ * _DSINKS ([H], with options.sinks), of options.grad_dtype: by default float32, float64 when the
+ * call computes in float64, bf16 when it computes in bf16 (options.dtype = QKV_BF16, or Q, K, V
+ * all stored in it: bf16 dot products, float32 sums and softmax, P and dS rounded to bf16 as
+ * operands; grad_dtype = QKV_F32 gives the float32 sums). f16 storage is refused (set
+ * options.dtype = QKV_F32 or QKV_BF16). options.kernel names a backward
  * kernel ("fused_hwy", "unfused_blas", "fused_scalar", "reference"). Bitwise the same for any
  * thread count. */
 qkv_status qkv_attention_backward(const qkv_tensor* q, const qkv_tensor* k, const qkv_tensor* v,

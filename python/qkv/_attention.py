@@ -6,7 +6,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _qkv
-from ._arrays import all_bfloat16, as_input, as_output, output_dtype, torch_given
+from ._arrays import all_bfloat16, as_input, as_output, dtype_name, output_dtype, torch_given
 from ._options import attention_options
 
 AttentionResult = namedtuple("AttentionResult", ["out", "lse", "weights"])
@@ -133,7 +133,7 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
                        window=None, softcap=None, alibi_slopes=None, sinks=None,
                        cu_seqlens_q=None, cu_seqlens_k=None, dtype=None, threads=None, *,
                        kernel=None, max_memory=None, layout=None, dropout_p=0.0, seed=0,
-                       dropout_offset=0):
+                       dropout_offset=0, grad_dtype=None):
     """The gradients of L = sum(out * grad_out) for out = qkv.attention(q, k, v, ...).
 
     out and lse are what qkv.attention(q, k, v, ..., return_lse=True) returned for the same
@@ -144,9 +144,13 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
     the query heads that read it; a row with no allowed key contributes nothing. Computed by a
     fused FlashAttention-2-style backward, bitwise the same for any thread count.
 
-    Gradients are float64 when the call computes in float64 (q, k, v all float64), else
-    float32; a bfloat16 or float16 dtype is refused (pass dtype="float32" to differentiate
-    16-bit inputs in float32). kernel forces a backward kernel (qkv.backward_kernel_names()).
+    The backward computes in the forward's dtype: float64 (q, k, v all float64), bfloat16
+    (dtype="bfloat16", or q, k, v all bfloat16: q·k and dO·v as bf16 dot products, P and dS
+    rounded to bf16 as operands of dV, dK and dQ, float32 accumulation and a float32 softmax),
+    else float32; float16 is refused (pass dtype="float32" or "bfloat16"). grad_dtype: the
+    gradients' dtype; default the compute type's, with bfloat16 ones (the float32 sums rounded
+    once) for torch outputs only, as NumPy has no bfloat16 (NumPy outputs of a bfloat16 call
+    are float32); grad_dtype="float32" keeps the float32 sums. kernel forces a backward kernel (qkv.backward_kernel_names()).
     layout="bnhd": q, k, v, out and grad_out are [.., N, H, D] and so are dq, dk, dv (lse stays
     [.., H, Nq]), as for qkv.attention.
     With dropout (dropout_p, seed, dropout_offset as given to qkv.attention) the mask is drawn
@@ -164,14 +168,21 @@ def attention_backward(q, k, v, out, lse, grad_out, attn_mask=None, is_causal=Fa
                                 sinks, dtype, None, False, False, threads, cu_seqlens_q,
                                 cu_seqlens_k, kernel, max_memory, caller=caller,
                                 dropout_p=dropout_p, seed=seed, dropout_offset=dropout_offset)
+    grad_name = dtype_name(grad_dtype)
+    if grad_name is not None:
+        if grad_name in ("bfloat16", "bf16") and not torch_out:
+            raise _qkv.Error("grad_dtype: NumPy has no bfloat16; bfloat16 gradients come back "
+                             "only as torch tensors (pass torch tensors, or "
+                             "grad_dtype='float32')")
+        options["grad_dtype"] = grad_name
     tokens_first = _tokens_first(layout)
     if tokens_first:
         q, k, v, out, grad_out = (_swap_heads(x, name, caller) for x, name in (
             (q, "q"), (k, "k"), (v, "v"), (out, "out"), (grad_out, "grad_out")))
-    dq, dk, dv, dsinks, _, _ = _qkv.attention_backward(
+    dq, dk, dv, dsinks, _, _, bf16 = _qkv.attention_backward(
         as_input(q, "q", caller), as_input(k, "k", caller), as_input(v, "v", caller),
         as_input(out, "out", caller), as_input(lse, "lse", caller),
         as_input(grad_out, "grad_out", caller), options)
     if tokens_first:
         dq, dk, dv = (np.swapaxes(g, -3, -2) if g.ndim >= 3 else g for g in (dq, dk, dv))
-    return AttentionGradients(*(as_output(g, torch_out) for g in (dq, dk, dv, dsinks)))
+    return AttentionGradients(*(as_output(g, torch_out, bf16) for g in (dq, dk, dv, dsinks)))

@@ -55,4 +55,5 @@ def attention_backward(
     kernel: Optional[str] = None, max_memory: Optional[int] = None,
     layout: Optional[Literal["bhnd", "bnhd"]] = None,
     dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
+    grad_dtype: Optional[DTypeIn] = None,
 ) -> AttentionGradients: ...

@@ -9,7 +9,7 @@ from ._arrays import dtype_name
 from ._attention import attention as _attention, attention_backward as _attention_backward
 
 _SIXTEEN_BIT = {torch.bfloat16, torch.float16}
-_SIXTEEN_BIT_NAMES = {"bfloat16", "bf16", "float16", "f16", "fp16", "half"}
+_FLOAT16_NAMES = {"float16", "f16", "fp16", "half"}
 
 
 def _shared_dtype(q, k, v):
@@ -18,15 +18,28 @@ def _shared_dtype(q, k, v):
 
 
 def _backward_dtype(q, k, v, dtype):
-    """The dtype the backward computes in: the forward's, except that a 16-bit forward (asked
-    for, or the default for 16-bit inputs) is differentiated in float32. qkv's backward has no
-    16-bit kernel; float32 reads the 16-bit inputs in place, as they are, and the gradients are
-    rounded to the inputs' dtype once at the end."""
+    """The dtype the backward computes in: the forward's (a bfloat16 forward has the bfloat16
+    backward), except that a float16 forward (asked for, or the default for float16 inputs) is
+    differentiated in float32: qkv has no float16 backward; float32 reads the float16 inputs in
+    place, as they are, and the gradients are rounded to the inputs' dtype once at the end."""
     name = dtype_name(dtype)
     if name is None:
         shared = _shared_dtype(q, k, v)
         name = dtype_name(shared) if shared in _SIXTEEN_BIT else None
-    return "float32" if name in _SIXTEEN_BIT_NAMES else dtype
+    return "float32" if name in _FLOAT16_NAMES else dtype
+
+
+def autocast_inputs(*tensors):
+    """The tensors as torch.autocast("cpu", dtype=...) would hand them to a matmul: float32 ones
+    cast to the autocast dtype (bfloat16 or float16) while CPU autocast is on, the others as
+    they are. The cast is an autograd op, so gradients reach the float32 tensors in float32."""
+    if not torch.is_autocast_enabled("cpu"):
+        return tensors
+    low = torch.get_autocast_dtype("cpu")
+    if low not in _SIXTEEN_BIT:
+        return tensors
+    return tuple(t.to(low) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+                 for t in tensors)
 
 
 def torch_dropout(dropout_p, generator=None):

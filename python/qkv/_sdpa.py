@@ -26,7 +26,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import _qkv
 from ._arrays import check_tensor
-from ._autograd import Attention, torch_dropout
+from ._autograd import Attention, autocast_inputs, torch_dropout
 
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -138,14 +138,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     qkv's own mask (Philox4x32-10, not torch's stream): its seed is drawn from torch's default
     generator, so torch.manual_seed reproduces a run, and the backward draws the same mask.
 
-    Gradients flow to query, key and value; bfloat16 and float16 ones are computed in float32
-    (qkv has no 16-bit backward) and rounded to the input's dtype. Where qkv differs from
+    Gradients flow to query, key and value; bfloat16 ones come from qkv's bfloat16 backward,
+    float16 ones are computed in float32 (qkv has no float16 backward) and rounded. Under
+    torch.autocast("cpu", dtype=torch.bfloat16) float32 query, key and value are cast to
+    bfloat16 first, as autocast casts them for torch's own SDPA: the bfloat16 forward and
+    backward run, the output is bfloat16 and the gradients reach the float32 tensors. Where qkv differs from
     torch, it raises qkv.Error (a ValueError) in one line naming the argument: dropout_p outside
     [0, 1), a float attn_mask that requires grad (no mask gradient), NaN or
     infinite inputs, a +inf in the mask or a non-finite scale (torch returns NaN), a tensor
     off the CPU, nested or sparse, an integer or complex dtype.
     """
     _check_inputs(query, key, value)
+    query, key, value = autocast_inputs(query, key, value)
     dropout = torch_dropout(dropout_p)
     bottom_right = False
     if isinstance(attn_mask, CausalBias):

@@ -13,7 +13,8 @@ import math
 import torch
 
 from . import _qkv
-from ._autograd import Attention as _Attention, torch_dropout as _torch_dropout
+from ._autograd import (Attention as _Attention, autocast_inputs as _autocast_inputs,
+                        torch_dropout as _torch_dropout)
 from ._sdpa import scaled_dot_product_attention
 
 __all__ = ["attention", "scaled_dot_product_attention", "MultiheadAttention"]
@@ -28,9 +29,13 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
     dtype qkv.attention gives for torch inputs (float64 for float64, float32 for float32,
     bfloat16 or float16 when q, k, v all are). Gradients flow to q, k, v and sinks (those that
     require them) through qkv.attention_backward, the fused backward; attn_mask, alibi_slopes
-    and the offsets get none. A 16-bit computation (bfloat16 or float16 inputs, or
-    dtype="bfloat16") is differentiated in float32 (qkv has no 16-bit backward), reading the
-    16-bit inputs as they are, and the gradients are rounded to each input's dtype.
+    and the offsets get none. A bfloat16 computation (bfloat16 inputs, or dtype="bfloat16")
+    has qkv's bfloat16 backward (bf16 dot products, float32 accumulation and softmax); a
+    float16 one is differentiated in float32 (qkv has no float16 backward), reading the
+    float16 inputs as they are; the gradients come back in each input's dtype. Under
+    torch.autocast("cpu", dtype=torch.bfloat16), float32 q, k, v are cast to bfloat16 first
+    (as autocast does for torch's matmuls and SDPA): the forward and the backward run in
+    bfloat16, the output is bfloat16 and the gradients reach q, k, v in float32.
 
     dropout_p > 0 drops attention weights with that probability (the kept ones scaled by
     1/(1 - dropout_p)), as torch's SDPA does: the seed is drawn from torch's generator
@@ -49,6 +54,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
                "window": window, "softcap": softcap, "alibi_slopes": alibi_slopes,
                "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dtype": dtype,
                "threads": threads, **_torch_dropout(dropout_p, generator)}
+    q, k, v = _autocast_inputs(q, k, v)
     return _Attention.apply(q, k, v, sinks, options)
 
 

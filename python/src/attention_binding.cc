@@ -105,7 +105,8 @@ py::tuple attention(const py::handle& q_in, const py::handle& k_in, const py::ha
                         dtype_name(result.compute));
 }
 
-// The gradients of Σ out∘grad_out: (dq, dk, dv, dsinks or None, kernel, compute dtype).
+// The gradients of Σ out∘grad_out: (dq, dk, dv, dsinks or None, kernel, compute dtype, whether
+// they were bf16).
 py::tuple attention_backward(const py::handle& q_in, const py::handle& k_in,
                              const py::handle& v_in, const py::handle& out_in,
                              const py::handle& lse_in, const py::handle& grad_out_in,
@@ -120,9 +121,16 @@ py::tuple attention_backward(const py::handle& q_in, const py::handle& k_in,
     py::gil_scoped_release computing;
     g = qkv::attention_backward(call.q, call.k, call.v, out, lse, grad_out, call.options);
   }
+  const bool bf16 = g.dq.dtype() == DType::kBF16;
+  // NumPy has no bfloat16: bf16 gradients cross as float32 (exactly), and qkv.attention_backward
+  // rounds them back for torch (the same bits).
+  for (Tensor* t : {&g.dq, &g.dk, &g.dv, &g.dsinks}) {
+    if (!t->empty() && t->dtype() == DType::kBF16) *t = t->to(DType::kF32);
+  }
   py::object dsinks = g.dsinks.empty() ? py::none() : py::object(to_numpy(std::move(g.dsinks)));
   return py::make_tuple(to_numpy(std::move(g.dq)), to_numpy(std::move(g.dk)),
-                        to_numpy(std::move(g.dv)), dsinks, g.kernel, dtype_name(g.compute));
+                        to_numpy(std::move(g.dv)), dsinks, g.kernel, dtype_name(g.compute),
+                        bf16);
 }
 
 }  // namespace

@@ -83,7 +83,7 @@ inline DType default_out_dtype(std::initializer_list<const TensorView*> views) {
 
 // Keys (all optional): attn_mask, is_causal, scale, window (left, right; -1 unbounded),
 // softcap, alibi (True: the standard slopes), alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k,
-// dtype, out_dtype (absent: kF32; callers apply default_out_dtype), return_lse,
+// dtype, out_dtype (absent: kF32; callers apply default_out_dtype), grad_dtype, return_lse,
 // return_weights, threads, kernel, max_memory, dropout_p, seed, dropout_offset. The arrays stay
 // alive in `keeper`.
 inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& keeper) {
@@ -110,6 +110,9 @@ inline AttentionOptions attention_options(const py::dict& options, ArrayKeeper& 
   }
   if (const auto out_dtype = optional_item<std::string>(options, "out_dtype")) {
     result.out_dtype = parse_dtype(*out_dtype, "out_dtype");
+  }
+  if (const auto grad_dtype = optional_item<std::string>(options, "grad_dtype")) {
+    result.grad_dtype = parse_dtype(*grad_dtype, "grad_dtype");
   }
   result.return_lse = optional_item<bool>(options, "return_lse").value_or(false);
   result.return_weights = optional_item<bool>(options, "return_weights").value_or(false);

@@ -180,7 +180,7 @@ AttentionOptions to_options(const qkv_attention_options* options) {
   qkv_attention_options_init(&defaults);
   const qkv_attention_options o = read_struct(
       options, defaults, "options", {QKV_ATTENTION_OPTIONS_V1_SIZE, QKV_ATTENTION_OPTIONS_V2_SIZE,
-                                    sizeof(qkv_attention_options)});
+                                    QKV_ATTENTION_OPTIONS_V3_SIZE, sizeof(qkv_attention_options)});
   if (o.has_scale) result.scale = o.scale;
   result.causal = o.causal != 0;
   if (o.has_window) result.window = Window{o.window_left, o.window_right};
@@ -203,6 +203,8 @@ AttentionOptions to_options(const qkv_attention_options* options) {
   result.dropout_p = o.dropout_p;
   result.seed = o.seed;
   result.dropout_offset = o.dropout_offset;
+  if (enum_value(o.grad_dtype) != QKV_DTYPE_DEFAULT)
+    result.grad_dtype = to_dtype(enum_value(o.grad_dtype), "grad_dtype");
   return result;
 }
 

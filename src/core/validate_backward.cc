@@ -60,6 +60,24 @@ InputOperand operand_of(const TensorView& view, bool has_columns = true) {
 
 }  // namespace
 
+DType gradient_dtype(DType compute, std::optional<DType> requested) {
+  const DType natural = compute == DType::kF64    ? DType::kF64
+                        : compute == DType::kBF16 ? DType::kBF16
+                                                  : DType::kF32;
+  if (!requested || *requested == natural) return natural;
+  if (compute == DType::kBF16 && *requested == DType::kF32) return DType::kF32;
+  if (*requested == DType::kBF16) {
+    throw Error("grad_dtype", std::string("bfloat16 gradients come from a bfloat16 call (dtype "
+                                          "bfloat16, or Q, K and V stored in it); this one "
+                                          "computes in ") +
+                                  dtype_name(compute));
+  }
+  throw Error("grad_dtype", std::string("must be ") + dtype_name(natural) +
+                                (compute == DType::kBF16 ? " or float32" : "") +
+                                " for a call computed in " + dtype_name(compute) + ", got " +
+                                dtype_name(*requested));
+}
+
 BackwardCall validate_attention_backward(const TensorView& q, const TensorView& k,
                                          const TensorView& v, const TensorView& out,
                                          const TensorView& lse, const TensorView& grad_out,
@@ -67,11 +85,11 @@ BackwardCall validate_attention_backward(const TensorView& q, const TensorView& 
   BackwardCall call;
   call.forward = validate_attention(q, k, v, options);
   AttentionParams& p = call.forward.params;
-  if (p.compute == DType::kBF16 || p.compute == DType::kF16) {
-    throw Error("dtype", std::string("gradients are computed in float32 or float64, not ") +
-                             dtype_name(p.compute) +
-                             " (ask for dtype float32 to differentiate 16-bit inputs)");
+  if (p.compute == DType::kF16) {
+    throw Error("dtype", "gradients are computed in float32, float64 or bfloat16, not float16 (ask "
+                         "for dtype float32 or bfloat16 to differentiate float16 inputs)");
   }
+  call.grad_dtype = gradient_dtype(p.compute, options.grad_dtype);
   for (const TensorView* t : {&out, &lse, &grad_out}) require_real_input(*t);
   require_shape(out, call.forward.out_shape, "the output of attention on these inputs");
   require_shape(grad_out, call.forward.out_shape, "the output's shape");

@@ -564,6 +564,10 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
     AttentionOptions unmasked = options;
     unmasked.mask.reset();
     call = core::validate_attention_backward(q, k, v, out, lse, grad_out, unmasked);
+    if (call.params.forward.compute == DType::kBF16) {
+      throw Error("dtype", "ring attention's backward computes in float32 or float64, not "
+                           "bfloat16 (ask for dtype float32)");
+    }
     problem = wait_limit_problem();
   } catch (const std::exception& e) {
     problem = problem_of(e);

@@ -79,13 +79,60 @@ core::OutputOperand slot_of(Tensor& tensor) {
 
 }  // namespace
 
+namespace {
+
+// The type the kernels compute the gradients in: float64 for a float64 call, else float32 (a
+// bf16 call's accumulators).
+DType kernel_gradient_type(DType compute) {
+  return compute == DType::kF64 ? DType::kF64 : DType::kF32;
+}
+
+// The bytes of the gradients the caller gets when they are converted from the kernels' float32
+// ones (bf16 gradients): a second set, of the smaller type.
+std::uint64_t converted_gradient_bytes(const core::AttentionShape& s, DType grad, bool sinks) {
+  return kernels::backward_memory(s, 1, grad, sinks).outputs;
+}
+
+// The bf16 products' workspace (attention_bwd_fused_hwy.cc, bwd_bf16-inl.h): Q and dO as bf16
+// rows and pairs of rows, K and V packed per key tile, and each thread's P and dS pairs; an
+// upper bound (head dims padded to 16, keys to whole 128-key tiles).
+std::uint64_t bf16_workspace(const core::AttentionShape& s, int threads) {
+  const auto u = [](std::int64_t x) {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0));
+  };
+  const auto padded = [&](std::int64_t x) { return (u(x) + 16) / 16 * 16; };
+  const std::uint64_t query_rows = core::saturating_mul(u(s.b) * u(s.h), u(s.nq) + 1);
+  const std::uint64_t key_rows = core::saturating_mul(u(s.b) * u(s.hkv), u(s.nk) + 128);
+  const std::uint64_t dims = 2 * padded(s.d) + 2 * padded(s.dv);
+  std::uint64_t bytes = core::saturating_mul(core::saturating_mul(query_rows, dims), 2);
+  bytes = core::saturating_add(
+      bytes, core::saturating_mul(core::saturating_mul(key_rows, 2 * padded(s.d) + padded(s.dv)),
+                                  2));
+  const std::uint64_t per_thread = 4 * 128 * 128 * 2;
+  return core::saturating_add(
+      bytes, core::saturating_mul(per_thread, static_cast<std::uint64_t>(std::max(threads, 1))));
+}
+
+}  // namespace
+
 std::uint64_t attention_backward_memory(const TensorView& q, const TensorView& k,
                                         const TensorView& v, const AttentionOptions& options) {
   const core::AttentionCall call = core::validate_attention(q, k, v, options);
-  const DType grad = call.params.compute == DType::kF64 ? DType::kF64 : DType::kF32;
-  return kernels::backward_memory(call.params.shape, call.params.threads, grad,
-                                  options.sinks.has_value())
-      .total();
+  const DType compute = call.params.compute == DType::kF16 ? DType::kF32 : call.params.compute;
+  const DType wanted = core::gradient_dtype(compute, options.grad_dtype);
+  const DType grad = kernel_gradient_type(compute);
+  std::uint64_t bytes = kernels::backward_memory(call.params.shape, call.params.threads, grad,
+                                                 options.sinks.has_value())
+                            .total();
+  if (compute == DType::kBF16) {
+    bytes = core::saturating_add(bytes,
+                                 bf16_workspace(call.params.shape, call.params.threads));
+  }
+  if (wanted != grad) {
+    bytes = core::saturating_add(
+        bytes, converted_gradient_bytes(call.params.shape, wanted, options.sinks.has_value()));
+  }
+  return bytes;
 }
 
 AttentionGradients attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -97,10 +144,19 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
   if (const std::string reason = kernels::backward_float64_declines(bp); !reason.empty()) {
     throw Error("attention_backward", "cannot compute these gradients: " + reason);
   }
-  const DType grad = bp.forward.compute == DType::kF64 ? DType::kF64 : DType::kF32;
-  core::check_memory_budget(kernels::backward_memory(bp.forward.shape, bp.forward.threads, grad,
-                                                     options.sinks.has_value()),
-                            options.max_memory, "attention_backward");
+  const DType grad = kernel_gradient_type(bp.forward.compute);
+  core::MemoryEstimate needed = kernels::backward_memory(bp.forward.shape, bp.forward.threads,
+                                                         grad, options.sinks.has_value());
+  if (bp.forward.compute == DType::kBF16) {
+    needed.workspace = core::saturating_add(
+        needed.workspace, bf16_workspace(bp.forward.shape, bp.forward.threads));
+  }
+  if (call.grad_dtype != grad) {
+    needed.outputs = core::saturating_add(
+        needed.outputs,
+        converted_gradient_bytes(bp.forward.shape, call.grad_dtype, options.sinks.has_value()));
+  }
+  core::check_memory_budget(needed, options.max_memory, "attention_backward");
   AttentionGradients result;
   result.dq = Tensor(grad, q.shape, "dq");
   result.dk = Tensor(grad, k.shape, "dk");
@@ -146,8 +202,13 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
       core::store_real(result.dsinks.data(), grad, h, dsinks[static_cast<std::size_t>(h)]);
     }
   }
+  // bf16 gradients: the kernels' float32 sums rounded to nearest even, once.
+  if (call.grad_dtype != grad) {
+    for (Tensor* t : {&result.dq, &result.dk, &result.dv}) *t = t->to(call.grad_dtype);
+    if (has_sinks) result.dsinks = result.dsinks.to(call.grad_dtype);
+  }
   result.kernel = std::string(kernel.name);
-  result.compute = grad;
+  result.compute = bp.forward.compute;
   result.threads = bp.forward.threads;
   return result;
 }
@@ -165,7 +226,7 @@ std::string explain_backward_kernel_choice(const TensorView& q, const TensorView
   core::BackwardCall call = core::validate_attention_backward(q, k, v, out, lse, grad_out, options);
   // The gradients as attention_backward binds them (contiguous, of the compute type), for the
   // kernels' checks; nothing is written through these slots.
-  const DType grad = call.params.forward.compute == DType::kF64 ? DType::kF64 : DType::kF32;
+  const DType grad = kernel_gradient_type(call.params.forward.compute);
   static double unused = 0.0;
   const auto slot = [&](const Shape& shape) {
     return core::OutputOperand{&unused, grad, core::canonical_strides(contiguous_strides(shape))};
@@ -180,6 +241,12 @@ std::string explain_backward_kernel_choice(const TensorView& q, const TensorView
     text += std::string(kernel.name) + ": ";
     if (&kernel == &chosen) {
       text += options.kernel.empty() ? "chosen" : "chosen (--kernel)";
+      // How a bf16 call's products run: vdpbf16ps, or float32 FMAs on bf16-rounded operands.
+      if (call.params.forward.compute == DType::kBF16) {
+        const bool dots = kernel.name == "fused_hwy" && kernels::backward_bf16_dots_available();
+        text += dots ? ", bf16 dot products (vdpbf16ps)"
+                     : ", bf16 operands in float32 products";
+      }
       after = true;
     } else if (after) {
       text += "not tried";

@@ -284,6 +284,27 @@ core::KernelStatus RunBackwardF64(const core::BackwardParams& bp, const bwd::Til
   return bwd::run_backward<HwyOps<double>, double>(bp, plan);
 }
 
+// bf16 calls: vdpbf16ps products (bwd_bf16-inl.h) on the x86 AVX-512 targets of a CPU with
+// AVX512-BF16; elsewhere the float32 loop nest on bf16-rounded operands (FloatProducts, the
+// widened path: the same products, each exact in float32, summed in float32). GCC only, as
+// the forward's bf16 path (attention_fwd_fused_hwy.cc says why).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && !defined(__clang__)
+#include "kernels/bwd_bf16-inl.h"
+
+core::KernelStatus RunBackwardBf16(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
+  if (bf16_dots_supported()) {
+    return bwd::run_backward<HwyOps<float>, float, Bf16Products>(bp, plan);
+  }
+  return bwd::run_backward<HwyOps<float>, float>(bp, plan);
+}
+bool BackwardBf16Dots() { return bf16_dots_supported(); }
+#else
+core::KernelStatus RunBackwardBf16(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
+  return bwd::run_backward<HwyOps<float>, float>(bp, plan);
+}
+bool BackwardBf16Dots() { return false; }
+#endif
+
 }  // namespace qkv::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -301,6 +322,8 @@ HWY_EXPORT(WeighRowsF64);
 HWY_EXPORT(RunBackwardF32);
 HWY_EXPORT(DropoutFactorsF32);
 HWY_EXPORT(RunBackwardF64);
+HWY_EXPORT(RunBackwardBf16);
+HWY_EXPORT(BackwardBf16Dots);
 
 namespace bwd {
 #define QKV_ROWS_DISPATCH(T, N)                                                                \
@@ -347,6 +370,11 @@ std::string attention_bwd_fused_hwy_declines(const core::BackwardParams& bp) {
   return tiled_backward_declines(bp);
 }
 
+bool backward_bf16_dots_available() noexcept {
+  apply_simd_cap();
+  return HWY_DYNAMIC_DISPATCH(BackwardBf16Dots)();
+}
+
 core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& bp) noexcept {
   apply_simd_cap();
   const bool f64 = bp.forward.compute == DType::kF64;
@@ -356,6 +384,7 @@ core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& bp) noexc
   plan.key_tile = plan.query_tile;
   plan.chunks = bwd::chunks_for(bp.forward.shape, plan.key_tile, element);
   if (f64) return HWY_DYNAMIC_DISPATCH(RunBackwardF64)(bp, plan);
+  if (bp.forward.compute == DType::kBF16) return HWY_DYNAMIC_DISPATCH(RunBackwardBf16)(bp, plan);
   return HWY_DYNAMIC_DISPATCH(RunBackwardF32)(bp, plan);
 }
 

@@ -53,8 +53,9 @@ double reference_row(const BackwardParams& bp, std::int64_t b, std::int64_t h, s
   const std::int64_t hk = h / s.group();
   const std::int64_t diag = i + core::diagonal_offset(s, p.masking);
   const auto hs = static_cast<std::size_t>(h);
+  // A bf16 call reads Q, K, V and dO rounded to bf16 (the same rounded inputs the kernels see).
   const auto load = [&](const core::InputOperand& op, std::int64_t at) {
-    return core::load_real(op.data, op.dtype, at);
+    return core::round_to_storage(core::load_real(op.data, op.dtype, at), p.compute);
   };
   const auto k_at = [&](std::int64_t j, std::int64_t c) {
     return load(p.k, p.k.strides.at(b, hk, j, c));

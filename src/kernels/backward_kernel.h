@@ -35,6 +35,11 @@ core::KernelStatus attention_bwd_reference(const core::BackwardParams& params) n
 // sum, which it computes first from the same scores, bwd_row_stats.h; O(n·d) memory): the SIMD
 // version and its portable scalar twin, sharing one loop nest.
 std::string attention_bwd_fused_hwy_declines(const core::BackwardParams& params);
+// Whether fused_hwy computes a bf16 call's products with vdpbf16ps on the SIMD target dispatch
+// picks now (an x86 AVX-512 target of a CPU with AVX512-BF16, GCC build); false: the float32
+// loop nest on bf16-rounded operands (the same products, exact in float32). False in a
+// portable build.
+bool backward_bf16_dots_available() noexcept;
 core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& params) noexcept;
 std::string attention_bwd_fused_scalar_declines(const core::BackwardParams& params);
 core::KernelStatus attention_bwd_fused_scalar(const core::BackwardParams& params) noexcept;

@@ -23,9 +23,12 @@
 //       dS   = scale · P∘(dP - D_i) ∘ (1 - tanh²)        element-wise
 //       dK_j += dSᵀ·Q_i
 //       dQ_i += dS·K_j  through a dQ tile into chunk c's dQ (chunk 0: the output itself)
-//     (every product is Ops::gemm, C (+)= A·B with A read through strides, so the transposed
-//     Pᵀ and dSᵀ are strides, never copies; K and V are packed once per key tile, both as rows
-//     and transposed, B operands padded to whole 64-byte vectors with zeros)
+//     (the products and their operands are a Products policy's: FloatProducts
+//     (bwd_float_products.h) makes every product Ops::gemm, C (+)= A·B with A read through
+//     strides, so the transposed Pᵀ and dSᵀ are strides, never copies; K and V are packed once
+//     per key tile, both as rows and transposed, B operands padded to whole 64-byte vectors
+//     with zeros; a bf16 call rounds each operand to bf16. fused_hwy's Bf16Products
+//     (bwd_bf16-inl.h) runs them as vdpbf16ps on bf16 pairs. S, P, dP and dS stay float tiles)
 //     then dK_j and dV_j are written.
 //   pass 2 (only with chunks > 1), parallel over query rows: dQ += partial_1 + ... in order.
 //
@@ -164,15 +167,28 @@ struct Tiles {
   }
 };
 
+// An operand's element as the kernels compute with it: as stored, or rounded to bf16 (nearest
+// even, once) when the call computes in bf16 (`round` = rounds_to_bf16(op, compute)).
+inline bool rounds_to_bf16(const core::InputOperand& op, DType compute) noexcept {
+  return compute == DType::kBF16 && op.dtype != DType::kBF16;
+}
+inline double operand_value(const core::InputOperand& op, std::int64_t at, bool round) noexcept {
+  const double x = core::load_real(op.data, op.dtype, at);
+  return round ? core::round_to_storage(x, DType::kBF16) : x;
+}
+
 // Rows [row0, row0 + rows) of operand `op` at (b, h), columns [0, cols), into `dst` (row-major,
-// leading dimension ld >= cols), converted to T; rows [rows, pad_rows) are zeroed.
+// leading dimension ld >= cols), converted to T (rounded to bf16 first when `compute` is bf16);
+// rows [rows, pad_rows) are zeroed.
 template <class T>
 void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std::int64_t row0,
                std::int64_t rows, std::int64_t cols, T* dst, std::int64_t ld,
-               std::int64_t pad_rows) noexcept {
+               std::int64_t pad_rows, DType compute = DType::kF32) noexcept {
   const core::Strides4& st = op.strides;
-  const bool direct = st.col == 1 && ((std::is_same_v<T, float> && op.dtype == DType::kF32) ||
-                                      (std::is_same_v<T, double> && op.dtype == DType::kF64));
+  const bool round = rounds_to_bf16(op, compute);
+  const bool direct = !round && st.col == 1 &&
+                      ((std::is_same_v<T, float> && op.dtype == DType::kF32) ||
+                       (std::is_same_v<T, double> && op.dtype == DType::kF64));
   if (cols == 0) return;  // no columns: nothing to copy (and memcpy must not see a null pointer)
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t at = st.at(b, h, row0 + r, 0);
@@ -182,7 +198,7 @@ void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std
                   static_cast<std::size_t>(cols) * sizeof(T));
     } else {
       for (std::int64_t c = 0; c < cols; ++c) {
-        out[c] = static_cast<T>(core::load_real(op.data, op.dtype, at + c * st.col));
+        out[c] = static_cast<T>(operand_value(op, at + c * st.col, round));
       }
     }
   }
@@ -195,14 +211,15 @@ void pack_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h, std
 template <class T>
 const T* rows_in_place(const core::InputOperand& op, std::int64_t b, std::int64_t h,
                        std::int64_t row0, std::int64_t rows, std::int64_t cols, T* tile,
-                       std::int64_t& ld) noexcept {
+                       std::int64_t& ld, DType compute = DType::kF32) noexcept {
   const bool same_type = (std::is_same_v<T, float> && op.dtype == DType::kF32) ||
                          (std::is_same_v<T, double> && op.dtype == DType::kF64);
-  if (same_type && op.strides.col == 1 && cols == padded<T>(cols) && op.strides.row >= cols) {
+  if (same_type && !rounds_to_bf16(op, compute) && op.strides.col == 1 &&
+      cols == padded<T>(cols) && op.strides.row >= cols) {
     ld = op.strides.row;
     return static_cast<const T*>(op.data) + op.strides.at(b, h, row0, 0);
   }
-  pack_rows(op, b, h, row0, rows, cols, tile, ld, rows);
+  pack_rows(op, b, h, row0, rows, cols, tile, ld, rows, compute);
   return tile;
 }
 
@@ -211,11 +228,13 @@ const T* rows_in_place(const core::InputOperand& op, std::int64_t b, std::int64_
 template <class T>
 void pack_transposed(const core::InputOperand& op, std::int64_t b, std::int64_t h,
                      std::int64_t row0, std::int64_t rows, std::int64_t cols, T* dst,
-                     std::int64_t ld, std::int64_t pad_rows) noexcept {
+                     std::int64_t ld, std::int64_t pad_rows,
+                     DType compute = DType::kF32) noexcept {
   const core::Strides4& st = op.strides;
+  const bool round = rounds_to_bf16(op, compute);
   const bool same_type = (std::is_same_v<T, float> && op.dtype == DType::kF32) ||
                          (std::is_same_v<T, double> && op.dtype == DType::kF64);
-  if (same_type && st.col == 1) {
+  if (same_type && !round && st.col == 1) {
     // Eight source rows at a time, so that each destination row gets eight adjacent elements
     // per visit (one element per visit, converted through load_real, took 4 % of a d = 128
     // backward).
@@ -238,7 +257,7 @@ void pack_transposed(const core::InputOperand& op, std::int64_t b, std::int64_t 
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t at = st.at(b, h, row0 + r, 0);
       for (std::int64_t c = 0; c < cols; ++c) {
-        dst[c * ld + r] = static_cast<T>(core::load_real(op.data, op.dtype, at + c * st.col));
+        dst[c * ld + r] = static_cast<T>(operand_value(op, at + c * st.col, round));
       }
     }
   }
@@ -365,7 +384,9 @@ void dropout_tile(const core::AttentionParams& p, std::int64_t b, std::int64_t h
 
 }  // namespace qkv::kernels::bwd
 
-// The row statistics pass builds on the tiles, packing and score helpers above.
+// The products (FloatProducts: float tiles, bf16 rounding for bf16 calls) and the row
+// statistics pass build on the tiles, packing and score helpers above.
+#include "kernels/bwd_float_products.h"
 #include "kernels/bwd_row_stats.h"
 
 namespace qkv::kernels::bwd {
@@ -381,7 +402,7 @@ namespace qkv::kernels::bwd {
 //                                                  (float64 sums; x and dp are scratch)
 //   weigh_rows(x, rows, ld, shift, inv)            x_rc = exp(min(x_rc - shift_r, 0))·inv_r
 //   ds_rows(ds, p, factor, rows, ld, scale, D)     dS = scale·P∘(dP - D_r)(∘ factor)
-template <class Ops, class T>
+template <class Ops, class T, class Products = FloatProducts<Ops, T>>
 core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& plan) noexcept {
   const core::AttentionParams& p = bp.forward;
   const core::AttentionShape& s = p.shape;
@@ -393,11 +414,14 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
   // Scores that are scale·q·k alone (no softcap, ALiBi or mask): scaled in one vector pass.
   const bool plain_scores =
       p.modifiers.softcap <= 0.0 && p.modifiers.alibi_slopes.empty() && p.masking.mask == nullptr;
+  // A bf16 call keeps P∘Z's rounded copy in the dropout tile (FloatProducts::add_dv).
+  const bool bf16 = p.compute == DType::kBF16;
   std::atomic<bool> out_of_memory{false};
   try {
+    const typename Products::Shared shared = Products::prepare(bp, plan);
     // Pass "stats": each row's max and sum over the call's keys (bwd_row_stats.h).
     RowStats<T> stats;
-    compute_row_stats<Ops, T>(bp, plan, plain_scores, stats);
+    compute_row_stats<Ops, T, Products>(bp, plan, plain_scores, shared, stats);
     if (bp.stats_max != nullptr) {
       std::copy(stats.max.begin(), stats.max.end(), bp.stats_max);
       std::copy(stats.sum.begin(), stats.sum.end(), bp.stats_sum);
@@ -452,7 +476,8 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
     core::run_team(workers, [&](int, core::Team&) {
       try {
         Tiles<T> t;
-        t.allocate(s, plan, p.dropout.active());
+        t.allocate(s, plan, p.dropout.active() || bf16);
+        Products products(shared, bp, plan, t);
         for (std::int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
           const std::int64_t c = task / (s.b * s.hkv);
           const std::int64_t hk = task % s.hkv;
@@ -471,27 +496,22 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
           for (std::int64_t kt = kt0; kt < kt1; ++kt) {
             const std::int64_t j0 = kt * plan.key_tile;
             const std::int64_t bc = std::min(plan.key_tile, s.nk - j0);
-            pack_rows(p.k, b, hk, j0, bc, s.d, t.k.data(), t.dp, plan.key_tile);
-            pack_transposed(p.k, b, hk, j0, bc, s.d, t.kt.data(), t.bcp, t.bcp);
-            pack_transposed(p.v, b, hk, j0, bc, s.dv, t.vt.data(), t.bcp, t.bcp);
+            products.key_tile(b, hk, j0, bc, true);
             std::fill(t.dk.begin(), t.dk.end(), T(0));
             std::fill(t.dv.begin(), t.dv.end(), T(0));
             for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
               for (std::int64_t i0 = 0; i0 < s.nq; i0 += plan.query_tile) {
                 const std::int64_t br = std::min(plan.query_tile, s.nq - i0);
                 if (tile_masked(p, i0, i0 + br, j0, j0 + bc)) continue;
-                std::int64_t ldq = t.dp, lddo = t.dvp;
-                const T* const qt = rows_in_place(p.q, b, h, i0, br, s.d, t.q.data(), ldq);
-                const T* const dot =
-                    rows_in_place(bp.grad_out, b, h, i0, br, s.dv, t.dout.data(), lddo);
+                products.query_tile(b, h, i0, br);
                 T* const pt = t.p.data();
                 T* const ds = t.ds.data();
                 const std::size_t row0 = static_cast<std::size_t>((b * s.h + h) * s.nq + i0);
                 const auto scale = static_cast<T>(p.scale);
                 // P = exp(min(x - M, 0))·inv from the scores as the stats pass computed them
                 // (the same bits): 0 where a key is not allowed and in the padding columns.
-                tile_logits<Ops, T>(p, plain_scores, b, h, i0, br, j0, bc, qt, ldq, t.kt.data(),
-                                    t.bcp, pt, t.factor.data());
+                tile_logits<Ops, T>(p, plain_scores, b, h, i0, br, j0, bc, products, t.bcp, pt,
+                                    t.factor.data());
                 Ops::weigh_rows(pt, br, t.bcp, stats.shift.data() + row0, stats.inv.data() + row0);
                 // With dropout, dV takes P∘Z and dP becomes dP∘Z (dropout_tile).
                 const T* pv = pt;
@@ -499,9 +519,8 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                   dropout_tile(p, b, h, i0, br, j0, bc, t.bcp, pt, t.zd.data(), t.pd.data());
                   pv = t.pd.data();
                 }
-                // dV_j += Pᵀ·dO_i: A(key, query) = P[query][key].
-                Ops::gemm(bc, t.dvp, br, pv, 1, t.bcp, dot, lddo, t.dv.data(), t.dvp, true);
-                Ops::gemm(br, t.bcp, s.dv, dot, lddo, 1, t.vt.data(), t.bcp, ds, t.bcp, false);
+                products.add_dv(pv);  // dV_j += Pᵀ·dO_i
+                products.dp(ds);      // dP = dO_i·V_jᵀ
                 if (p.dropout.active()) {
                   const T* z = t.zd.data();
                   for (std::int64_t x = 0; x < br * t.bcp; ++x) ds[x] *= z[x];
@@ -510,12 +529,12 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                 // allocated with), so P = 0 gives dS = 0 without a test.
                 Ops::ds_rows(ds, pt, p.modifiers.softcap > 0.0 ? t.factor.data() : nullptr, br,
                              t.bcp, scale, delta.data() + row0);
+
                 // dK_j += dSᵀ·Q_i; dQ_i += dS·K_j through the dQ tile, then added to the rows:
                 // the product's C stays in L1/L2 (accumulating into the rows themselves, which
                 // are far from cache by the next key tile, made the backward 10 % slower at
                 // d = 128 on a Zen 5).
-                Ops::gemm(bc, t.dp, br, ds, 1, t.bcp, qt, ldq, t.dk.data(), t.dp, true);
-                Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, t.dq.data(), t.dp, false);
+                products.add_dk_dq(ds);
                 for (std::int64_t r = 0; r < br; ++r) {
                   T* dst = dq_row(h, i0 + r);
                   const T* src = t.dq.data() + r * t.dp;

@@ -71,12 +71,11 @@ struct RowStats {
 // columns, or tile_scores' full transform. Both passes call this, so a score has the same bits
 // in both; the scaled score is stored before any subtraction so no fused multiply-add can
 // round scale·S - M differently from the max it is compared against.
-template <class Ops, class T>
+template <class Ops, class T, class Products>
 void tile_logits(const core::AttentionParams& p, bool plain, std::int64_t b, std::int64_t h,
                  std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
-                 const T* q, std::int64_t ldq, const T* kt, std::int64_t ld, T* x,
-                 T* factor) noexcept {
-  Ops::gemm(rows, ld, p.shape.d, q, ldq, 1, kt, ld, x, ld, false);
+                 Products& products, std::int64_t ld, T* x, T* factor) noexcept {
+  products.scores(x);
   if (plain) {
     Ops::scale_rows(x, rows, ld, static_cast<T>(p.scale));
     fill_forbidden(p, i0, rows, j0, cols, ld, x, -std::numeric_limits<T>::infinity());
@@ -89,9 +88,9 @@ void tile_logits(const core::AttentionParams& p, bool plain, std::int64_t b, std
 // from them, or from the caller's whole-row statistics when bp.row_max is bound. Parallel over
 // (b, h, query tile); each row's sums run over its key tiles in order, so no bit depends on the
 // thread count.
-template <class Ops, class T>
+template <class Ops, class T, class Products>
 void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, bool plain,
-                       RowStats<T>& st) {
+                       const typename Products::Shared& shared, RowStats<T>& st) {
   const core::AttentionParams& p = bp.forward;
   const core::AttentionShape& s = p.shape;
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -109,6 +108,7 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
                                                              std::int64_t end) {
     Tiles<T> t;
     t.allocate(s, plan, p.dropout.active());
+    Products products(shared, bp, plan, t);
     const auto tile_rows = static_cast<std::size_t>(plan.query_tile);
     std::vector<T> tile_max(tile_rows), tile_shift(tile_rows);
     std::vector<double> tile_sum(tile_rows), tile_dot(tile_rows);
@@ -130,20 +130,16 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
         std::fill_n(m, br, sink);
         std::fill_n(l, br, 1.0);
       }
-      std::int64_t ldq = t.dp, lddo = t.dvp;
-      const T* const q = rows_in_place(p.q, b, h, i0, br, s.d, t.q.data(), ldq);
-      const T* const dout = rows_in_place(bp.grad_out, b, h, i0, br, s.dv, t.dout.data(), lddo);
+      products.query_tile(b, h, i0, br);
       for (std::int64_t kt = 0; kt < key_tiles; ++kt) {
         const std::int64_t j0 = kt * plan.key_tile;
         const std::int64_t bc = std::min(plan.key_tile, s.nk - j0);
         if (tile_masked(p, i0, i0 + br, j0, j0 + bc)) continue;
-        pack_transposed(p.k, b, hk, j0, bc, s.d, t.kt.data(), t.bcp, t.bcp);
-        pack_transposed(p.v, b, hk, j0, bc, s.dv, t.vt.data(), t.bcp, t.bcp);
+        products.key_tile(b, hk, j0, bc, false);
         T* const x = t.p.data();
         T* const dp = t.ds.data();
-        tile_logits<Ops, T>(p, plain, b, h, i0, br, j0, bc, q, ldq, t.kt.data(), t.bcp, x,
-                            t.factor.data());
-        Ops::gemm(br, t.bcp, s.dv, dout, lddo, 1, t.vt.data(), t.bcp, dp, t.bcp, false);
+        tile_logits<Ops, T>(p, plain, b, h, i0, br, j0, bc, products, t.bcp, x, t.factor.data());
+        products.dp(dp);
         if (p.dropout.active()) {
           // D = dO·O, and O is made of the dropped weights: D = Σ P∘Z∘dP (dropout_factors
           // draws the gradient pass's Z).

@@ -170,11 +170,19 @@ LayerGradients run_backward(const TensorView& x, const LayerWeights& weights,
                                                    nq, heads, dv, "concatenated heads");
   const TensorView do_heads =
       head_view<TensorView>(dconcat.data(), compute, batched, batch, nq, heads, dv, "dConcat");
+  // The layer's products run in its compute type: a bf16 attention (options.attention.dtype)
+  // hands back its float32 gradients.
+  AttentionOptions attention = options.attention;
+  attention.grad_dtype.reset();
+  if (attention.dtype == DType::kBF16) attention.grad_dtype = DType::kF32;
   AttentionGradients a = step != nullptr
                              ? (*step)(q_heads, k_heads, v_heads, o_heads, state->lse.view(),
-                                       do_heads, options.attention)
+                                       do_heads, attention)
                              : attention_backward(q_heads, k_heads, v_heads, o_heads,
-                                                  state->lse.view(), do_heads, options.attention);
+                                                  state->lse.view(), do_heads, attention);
+  for (Tensor* t : {&a.dq, &a.dk, &a.dv}) {
+    if (t->dtype() != compute) *t = t->to(compute);
+  }
   g.kernel = a.kernel;
   g.dsinks = std::move(a.dsinks);
   const Tensor dq = heads_to_rows(a.dq, batched, batch, nq, heads, dk, "dQ");

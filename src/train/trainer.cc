@@ -50,6 +50,7 @@ LayerOptions layer_options(const TrainConfig& c) {
   o.heads = c.heads;
   o.attention.causal = true;
   o.attention.threads = c.threads;
+  if (c.attention_dtype == DType::kBF16) o.attention.dtype = DType::kBF16;
   return o;
 }
 

@@ -35,6 +35,10 @@ struct TrainConfig {
   // Attention dropout while training (not in evaluation): step s draws its masks with a seed
   // from (seed, s) and layer l's with dropout offset l, the backward drawing them again.
   double dropout = 0.0;
+  // The attention's computation: kF32, or kBF16 (the attention's forward and backward in bf16:
+  // bf16 dot products with float32 sums and softmax; the projections, the weights, their
+  // gradients and Adam stay float32).
+  DType attention_dtype = DType::kF32;
 };
 
 struct CurvePoint {

@@ -94,12 +94,39 @@ void test_backward(void) {
     qkv_result_free(grads);
     grads = NULL;
 
-    /* Refusals: dO of another shape, bf16 storage; no result is handed over. */
+    /* bf16: bf16 gradients by default, float32 on request; both near the float32 ones. */
+    options.dtype = QKV_BF16;
+    CHECK_OK(qkv_attention_backward(&q, &k, &v, &out, &lse, &dout, &options, &grads));
+    {
+      qkv_tensor view;
+      view.struct_size = sizeof view;
+      CHECK_OK(qkv_result_tensor(grads, QKV_RESULT_DV, &view));
+      CHECK(view.dtype == QKV_BF16);
+      qkv_result_free(grads);
+      grads = NULL;
+      options.grad_dtype = QKV_F32;
+      CHECK_OK(qkv_attention_backward(&q, &k, &v, &out, &lse, &dout, &options, &grads));
+      CHECK_OK(qkv_result_tensor(grads, QKV_RESULT_DV, &view));
+      CHECK(view.dtype == QKV_F32);
+      for (int e = 0; e < 6; ++e) CHECK(fabs(((const float*)view.data)[e] - dv[e]) < 3e-2);
+      qkv_result_free(grads);
+      grads = NULL;
+    }
+
+    /* Refusals: dO of another shape, f16 storage, bf16 gradients of a float32 call; no result
+     * is handed over. */
+    options.dtype = QKV_DTYPE_DEFAULT;
+    options.grad_dtype = QKV_DTYPE_DEFAULT;
     bad = make_tensor((void*)kDout, QKV_F32, 2, kShapeKV, "DO.npy");
     CHECK_ERROR(qkv_attention_backward(&q, &k, &v, &out, &lse, &bad, &options, &grads),
                 QKV_ERROR_INVALID_ARGUMENT, "DO.npy");
     CHECK(grads == NULL);
-    options.dtype = QKV_BF16;
+    options.grad_dtype = QKV_BF16;
+    CHECK_ERROR(qkv_attention_backward(&q, &k, &v, &out, &lse, &dout, &options, &grads),
+                QKV_ERROR_INVALID_ARGUMENT, "grad_dtype");
+    CHECK(grads == NULL);
+    options.grad_dtype = QKV_DTYPE_DEFAULT;
+    options.dtype = QKV_F16;
     CHECK_ERROR(qkv_attention_backward(&q, &k, &v, &out, &lse, &dout, &options, &grads),
                 QKV_ERROR_INVALID_ARGUMENT, "dtype");
     CHECK(grads == NULL);

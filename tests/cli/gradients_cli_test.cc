@@ -81,6 +81,36 @@ TEST_F(CliGradients, WritesWhatTheLibraryComputesBitForBit) {
   EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "o.npy"), fwd.out));
 }
 
+// --dtype bf16: the bf16 backward, its float32 sums written in --out-dtype (f32 here): bit for
+// bit the library's with grad_dtype float32; f16 and f64 outputs round those sums once.
+TEST_F(CliGradients, Bf16GradientsAreTheLibrarysFloat32Sums) {
+  const testing::CommandRun r =
+      run({"--dtype", "bf16", "--causal", "--sinks", "sinks.npy", "--grad-out", "do.npy",
+           "--grad-q", "dq.npy", "--grad-k", "dk.npy", "--grad-v", "dv.npy", "--grad-sinks",
+           "ds.npy", "--threads", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  AttentionOptions o;
+  o.dtype = DType::kBF16;
+  o.causal = true;
+  o.sinks = sinks_.view();
+  o.threads = 2;
+  o.return_lse = true;
+  const AttentionResult fwd = attention(q_.view(), k_.view(), v_.view(), o);
+  o.grad_dtype = DType::kF32;
+  const AttentionGradients g = attention_backward(q_.view(), k_.view(), v_.view(), fwd.out.view(),
+                                                  fwd.lse.view(), dout_.view(), o);
+  ASSERT_EQ(g.compute, DType::kBF16);
+  EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "dq.npy"), g.dq));
+  EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "dk.npy"), g.dk));
+  EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "dv.npy"), g.dv));
+  EXPECT_TRUE(testing::same_bytes(read_npy(dir_ / "ds.npy"), g.dsinks));
+  ASSERT_EQ(run({"--dtype", "bf16", "--out-dtype", "f16", "--grad-out", "do.npy", "--grad-v",
+                 "dv16.npy", "--backward-kernel", "fused_scalar"})
+                .status,
+            0);
+  EXPECT_EQ(read_npy(dir_ / "dv16.npy").dtype(), DType::kF16);
+}
+
 TEST_F(CliGradients, AnyBackwardKernelMayBeForcedAndAgrees) {
   ASSERT_EQ(
       run({"--grad-out", "do.npy", "--grad-q", "ref.npy", "--backward-kernel", "reference"}).status,
@@ -172,8 +202,8 @@ TEST_F(CliGradients, UsageErrorsNameTheFlags) {
 }
 
 TEST_F(CliGradients, BadInputIsOneLineAndNothingIsWritten) {
-  // bf16 storage cannot be differentiated.
-  expect_refused({"--dtype", "bf16", "--grad-out", "do.npy", "--grad-q", "dq.npy"}, "--dtype", 1);
+  // f16 storage cannot be differentiated (bf16 can).
+  expect_refused({"--dtype", "f16", "--grad-out", "do.npy", "--grad-q", "dq.npy"}, "--dtype", 1);
   // dO of the wrong shape, and with a NaN.
   const Tensor wrong = testing::random_tensor(DType::kF32, {4, 9, 6}, 26);
   write_npy(dir_ / "wrong.npy", wrong.view(), DType::kF32);
@@ -447,8 +477,25 @@ TEST_F(CliGradients, BenchBackwardReportsTheForwardBenchsFields) {
   EXPECT_NE(text.out.find("backward / forward time: "), std::string::npos) << text.out;
   testing::expect_refused(
       QKV_CLI_PATH, dir_.path(),
-      {"bench", "--backward", "--n", "40", "--d", "8", "--heads", "2", "--dtype", "bf16"},
+      {"bench", "--backward", "--n", "40", "--d", "8", "--heads", "2", "--dtype", "f16"},
       "--dtype", {2, 2});
+  // --dtype bf16: the bf16 backward, timed against the float32 backward in the same run.
+  const std::vector<std::string> bf16 = {
+      "bench", "--backward", "--n",  "40", "--d",          "8",   "--heads",  "2",
+      "--threads", "1",     "--dtype", "bf16", "--peak-gflops", "100", "--warmup", "0",
+      "--repeats", "1"};
+  const testing::CommandRun b = testing::run_program(QKV_CLI_PATH, dir_.path(), bf16);
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.out.find("bf16 backward: "), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("speedup vs the float32 backward: "), std::string::npos) << b.out;
+  std::vector<std::string> bf16_json = bf16;
+  bf16_json.push_back("--json");
+  const testing::CommandRun bj = testing::run_program(QKV_CLI_PATH, dir_.path(), bf16_json);
+  ASSERT_EQ(bj.status, 0) << bj.err;
+  for (const char* field : {"\"dtype\": \"bf16\"", "\"bf16_dot_products\": ",
+                            "\"f32_backward\": {\"kernel\": \"", "\"speedup_vs_f32_backward\": "}) {
+    EXPECT_NE(bj.out.find(field), std::string::npos) << field << " in " << bj.out;
+  }
   testing::expect_refused(QKV_CLI_PATH, dir_.path(), {"bench", "--backward", "--decode"},
                           "--backward", {2, 2});
 }

@@ -238,10 +238,11 @@ TEST(Backward, RefusesWhatItCannotDifferentiate) {
     return o;
   }());
   AttentionOptions options = in.options(c);
-  options.dtype = DType::kBF16;
+  options.dtype = DType::kF16;
   EXPECT_THROW_MESSAGE(attention_backward(in.q.view(), in.k.view(), in.v.view(), fwd.out.view(),
                                           fwd.lse.view(), in.dout.view(), options),
-                       "dtype: gradients are computed in float32 or float64, not bfloat16");
+                       "dtype: gradients are computed in float32, float64 or bfloat16, not "
+                       "float16");
   options.dtype.reset();
   Tensor wrong(DType::kF32, {c.b, c.h, c.nq, c.dv + 1}, "DO.npy");
   EXPECT_THROW_MESSAGE(attention_backward(in.q.view(), in.k.view(), in.v.view(), fwd.out.view(),

@@ -125,6 +125,10 @@ def ring_command(args, expect, launcher):
     # --dropout P > 0 is refused too (the ranks draw no mask); --dropout 0 is the plain run.
     if any(a == "--dropout" and float(p) != 0.0 for a, p in zip(args, args[1:])):
         return None
+    # The ring's backward computes in float32 or float64: it refuses bf16 gradients.
+    bf16 = any(a == "--dtype" and b == "bf16" for a, b in zip(args, args[1:]))
+    if bf16 and "--grad-out" in args:
+        return None
     return shlex.split(launcher) + args + ["--ring"]
 
 

@@ -198,7 +198,16 @@ def test_refusals_name_the_argument_in_one_line():
         layer.backward(np.full_like(out, np.nan), state)
     with pytest.raises(qkv.Error, match=r"kernel"):
         layer.backward(np.ones_like(out), state, kernel="no_such_kernel")
-    _, half = layer(x, dtype="bfloat16", return_state=True)
+    _, half = layer(x, dtype="float16", return_state=True)
     with pytest.raises(qkv.Error) as refused:
         layer.backward(np.ones_like(out), half)
     assert "\n" not in str(refused.value)
+    # A bfloat16 attention has a backward: the layer's gradients stay in its float32.
+    _, brain = layer(x, dtype="bfloat16", return_state=True)
+    grads = layer.backward(np.ones_like(out), brain)
+    exact = layer.backward(np.ones_like(out), state)
+    for got, want in zip(grads, exact):
+        if want is None:
+            continue
+        assert got.dtype == want.dtype
+        assert np.abs(got - want).max() <= 3e-2 * max(1.0, np.abs(want).max())

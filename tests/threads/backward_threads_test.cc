@@ -2,7 +2,8 @@
 // dQ, dK, dV and dSinks for 1, 2, 3 and 8 threads, with every option at once (grouped-query
 // heads, causal, softcap, ALiBi, sinks, a float mask), for a packed batch, and in float64;
 // under ThreadSanitizer (`make test-tsan`) the same calls show no race. Shapes span several
-// tiles and, with one kv head, several key chunks whose dQ partials are summed in order.
+// tiles and, with one kv head, several key chunks whose dQ partials are summed in order. bf16
+// too (bf16-stored inputs: the bf16 backward, vdpbf16ps where the CPU has it), with dropout.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -88,6 +89,13 @@ void expect_deterministic(const BackwardCall& c) {
 TEST(BackwardThreads, EveryOptionFloat32) { expect_deterministic(make_call(DType::kF32, false)); }
 TEST(BackwardThreads, PackedBatch) { expect_deterministic(make_call(DType::kF32, true)); }
 TEST(BackwardThreads, Float64) { expect_deterministic(make_call(DType::kF64, false)); }
+TEST(BackwardThreads, Bf16WithDropout) {
+  BackwardCall c = make_call(DType::kF32, false);
+  for (Tensor* t : {&c.q, &c.k, &c.v, &c.dout}) *t = t->to(DType::kBF16);
+  c.options.dropout_p = 0.2;
+  c.options.seed = 9;
+  expect_deterministic(c);
+}
 
 }  // namespace
 }  // namespace qkv

@@ -1,6 +1,8 @@
 // qkv bench --backward: times attention_backward in-process, the chosen backward kernel (the
 // library's choice, or --kernel) against the unfused CBLAS backward (`unfused_blas`) and the
-// forward in the same run, on the same deterministic inputs as the forward bench.
+// forward in the same run, on the same deterministic inputs as the forward bench. --dtype bf16
+// (Q, K, V and dO stored in bf16: the bf16 backward) is also timed against the float32
+// backward on float32 copies of the same values, in the same run.
 //
 // GFLOP/s count the backward as FlashAttention does: 2.5x the forward's useful flops
 // (2·(d + dv) per allowed pair and head: the backward recomputes S and does four more
@@ -17,6 +19,7 @@
 #include "bench.h"
 #include "cli_common.h"
 #include "decode_support.h"
+#include "kernels/backward_kernel.h"
 #include "kernels/kernel.h"
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
@@ -26,13 +29,16 @@
 namespace qkv::cli {
 
 void run_backward_bench(const BenchCommand& c) {
-  if (c.dtype != "f32" && c.dtype != "f64") {
+  if (c.dtype != "f32" && c.dtype != "f64" && c.dtype != "bf16") {
     usage_error("--dtype",
-                "--backward takes f32 or f64 (gradients are computed in float32 or "
-                "float64), got '" +
+                "--backward takes f32, f64 or bf16 (gradients are computed in float32, "
+                "float64 or bfloat16), got '" +
                     c.dtype + "'");
   }
-  const DType dtype = c.dtype == "f64" ? DType::kF64 : DType::kF32;
+  const DType dtype = c.dtype == "f64"    ? DType::kF64
+                      : c.dtype == "bf16" ? DType::kBF16
+                                          : DType::kF32;
+  const bool bf16 = dtype == DType::kBF16;
   const Tensor q = pattern_tensor(dtype, {c.batch, c.heads, c.n, c.d}, 1, "Q");
   const Tensor k = pattern_tensor(dtype, {c.batch, c.kv_heads, c.nk, c.d}, 2, "K");
   const Tensor v = pattern_tensor(dtype, {c.batch, c.kv_heads, c.nk, c.dv}, 3, "V");
@@ -41,7 +47,7 @@ void run_backward_bench(const BenchCommand& c) {
   options.causal = c.causal;
   options.threads = c.threads;
   options.return_lse = true;
-  options.out_dtype = dtype;
+  options.out_dtype = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
   options.dropout_p = c.dropout;
   options.seed = c.seed;
   const double forward_flops = attention_flops(q.shape(), k.shape(), v.shape(), options);
@@ -67,6 +73,27 @@ void run_backward_bench(const BenchCommand& c) {
                stderr);
   }
   const Timing chosen = time_calls(c.repeats, c.warmup, backward_with(c.kernel), flops);
+  // bf16: the float32 backward (the library's choice) on float32 copies of the same values.
+  std::optional<Timing> f32_backward;
+  std::string f32_note;
+  if (bf16 && !c.no_baseline) {
+    try {
+      const Tensor q32 = q.to(DType::kF32), k32 = k.to(DType::kF32), v32 = v.to(DType::kF32),
+                   do32 = dout.to(DType::kF32);
+      AttentionOptions o = options;
+      const AttentionResult f32_forward = attention(q32.view(), k32.view(), v32.view(), o);
+      f32_backward = time_calls(
+          c.repeats, c.warmup,
+          [&] {
+            return attention_backward(q32.view(), k32.view(), v32.view(), f32_forward.out.view(),
+                                      f32_forward.lse.view(), do32.view(), o)
+                .kernel;
+          },
+          flops);
+    } catch (const Error& e) {
+      f32_note = e.what();
+    }
+  }
   const Timing fwd = time_calls(
       c.repeats, c.warmup, [&] { return attention(q.view(), k.view(), v.view(), options).kernel; },
       forward_flops);
@@ -80,7 +107,13 @@ void run_backward_bench(const BenchCommand& c) {
     }
   }
   bench_peak.measure_again();
-  const double peak = bench_peak.of_dtype();
+  const double fma_peak = bench_peak.fma();
+  // The relevant peak: the bf16 dot-product peak where the bf16 backward runs vdpbf16ps, the
+  // fp64 FMA peak for float64, the FMA peak otherwise.
+  const bool bf16_dots = bf16 && kernels::backward_bf16_dots_available();
+  const double peak = bf16_dots && c.peak_gflops <= 0
+                          ? kernels::measure_bf16_dot_peak_gflops(c.threads)
+                          : bench_peak.of_dtype();
   if (c.json) {
     char useful[64];
     std::snprintf(useful, sizeof useful, "\"useful_gflop\": %.4f, ", flops * 1e-9);
@@ -90,6 +123,12 @@ void run_backward_bench(const BenchCommand& c) {
         ",\n  \"forward_ms\": %.4f, \"forward_kernel\": \"%s\", "
         "\"backward_forward_ratio\": %.4f",
         fwd.ms, fwd.kernel.c_str(), chosen.ms / fwd.ms);
+    if (bf16) std::printf(",\n  \"bf16_dot_products\": %s", bf16_dots ? "true" : "false");
+    if (f32_backward) {
+      std::printf(",\n");
+      print_json_timing("f32_backward", *f32_backward, fma_peak);
+      std::printf(",\n  \"speedup_vs_f32_backward\": %.4f", f32_backward->ms / chosen.ms);
+    }
     if (base) {
       std::printf(",\n");
       print_json_timing("baseline", *base, peak);
@@ -105,11 +144,26 @@ void run_backward_bench(const BenchCommand& c) {
       static_cast<long long>(c.kv_heads), static_cast<long long>(c.n), static_cast<long long>(c.nk),
       static_cast<long long>(c.d), static_cast<long long>(c.dv), c.causal ? " causal" : "",
       dropout_words(c).c_str(), c.dtype.c_str(), c.threads, kernels::simd_target_name().c_str());
-  std::printf("useful work %.3f GFLOP (2.5x the forward's); %s FMA peak %.1f GFLOP/s\n",
-              flops * 1e-9, dtype == DType::kF64 ? "fp64" : "fp32", peak);
+  std::printf("useful work %.3f GFLOP (2.5x the forward's); %s peak %.1f GFLOP/s\n",
+              flops * 1e-9,
+              dtype == DType::kF64 ? "fp64 FMA"
+              : bf16_dots          ? "bf16 dot-product (vdpbf16ps)"
+                                   : "fp32 FMA",
+              peak);
+  if (bf16) {
+    std::printf("bf16 backward: %s\n",
+                bf16_dots ? "bf16 dot products (vdpbf16ps)"
+                          : "float32 products on bf16-rounded operands (no vdpbf16ps here)");
+  }
   print_timing_line("backward", chosen, peak);
   print_timing_line("forward", fwd, peak);
   std::printf("backward / forward time: %.2f\n", chosen.ms / fwd.ms);
+  if (f32_backward) {
+    print_timing_line("f32 bwd", *f32_backward, fma_peak);
+    std::printf("speedup vs the float32 backward: %.2fx\n", f32_backward->ms / chosen.ms);
+  } else if (!f32_note.empty()) {
+    std::printf("float32 backward: not run (%s)\n", f32_note.c_str());
+  }
   if (base) {
     print_timing_line("baseline", *base, peak);
     std::printf("speedup vs the unfused backward: %.2fx\n", base->ms / chosen.ms);

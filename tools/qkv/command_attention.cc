@@ -52,6 +52,9 @@ void add_gradients(const AttentionCommand& command, const TensorView& q, const T
   const Tensor grad_out_read = read_input(flags.grad_out);
   const TensorView grad_out = in_layout(grad_out_read.view(), layout);
   options.kernel = flags.backward_kernel;
+  // Every output is written in --out-dtype: a bf16 backward hands over its float32 sums, so
+  // that they are rounded once, to --out-dtype.
+  if (forward.compute == DType::kBF16) options.grad_dtype = DType::kF32;
   // What the forward allocated is no longer the backward's to spend. dO is not counted here:
   // it is an input, which the budget left after the inputs already excludes.
   if (options.max_memory > 0) {
@@ -314,8 +317,10 @@ void register_attention_command(CLI::App& app) {
       "scaled by 1/(1-P); the mask depends on the seed, --dropout-offset and each weight's\n"
       "(batch, head, row, key) only, and the gradients draw it again. --weights then holds\n"
       "the weights after dropout; --lse is the softmax's, before dropout.\n"
-      "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in float32 (float64 for\n"
-      "float64 inputs) and written in --out-dtype; a bf16 or f16 --dtype is refused with them.\n"
+      "Gradients (--grad-out with --grad-q/k/v/sinks) are computed in the forward's type:\n"
+      "float32, float64 for float64 inputs, bf16 with --dtype bf16 or bf16 inputs (bf16 dot\n"
+      "products, P and dS rounded to bf16 as operands, float32 sums and softmax); they are\n"
+      "written in --out-dtype. An f16 --dtype is refused with them, and so is bf16 with --ring.\n"
       "On a terminal the backward draws its own progress line, in key rows.\n"
       "Across processes: mpirun -np P qkv attention --ring --q q.npy --k k.npy --v v.npy\n"
       "--causal --out o.npy splits the sequence over P ranks (zig-zag under --causal or\n"

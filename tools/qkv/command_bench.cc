@@ -456,8 +456,9 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--dtype", command->dtype,
                   "Q, K and V stored and computed as f64, f32, bf16 or f16 (default f32; f64, "
                   "bf16 and f16 are also timed against the float32 fused kernel, f64 also "
-                  "against the float64 reference); with --decode: the cache's storage, f32, "
-                  "bf16, f16 or int8");
+                  "against the float64 reference); with --backward f32, f64 or bf16 (bf16 also "
+                  "timed against the float32 backward); with --decode: the cache's storage, "
+                  "f32, bf16, f16 or int8");
   CLI::Option* lengths_option =
       sub->add_option("--lengths", command->lengths,
                       "with --decode: L1,L2,... rows of each sequence (B entries; B defaults to "
@@ -486,6 +487,7 @@ void register_bench_command(CLI::App& app) {
       "  qkv bench --n 1024 --d 64 --heads 8 --dtype f64 --threads 2\n"
       "  qkv bench --peak --threads 2\n"
       "  qkv bench --backward --n 2048 --d 64 --heads 8 --threads 2\n"
+      "  qkv bench --backward --n 2048 --d 128 --heads 8 --dtype bf16 --threads 2\n"
       "  qkv bench --layer --backward --n 1024 --d 64 --heads 8 --threads 2\n"
       "GFLOP/s count the useful work 2·(d+dv) per allowed (query, key) pair and head.\n"
       "--decode counts the K/V bytes one call must read: rows · Hkv · (d + dv) values of the\n"

@@ -28,6 +28,7 @@ namespace {
 struct TrainCommand {
   train::TrainConfig config;
   std::string task = "recall";
+  std::string dtype = "f32";
   float lr = 3e-3f;
   std::string out_path, html_path;
   CLI::Option* out_option = nullptr;
@@ -171,6 +172,7 @@ void run_train(TrainCommand& command) {
   train::TrainConfig& c = command.config;
   c.task.task = command.task == "mqar" ? train::Task::kMqar : train::Task::kRecall;
   c.adam.lr = command.lr;
+  c.attention_dtype = command.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   // A configuration no run can take is a usage error naming its flag, like a bad number.
   try {
     train::validate(c);
@@ -207,6 +209,7 @@ void run_train(TrainCommand& command) {
     j["heldout_accuracy"] = result.heldout_accuracy;
     j["loss"] = result.loss;
     j["steps"] = c.steps;
+    j["dtype"] = command.dtype;
     j["seconds"] = result.seconds;
     nlohmann::ordered_json curve = nlohmann::ordered_json::array();
     for (const train::CurvePoint& p : result.curve) {
@@ -277,6 +280,12 @@ void register_train_command(CLI::App& app) {
                   "attention dropout P in [0, 1) while training (0: none); held-out evaluation "
                   "runs without it")
       ->check(dropout_rate_check());
+  sub->add_option("--dtype", command->dtype,
+                  "the attention's computation, forward and backward: f32, or bf16 (bf16 dot "
+                  "products with float32 sums and softmax; the weights, their gradients and "
+                  "Adam stay float32)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   sub->add_option("--seed", c.seed,
                   "seed of initialisation, training, dropout and held-out streams (0 to 2^64-1)")
       ->check(seed_number())

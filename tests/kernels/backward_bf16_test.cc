@@ -1,0 +1,231 @@
+// The bf16 backward: every backward kernel against the float64 reference on the same
+// bf16-rounded Q, K, V and dO, within twice the error of the plain bf16 composition
+// (naive_bf16_backward.h) plus a tiny floor, over the float32 backward's cases (causal, window,
+// masks, rows with no allowed key, GQA, softcap, ALiBi, sinks, strided views) and dropout;
+// fused_hwy on every compiled SIMD target (vdpbf16ps where the CPU has AVX512-BF16, the float32
+// loop nest on rounded operands elsewhere); bf16-stored inputs; bf16 gradients by default and
+// float32 on request; bitwise identical gradients for threads 1, 2 and 3; refusals.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backward_cases.h"
+#include "kernel_cases.h"
+#include "kernels/backward_kernel.h"
+#include "kernels/kernel.h"
+#include "naive_bf16_backward.h"
+#include "qkv/attention_backward.h"
+#include "qkv/error.h"
+
+namespace qkv::testing {
+namespace {
+
+struct Bf16Run {
+  AttentionOptions options;  // dtype bf16 and the case's options
+  AttentionResult forward;
+};
+
+Bf16Run forward_bf16(const GradCase& c, const GradInputs& in, double dropout = 0.0) {
+  Bf16Run run;
+  run.options = in.options(c);
+  run.options.dtype = DType::kBF16;
+  run.options.dropout_p = dropout;
+  run.options.seed = 77;
+  run.options.return_lse = true;
+  run.forward = attention(in.qv(), in.kv(), in.vv(), run.options);
+  run.options.return_lse = false;
+  return run;
+}
+
+AttentionGradients backward_bf16(const GradInputs& in, const Bf16Run& run,
+                                 const std::string& kernel, int threads,
+                                 std::optional<DType> grad_dtype = DType::kF32) {
+  AttentionOptions options = run.options;
+  options.kernel = kernel;
+  options.threads = threads;
+  options.grad_dtype = grad_dtype;
+  return attention_backward(in.qv(), in.kv(), in.vv(), run.forward.out.view(),
+                            run.forward.lse.view(), in.dov(), options);
+}
+
+void expect_within_twice_naive(const AttentionGradients& g, const AttentionGradients& ref,
+                               const NaiveGradients& naive, bool sinks) {
+  const Tensor* got[] = {&g.dq, &g.dk, &g.dv};
+  const Tensor* want[] = {&ref.dq, &ref.dk, &ref.dv};
+  const Tensor* plain[] = {&naive.dq, &naive.dk, &naive.dv};
+  const char* names[] = {"dQ", "dK", "dV"};
+  for (int t = 0; t < 3; ++t) {
+    const double scale = max_abs(*want[t]);
+    const double naive_error = max_error(plain[t]->view(), want[t]->view());
+    const double error = max_error(got[t]->view(), want[t]->view());
+    EXPECT_LE(error, 2.0 * naive_error + 1e-6 * scale)
+        << names[t] << ": plain bf16 composition's error " << naive_error << ", scale " << scale;
+  }
+  if (sinks) {
+    const double naive_error = max_error(naive.dsinks.view(), ref.dsinks.view());
+    EXPECT_LE(max_error(g.dsinks.view(), ref.dsinks.view()),
+              2.0 * naive_error + 1e-6 * max_abs(ref.dsinks));
+  }
+}
+
+class Bf16Backward : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(Bf16Backward, WithinTwiceThePlainBf16Composition) {
+  const GradCase c = GetParam();
+  const GradInputs in = make_grad_inputs(c, 53);
+  for (const double dropout : {0.0, 0.25}) {
+    SCOPED_TRACE("dropout " + std::to_string(dropout));
+    const Bf16Run run = forward_bf16(c, in, dropout);
+    const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
+    ASSERT_EQ(ref.compute, DType::kBF16);
+    const NaiveGradients naive = naive_backward_bf16(in, run.options);
+    for (const std::string& kernel : attention_backward_kernel_names()) {
+      if (kernel == "reference") continue;
+      SCOPED_TRACE(kernel);
+      if (kernel != "fused_hwy") {
+        const AttentionGradients g = backward_bf16(in, run, kernel, 2);
+        ASSERT_EQ(g.kernel, kernel);
+        expect_within_twice_naive(g, ref, naive, c.sinks);
+        continue;
+      }
+      for (std::int64_t target : kernels::simd_targets()) {
+        SCOPED_TRACE(kernels::simd_target_name(target));
+        kernels::simd_force_target(target);
+        const bool dots = kernels::backward_bf16_dots_available();
+        const AttentionGradients g = backward_bf16(in, run, kernel, 2);
+        kernels::simd_force_target(0);
+        if (!dots && target == kernels::simd_targets().front()) {
+          std::cout << "[  NOTE    ] " << kernels::simd_target_name(target)
+                    << ": no vdpbf16ps here; the float32 loop nest on bf16-rounded operands\n";
+        }
+        expect_within_twice_naive(g, ref, naive, c.sinks);
+      }
+    }
+  }
+}
+
+TEST_P(Bf16Backward, BitwiseIdenticalForThreads123) {
+  const GradCase c = GetParam();
+  const GradInputs in = make_grad_inputs(c, 59);
+  const Bf16Run run = forward_bf16(c, in, 0.1);
+  for (const std::string& kernel : attention_backward_kernel_names()) {
+    SCOPED_TRACE(kernel);
+    const AttentionGradients one = backward_bf16(in, run, kernel, 1, std::nullopt);
+    for (int threads : {2, 3}) {
+      const AttentionGradients many = backward_bf16(in, run, kernel, threads, std::nullopt);
+      EXPECT_TRUE(same_bytes(one.dq, many.dq)) << threads;
+      EXPECT_TRUE(same_bytes(one.dk, many.dk)) << threads;
+      EXPECT_TRUE(same_bytes(one.dv, many.dv)) << threads;
+      EXPECT_TRUE(same_bytes(one.dsinks, many.dsinks)) << threads;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Bf16Backward, ::testing::ValuesIn(kernel_cases()),
+                         [](const auto& test) { return test.param.name; });
+
+// Head dims around the pairs and the 16-lane vectors, odd row counts (a last pair with zero),
+// query tiles past 128 rows.
+TEST(Bf16BackwardShapes, OddAndWideDims) {
+  for (const auto& [d, dv, nq, nk] : std::vector<std::array<std::int64_t, 4>>{
+           {1, 1, 3, 5}, {7, 9, 131, 67}, {17, 33, 129, 257}, {64, 64, 257, 130},
+           {128, 128, 70, 200}, {130, 72, 33, 45}}) {
+    GradCase c;
+    c.name = "d" + std::to_string(d);
+    c.d = d;
+    c.dv = dv;
+    c.nq = nq;
+    c.nk = nk;
+    c.causal = d % 2 == 1;
+    SCOPED_TRACE(c.name);
+    const GradInputs in = make_grad_inputs(c, 61);
+    const Bf16Run run = forward_bf16(c, in);
+    const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
+    const NaiveGradients naive = naive_backward_bf16(in, run.options);
+    for (const std::string& kernel : attention_backward_kernel_names()) {
+      if (kernel == "reference") continue;
+      SCOPED_TRACE(kernel);
+      expect_within_twice_naive(backward_bf16(in, run, kernel, 3), ref, naive, false);
+    }
+  }
+}
+
+// Q, K, V and dO stored in bf16: the default compute type is bf16, the gradients bf16 (the
+// float32 ones rounded once), or float32 on request.
+TEST(Bf16BackwardApi, Bf16StorageAndGradientDtypes) {
+  GradCase c;
+  c.nq = 40;
+  c.nk = 50;
+  c.d = 16;
+  c.dv = 8;
+  c.sinks = true;
+  GradInputs in = make_grad_inputs(c, 67);
+  for (Tensor* t : {&in.q, &in.k, &in.v, &in.dout}) *t = t->to(DType::kBF16);
+  AttentionOptions options = in.options(c);
+  options.return_lse = true;
+  const AttentionResult fwd = attention(in.qv(), in.kv(), in.vv(), options);
+  ASSERT_EQ(fwd.compute, DType::kBF16);
+  options.return_lse = false;
+  const AttentionGradients g = attention_backward(in.qv(), in.kv(), in.vv(), fwd.out.view(),
+                                                  fwd.lse.view(), in.dov(), options);
+  EXPECT_EQ(g.compute, DType::kBF16);
+  EXPECT_EQ(g.dq.dtype(), DType::kBF16);
+  EXPECT_EQ(g.dk.dtype(), DType::kBF16);
+  EXPECT_EQ(g.dv.dtype(), DType::kBF16);
+  EXPECT_EQ(g.dsinks.dtype(), DType::kBF16);
+  options.grad_dtype = DType::kF32;
+  const AttentionGradients f = attention_backward(in.qv(), in.kv(), in.vv(), fwd.out.view(),
+                                                  fwd.lse.view(), in.dov(), options);
+  EXPECT_EQ(f.compute, DType::kBF16);
+  EXPECT_EQ(f.dq.dtype(), DType::kF32);
+  EXPECT_EQ(f.kernel, g.kernel);
+  // The bf16 gradients are the float32 ones rounded once.
+  EXPECT_TRUE(same_bytes(g.dq, f.dq.to(DType::kBF16)));
+  EXPECT_TRUE(same_bytes(g.dk, f.dk.to(DType::kBF16)));
+  EXPECT_TRUE(same_bytes(g.dv, f.dv.to(DType::kBF16)));
+  EXPECT_TRUE(same_bytes(g.dsinks, f.dsinks.to(DType::kBF16)));
+  // QKV_VERBOSE's line says how the products ran.
+  const std::string choice = explain_backward_kernel_choice(
+      in.qv(), in.kv(), in.vv(), fwd.out.view(), fwd.lse.view(), in.dov(), options);
+  const bool dots = g.kernel == "fused_hwy" && kernels::backward_bf16_dots_available();
+  EXPECT_NE(choice.find(g.kernel + ": chosen, " +
+                        (dots ? "bf16 dot products (vdpbf16ps)"
+                              : "bf16 operands in float32 products")),
+            std::string::npos)
+      << choice;
+  // The memory estimate counts both sets.
+  options.grad_dtype.reset();
+  const std::uint64_t bf16_bytes = attention_backward_memory(in.qv(), in.kv(), in.vv(), options);
+  options.grad_dtype = DType::kF32;
+  EXPECT_GT(bf16_bytes, attention_backward_memory(in.qv(), in.kv(), in.vv(), options));
+}
+
+TEST(Bf16BackwardApi, RefusesGradientDtypesTheCallCannotGive) {
+  GradCase c;
+  const GradInputs in = make_grad_inputs(c, 71);
+  AttentionOptions options = in.options(c);
+  options.return_lse = true;
+  const AttentionResult fwd = attention(in.qv(), in.kv(), in.vv(), options);
+  options.return_lse = false;
+  const auto call = [&](const AttentionOptions& o) {
+    return attention_backward(in.qv(), in.kv(), in.vv(), fwd.out.view(), fwd.lse.view(),
+                              in.dov(), o);
+  };
+  options.grad_dtype = DType::kBF16;  // a float32 call
+  EXPECT_THROW_MESSAGE(call(options), "grad_dtype: bfloat16 gradients come from a bfloat16 call");
+  options.grad_dtype = DType::kF16;
+  EXPECT_THROW_MESSAGE(call(options), "grad_dtype: must be float32");
+  options.grad_dtype.reset();
+  options.dtype = DType::kF16;
+  EXPECT_THROW_MESSAGE(call(options), "not float16");
+  options.dtype = DType::kBF16;
+  options.grad_dtype = DType::kF64;
+  EXPECT_THROW_MESSAGE(call(options), "must be bfloat16 or float32");
+}
+
+}  // namespace
+}  // namespace qkv::testing
