@@ -1,13 +1,14 @@
 // Fuzz target: the command line. The input is split at NUL bytes into arguments for the qkv
-// app with its `attention`, `layer` and `explain` commands, run in a scratch folder (on tmpfs
-// where there is one) holding a few small valid inputs that the seeds name (q.npy, k.npy, v.npy,
-// x.npy, w.npy, m.npy, model.safetensors, model.npz, and for the version-2 flags --dtype,
+// app with its `attention`, `layer`, `explain` and `train` commands, run in a scratch folder (on
+// tmpfs where there is one) holding a few small valid inputs that the seeds name (q.npy, k.npy,
+// v.npy, x.npy, w.npy, m.npy, model.safetensors, model.npz, and for the version-2 flags --dtype,
 // --softcap, --alibi, --alibi-slopes, --sinks, --cu-seqlens-q/-k and --out-dtype f16: q16.npy,
 // s.npy, cq.npy, ck.npy; for explain's labels, l.txt; for the gradient flags, dy.npy, dyb.npy
-// (bool), do.npy and dobig.npy). explain's walk-through goes to stdout,
-// which is /dev/null here. Whatever the arguments, parsing and running must end in
-// success, a usage error (CLI::Error) or qkv::Error with a one-line message; any other
-// exception or crash is a finding.
+// (bool), do.npy and dobig.npy). explain's walk-through goes to stdout, which is /dev/null here.
+// train makes its data from its flags, so under the fuzzer its sizes are held tiny
+// (hold_train_small below). Whatever the arguments, parsing and running must end in success, a
+// usage error (CLI::Error) or qkv::Error with a one-line message; any other exception or crash
+// is a finding.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -109,6 +110,31 @@ void prepare_scratch_folder() {
   if (std::freopen("/dev/null", "w", stdout) == nullptr) qkv::fuzz::fail("cannot silence stdout");
 }
 
+// train's sizes and steps, held tiny so that one input runs in milliseconds and allocates
+// kilobytes (under -malloc_limit_mb=256 and -timeout=10, with AddressSanitizer): each flag gets
+// one more range check (past it, a usage error, as past the command's own range) and a tiny
+// default; one thread by default, at most two (0 would start one per hardware thread), and no
+// summary line (it would flood libFuzzer's log). Every flag, value form and refusal of the
+// command is still reached; only the sizes it would run are bounded.
+void hold_train_small(CLI::App& app) {
+  CLI::App* train = app.get_subcommand("train");
+  struct Cap {
+    const char* flag;
+    int low, high, tiny;
+  };
+  const Cap caps[] = {{"--layers", 1, 2, 1},  {"--d-model", 1, 16, 8}, {"--heads", 1, 4, 1},
+                      {"--pairs", 1, 4, 2},   {"--queries", 1, 4, 2},  {"--vocab", 2, 16, 4},
+                      {"--seq-len", 0, 16, 0}, {"--steps", 0, 3, 2},   {"--batch", 1, 4, 2},
+                      {"--heldout", 1, 8, 4}, {"--threads", 1, 2, 1}};
+  for (const Cap& cap : caps) {
+    train->get_option(cap.flag)
+        ->check(CLI::Range(cap.low, cap.high))
+        ->run_callback_for_default()
+        ->default_val(cap.tiny);
+  }
+  train->get_option("--quiet")->run_callback_for_default()->default_val(true);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -137,6 +163,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   qkv::cli::register_attention_command(app);
   qkv::cli::register_layer_command(app);
   qkv::cli::register_explain_command(app);
+  qkv::cli::register_train_command(app);
+  hold_train_small(app);
   // QKV_FUZZ_VERBOSE=1 says how each input ended (to check that the seeds reach the commands).
   static const bool verbose = std::getenv("QKV_FUZZ_VERBOSE") != nullptr;
   std::string outcome = "ran";

@@ -153,6 +153,15 @@ def main():
                          "--html p.html --svg s.svg",
         "explain_layer": "explain --x x.npy --wq w.npy --wk w.npy --wv w.npy --heads 2 --row 0,4 --softcap 3",
         "explain_fused": "explain --x x.npy --wqkv model.safetensors:c_attn --heads 2 --quiet --html p.html",
+        # train (its sizes held tiny by the target): a run with its outputs, the mqar task with
+        # dropout, a footprint past the budget, settings refused as usage errors, a bad seed.
+        "train_recall": "train --steps 2 --batch 2 --d-model 8 --heads 2 --pairs 2 --queries 2 --vocab 4 "
+                        "--heldout 4 --eval-every 1 --out t.safetensors --html t.html --json",
+        "train_mqar": "train --task mqar --layers 2 --d-model 8 --pairs 2 --seq-len 8 --vocab 4 --steps 1 "
+                      "--dropout 0.25 --lr 0.01 --seed 18446744073709551615 --threads 2",
+        "train_budget": "train --max-memory 1K --steps 1",
+        "train_refused": "train --heads 3 --d-model 8 --pairs 4 --vocab 2",
+        "train_bad_values": "train --lr nan --seed -1 --out t.npy",
     }
     for name, line in commands.items():
         write("cli_args", name, b"\x00".join(arg.encode() for arg in line.split(" ")))

@@ -187,19 +187,20 @@ struct RingGradients {
 // attention_backward.h) for the problem ring_attention spreads over the ranks, each rank
 // passing its rows of Q, K, V (as for ring_attention) and of O, the lse and dO (its query rows:
 // what ring_attention returned to it with return_lse, and the output's gradient) and getting its
-// rows of dQ, dK and dV. The K/V blocks travel around the ring with an accumulator of their dK
-// and dV (ring-flash-attention's backward): at each step a rank adds its queries' contributions
-// to the visiting block's dK/dV and to its own dQ, and after P steps each accumulator is back
-// with its owner. dsinks sums each rank's part in rank order. Equal to attention_backward() on
-// the whole inputs within the kernels' tolerance (docs/interface.md states it), bitwise
-// repeatable for a given rank count and thread count. Every option ring_attention takes; bf16 and
-// f16 computation are refused as attention_backward refuses them; options.kernel names a
-// tiled backward kernel (fused_hwy, unfused_blas or fused_scalar, which take the whole row's
-// softmax statistics; not the
-// reference, which recomputes the softmax from the keys in hand). A float32 call whose gradient
-// sums may pass float32's range runs in float64 on every rank (unless options.kernel names a
-// kernel), its gradients returned in float32; one whose scores pass float32's range is refused.
-// Errors as ring_attention.
+// rows of dQ, dK and dV. The K/V blocks travel around the ring twice: first for each query
+// row's softmax statistics (max, sum and D = Σ P·dP, merged block by block in a fixed order, as
+// one process computes them: the saved lse is checked, not read), then with an accumulator of
+// their dK and dV (ring-flash-attention's backward): at each step a rank adds its queries'
+// contributions to the visiting block's dK/dV and to its own dQ, and after P steps each
+// accumulator is back with its owner. dsinks sums each rank's part in rank order. Equal to
+// attention_backward() on the whole inputs within the kernels' tolerance (docs/interface.md
+// states it), as accurate at large scores, bitwise repeatable for a given rank count and
+// thread count. Every option ring_attention takes; bf16 and f16 computation are refused as
+// attention_backward refuses them; options.kernel names a tiled backward kernel (fused_hwy,
+// unfused_blas or fused_scalar, which give a block's row statistics and take the whole row's;
+// not the reference, which recomputes the softmax from the keys in hand). A float32 call whose
+// scores or gradient sums may pass float32's range runs in float64 on every rank (unless
+// options.kernel names a kernel), its gradients returned in float32. Errors as ring_attention.
 RingGradients ring_attention_backward(const TensorView& q_local, const TensorView& k_local,
                                       const TensorView& v_local, const TensorView& out_local,
                                       const TensorView& lse_local, const TensorView& grad_out_local,

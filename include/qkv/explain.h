@@ -1,4 +1,4 @@
-// qkv::explain: the seed's walk-through of query, key and value, for any input.
+// qkv::explain: the walk-through of query, key and value, for any input.
 //
 // An Explanation holds one attention problem (one batch element) as the library computed it:
 // every head's Q, K, V (float64 copies of what attention() read), the output O and the
@@ -146,7 +146,7 @@ std::vector<Explanation> explain_layer_batches(const TensorView& x, const LayerW
 // as values (cross-attention), then self-attention over the films themselves.
 std::vector<Explanation> builtin_examples();
 
-// One query row of one head, every step of the seed's walk-through.
+// One query row of one head, every step of the walk-through.
 struct RowWalkThrough {
   std::int64_t head = 0;
   std::int64_t row = 0;

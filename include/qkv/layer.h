@@ -1,4 +1,4 @@
-// The seed's whole system: from samples X (one per row) and projection matrices to the output.
+// The whole multi-head layer: from samples X (one per row) and projection matrices to the output.
 //   Q = X·W^Q + b^Q,  K = M·W^K + b^K,  V = M·W^V + b^V   (M = X unless cross-attention)
 //   head h = attention(Q_h, K_{h/(H/Hkv)}, V_{h/(H/Hkv)}),  Q_h = the h-th block of dk columns
 //   out = concat_h(head h)·W^O + b^O   (or the concatenation itself without W^O)
@@ -29,8 +29,12 @@ struct LayerWeights {
 struct LayerOptions {
   std::int64_t heads = 1;
   std::int64_t kv_heads = 0;  // 0: as many as heads
-  // Mask, causal, window, scale, threads, kernel, out_dtype and the extra outputs. The mask
-  // broadcasts to [B,H,Nq,Nk] ([H,Nq,Nk] for a 2-D X); weights come out in that shape.
+  // Mask, causal, window, scale, threads, kernel, out_dtype, the extra outputs and dropout. The
+  // mask broadcasts to [B,H,Nq,Nk] ([H,Nq,Nk] for a 2-D X); weights come out in that shape.
+  // Dropout (dropout_p, seed, dropout_offset) draws, for head h of batch b, the mask attention()
+  // draws for (b, h) on the projected heads [B,H,N,dk] with the same seed and offset (a packed
+  // batch: b is the sequence); multi_head_attention_backward given the same options draws it
+  // again, so the gradients are those of the forward that ran.
   AttentionOptions attention;
 };
 

@@ -7,6 +7,7 @@
 // The products run through CBLAS; the heads are strided views, as in the forward.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -54,6 +55,17 @@ LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWei
                                              const TensorView& grad_out,
                                              const std::optional<TensorView>& memory = std::nullopt,
                                              const LayerForwardState* state = nullptr);
+
+// The bytes multi_head_attention (filling a state) and multi_head_attention_backward allocate
+// together for these inputs and options, from the shapes alone (no value is read): the larger
+// of the forward's own estimate (what it counts against options.attention.max_memory) and what
+// the forward leaves held (its outputs and the state) plus the backward's allocations
+// (attention_backward_memory's share among them), each counted as alive at once. So a budget
+// can be checked for both before either runs, as qkv layer --grad-out --max-memory does. Throws
+// qkv::Error on shapes multi_head_attention would refuse.
+std::uint64_t multi_head_attention_backward_memory(
+    const TensorView& x, const LayerWeights& weights, const LayerOptions& options,
+    const std::optional<TensorView>& memory = std::nullopt);
 
 // The layer's backward attention step: given the heads as views (Q [.., H, N, dk], K
 // [.., Hkv, Nk, dk], V [.., Hkv, Nk, dv], O and dO [.., H, N, dv], the lse [.., H, N]) and

@@ -226,14 +226,17 @@ static inline void qkv_layer_options_init(qkv_layer_options* options) {
 }
 
 /* x [B, N, d] or [N, d]; `memory` (NULL: self-attention) is cross-attention's source of K and V.
- * The result's out is [.., N, d_out] ([.., N, H·dv] without wo). */
+ * The result's out is [.., N, d_out] ([.., N, H·dv] without wo). options->attention's dropout
+ * fields (version 3) drop the heads' weights: head h of batch b draws the mask qkv_attention
+ * draws for (b, h) on the projected heads [B, H, N, dk] with the same seed and dropout_offset. */
 qkv_status qkv_multi_head_attention(const qkv_tensor* x, const qkv_layer_weights* weights,
                                     const qkv_layer_options* options, const qkv_tensor* memory,
                                     qkv_result** result);
 
 /* The gradients of sum(out ∘ grad_out) for out = qkv_multi_head_attention(x, weights, options,
  * memory): grad_out has out's shape. The chain rule through the output projection, each head's
- * attention backward (every option of the forward honoured) and the input projections. The
+ * attention backward (every option of the forward honoured; with dropout, the same options draw
+ * the forward's mask again) and the input projections. The
  * forward runs again inside the call (the C API keeps no state between calls), so
  * options.attention->kernel, when set, names a kernel of both lists ("fused_hwy",
  * "unfused_blas", "fused_scalar", "reference"), for that forward and the backward. The result's parts are

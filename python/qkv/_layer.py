@@ -118,7 +118,7 @@ class MultiHeadAttention:
     def __call__(self, x, memory=None, attn_mask=None, is_causal=False, scale=None, window=None,
                  softcap=None, alibi_slopes=None, sinks=None, return_lse=False,
                  return_weights=False, threads=None, dtype=None, out_dtype=None,
-                 return_state=False):
+                 return_state=False, *, dropout_p=0.0, seed=0, dropout_offset=0):
         """The layer on samples x, [B, N, d] or [N, d] (one sample per row).
 
         memory: cross-attention's source of K and V, [B, Nk, d_m] or [Nk, d_m] (same rank and
@@ -141,13 +141,21 @@ class MultiHeadAttention:
 
         return_state: also keep what the backward needs; the call then returns the pair
         (result, state), result as above and state a qkv.LayerState for self.backward.
+
+        dropout_p, seed, dropout_offset: attention dropout (training), as for qkv.attention:
+        each head's weights are dropped with probability dropout_p (a number in [0, 1)) and the
+        kept ones scaled by 1/(1 - dropout_p); head h of batch b draws the mask qkv.attention
+        draws for (b, h) on the projected heads [B, heads, N, dk] with the same seed (an
+        integer in [0, 2**64)) and dropout_offset (one in [0, 2**32)). self.backward draws the
+        same mask again from the state. weights are those after dropout; lse the softmax's.
         """
         torch_out = self._torch_weights or torch_given(x, memory, attn_mask, alibi_slopes, sinks)
         bfloat16_in = all_bfloat16(x, memory, *(w for w in self._weights if w is not None))
         out_dtype, to_bfloat16 = output_dtype(out_dtype, torch_out, bfloat16_in)
         options = attention_options(attn_mask, is_causal, scale, window, softcap, alibi_slopes,
                                     sinks, dtype, out_dtype, return_lse, return_weights, threads,
-                                    caller="qkv.MultiHeadAttention")
+                                    caller="qkv.MultiHeadAttention", dropout_p=dropout_p,
+                                    seed=seed, dropout_offset=dropout_offset)
         caller = "qkv.MultiHeadAttention"
         x_in, memory_in = as_input(x, "x", caller), as_input(memory, "memory", caller)
         out, lse, weights, _, state = self._call(x_in, memory_in, options, return_state)
@@ -166,10 +174,11 @@ class MultiHeadAttention:
         The chain rule through the layer: dConcat = grad_out·W^Oᵀ, dW^O = Concatᵀ·grad_out,
         db^O = the column sums of grad_out; each head's dQ, dK, dV from qkv.attention_backward
         (every option of the forward honoured: mask, causal, window, softcap, ALiBi, sinks,
-        grouped-query heads); dW^Q = Xᵀ·dQ, db^Q = the column sums of dQ, dX = dQ·W^Qᵀ, and
-        dK·W^Kᵀ + dV·W^Vᵀ added to dX (or, with a memory, making dmemory). Computed in float64
-        when the forward computed in float64, else in float32 (a bfloat16 or float16 dtype=
-        is refused, as by qkv.attention_backward); bitwise the same for any thread count.
+        grouped-query heads, and dropout, whose mask is drawn again); dW^Q = Xᵀ·dQ, db^Q = the
+        column sums of dQ, dX = dQ·W^Qᵀ, and dK·W^Kᵀ + dV·W^Vᵀ added to dX (or, with a memory,
+        making dmemory). Computed in float64 when the forward computed in float64, else in
+        float32 (a bfloat16 or float16 dtype= is refused, as by qkv.attention_backward);
+        bitwise the same for any thread count.
 
         threads: as for the forward (default: the forward's); kernel forces a backward kernel
         (qkv.backward_kernel_names()). Returns qkv.LayerGradients: torch tensors when the

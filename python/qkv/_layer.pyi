@@ -63,7 +63,8 @@ class MultiHeadAttention:
         sinks: Optional[ArrayIn] = None, return_lse: Literal[False] = False,
         return_weights: Literal[False] = False, threads: Optional[int] = None,
         dtype: Optional[DTypeIn] = None, out_dtype: Optional[DTypeIn] = None,
-        return_state: Literal[False] = False,
+        return_state: Literal[False] = False, *, dropout_p: float = 0.0, seed: int = 0,
+        dropout_offset: int = 0,
     ) -> Array: ...
     @overload
     def __call__(
@@ -72,7 +73,8 @@ class MultiHeadAttention:
         softcap: Optional[float] = None, alibi_slopes: AlibiIn = None,
         sinks: Optional[ArrayIn] = None, return_lse: bool = False, return_weights: bool = False,
         threads: Optional[int] = None, dtype: Optional[DTypeIn] = None,
-        out_dtype: Optional[DTypeIn] = None, return_state: Literal[False] = False,
+        out_dtype: Optional[DTypeIn] = None, return_state: Literal[False] = False, *,
+        dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
     ) -> AttentionResult: ...
     @overload
     def __call__(
@@ -81,7 +83,8 @@ class MultiHeadAttention:
         softcap: Optional[float] = None, alibi_slopes: AlibiIn = None,
         sinks: Optional[ArrayIn] = None, return_lse: bool = False, return_weights: bool = False,
         threads: Optional[int] = None, dtype: Optional[DTypeIn] = None,
-        out_dtype: Optional[DTypeIn] = None, return_state: bool = False,
+        out_dtype: Optional[DTypeIn] = None, return_state: bool = False, *,
+        dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
     ) -> tuple[Union[Array, AttentionResult], LayerState]: ...
     def backward(
         self, grad_out: ArrayIn, state: LayerState, *, threads: Optional[int] = None,

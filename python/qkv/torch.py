@@ -66,11 +66,21 @@ class MultiheadAttention(torch.nn.Module):
     attention), out = concat(heads)·W_o + b_o. Weights are stored in qkv's X·W layout
     ([in, out], the transpose of nn.Linear's) and initialised as nn.Linear initialises its
     own: uniform in ±1/sqrt(in). forward takes X [B, N, embed_dim] or [N, embed_dim].
+
+    dropout: attention dropout in training mode (module.train(), the default), as
+    torch.nn.MultiheadAttention's: each head's weights dropped with that probability, the kept
+    ones scaled by 1/(1 - dropout); none in eval mode. Each forward draws its seed from torch's
+    generator (torch.manual_seed reproduces the masks) and its backward draws the same masks
+    again. forward(..., dropout_p=P) overrides it for one call, in either mode.
     """
 
     def __init__(self, embed_dim, num_heads, kv_heads=None, bias=True, kdim=None,
-                 head_dim=None, dtype=torch.float32):
+                 head_dim=None, dtype=torch.float32, *, dropout=0.0):
         super().__init__()
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
+                0.0 <= dropout < 1.0):
+            raise _qkv.Error(f"dropout: must be a number in [0, 1), got {dropout!r}")
+        self.dropout = float(dropout)
         kv_heads = kv_heads or num_heads
         if embed_dim <= 0 or num_heads <= 0 or num_heads % kv_heads != 0:
             raise ValueError("embed_dim and num_heads must be positive and kv_heads must "
@@ -107,6 +117,7 @@ class MultiheadAttention(torch.nn.Module):
         return y.unflatten(-1, (heads, self.head_dim)).transpose(-3, -2)
 
     def forward(self, x, memory=None, is_causal=False, attn_mask=None, **options):
+        options.setdefault("dropout_p", self.dropout if self.training else 0.0)
         m = x if memory is None else memory
         q = self._heads(self._project(x, self.wq, self.bq), self.num_heads)
         k = self._heads(self._project(m, self.wk, self.bk), self.kv_heads)

@@ -99,6 +99,53 @@ MemoryEstimate layer_memory(const LayerShape& s, const AttentionOptions& options
   return e;
 }
 
+std::uint64_t layer_state_memory(const LayerShape& s) noexcept {
+  const std::uint64_t cs = dtype_size(s.compute);
+  const std::uint64_t x_rows = saturating_mul(u(s.b), u(s.nq));
+  const std::uint64_t m_rows = saturating_mul(u(s.b), u(s.nk));
+  const std::uint64_t q_width = saturating_mul(u(s.heads), u(s.dk));
+  const std::uint64_t kv_width = saturating_mul(u(s.kv_heads), saturating_add(u(s.dk), u(s.dv)));
+  const std::uint64_t concat_width = saturating_mul(u(s.heads), u(s.dv));
+  std::uint64_t elements = saturating_mul(x_rows, saturating_add(q_width, concat_width));
+  elements = saturating_add(elements, saturating_mul(m_rows, kv_width));
+  elements = saturating_add(elements, saturating_mul(x_rows, u(s.heads)));  // the lse
+  return saturating_mul(elements, cs);
+}
+
+MemoryEstimate layer_backward_memory(const LayerShape& s, std::uint64_t attention_backward,
+                                     bool has_biases) noexcept {
+  const std::uint64_t cs = dtype_size(s.compute);
+  const std::uint64_t x_rows = saturating_mul(u(s.b), u(s.nq));
+  const std::uint64_t m_rows = saturating_mul(u(s.b), u(s.nk));
+  const std::uint64_t q_width = saturating_mul(u(s.heads), u(s.dk));
+  const std::uint64_t kv_width = saturating_mul(u(s.kv_heads), saturating_add(u(s.dk), u(s.dv)));
+  const std::uint64_t concat_width = saturating_mul(u(s.heads), u(s.dv));
+  const auto matrix = [&](std::uint64_t rows, std::uint64_t cols) {
+    return saturating_mul(saturating_mul(rows, cols), cs);
+  };
+  // The weights (W^Q, W^K, W^V, and W^O) as matrices, and their gradients: the same sizes.
+  std::uint64_t weights = saturating_add(matrix(u(s.d), q_width), matrix(u(s.d_m), kv_width));
+  if (s.has_wo) weights = saturating_add(weights, matrix(concat_width, u(s.d_out)));
+  MemoryEstimate e;
+  // The gradients returned: the weights', the biases' (at most one row each), dX (and dM).
+  e.outputs = weights;
+  if (has_biases) {
+    e.outputs = saturating_add(
+        e.outputs, matrix(1, saturating_add(saturating_add(q_width, kv_width), u(s.d_out))));
+  }
+  e.outputs = saturating_add(e.outputs, matrix(x_rows, u(s.d)));
+  if (s.cross) e.outputs = saturating_add(e.outputs, matrix(m_rows, u(s.d_m)));
+  // dY, dConcat, the heads' gradients as rows, X (and M) as matrices, the weights as matrices.
+  std::uint64_t m = saturating_add(matrix(x_rows, u(s.d_out)), matrix(x_rows, concat_width));
+  m = saturating_add(m, matrix(x_rows, q_width));
+  m = saturating_add(m, matrix(m_rows, kv_width));
+  m = saturating_add(m, matrix(x_rows, u(s.d)));
+  if (s.cross) m = saturating_add(m, matrix(m_rows, u(s.d_m)));
+  e.intermediates = saturating_add(m, weights);
+  e.workspace = attention_backward;
+  return e;
+}
+
 void check_memory_budget(const MemoryEstimate& estimate, std::uint64_t budget,
                          const std::string& what) {
   if (budget == 0 || estimate.total() <= budget) return;

@@ -50,6 +50,19 @@ struct LayerShape {
 MemoryEstimate layer_memory(const LayerShape& shape, const AttentionOptions& options,
                             std::uint64_t workspace) noexcept;
 
+// What multi_head_attention_backward allocates beyond what the forward left it (its state and
+// outputs), as its products run (layer_backward.cc): dY and the weights as matrices of the
+// compute dtype, dConcat, dW^O, the heads' gradients as rows, X (and M) as matrices, every weight
+// and bias gradient, dX (and dM); `attention_backward` is attention_backward's own estimate
+// (its gradients and the kernels' workspace), in `workspace`. An upper bound: each counted as
+// alive at once.
+MemoryEstimate layer_backward_memory(const LayerShape& shape, std::uint64_t attention_backward,
+                                     bool has_biases) noexcept;
+
+// What the forward keeps for the backward (LayerForwardState: Q, K, V, the concatenation and
+// the lse, in the compute dtype).
+std::uint64_t layer_state_memory(const LayerShape& shape) noexcept;
+
 // Throws qkv::Error (subject "max_memory") giving the bytes needed and the budget when
 // estimate.total() > budget; budget 0 means no limit. `what` names the call ("attention").
 void check_memory_budget(const MemoryEstimate& estimate, std::uint64_t budget,

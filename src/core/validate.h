@@ -100,8 +100,5 @@ void require_finite(const TensorView& view);
 // bfloat16 or float16.
 std::vector<double> require_finite(std::initializer_list<const TensorView*> views, int threads);
 
-// The exact largest |x| of a view whose values are all finite (require_finite's bound is 2^32
-// for a view whose values all lie below it): one pass over its elements.
-double largest_magnitude(const TensorView& view);
 
 }  // namespace qkv::core

@@ -85,17 +85,6 @@ BackwardCall validate_attention_backward(const TensorView& q, const TensorView& 
   BackwardCall call;
   call.forward = validate_attention(q, k, v, options);
   AttentionParams& p = call.forward.params;
-  // The float64 backward kernels that recompute the weights from the lse decline scores past
-  // a bound (kernels/attention_bwd_fused_scalar.cc, lse_recompute_declines) taken from Q's and
-  // K's largest magnitudes. The forward's scan leaves 2^32 for a tensor whose values all lie
-  // below it, which bounds a score by D·2^64, so every float64 call would decline: one exact
-  // pass over each, O(n·d) beside the backward's O(n²·d). (The float32 bounds are about
-  // float32's range, which 2^32 serves; they keep it.)
-  if (p.compute == DType::kF64) {
-    p.magnitudes.q = largest_magnitude(q);
-    p.magnitudes.k = largest_magnitude(k);
-    p.magnitudes.v = largest_magnitude(v);
-  }
   if (p.compute == DType::kF16) {
     throw Error("dtype", "gradients are computed in float32, float64 or bfloat16, not float16 (ask "
                          "for dtype float32 or bfloat16 to differentiate float16 inputs)");

@@ -1,22 +1,38 @@
 // The backward of ring attention over MPI (qkv/dist.h): ring-flash-attention's backward (Zhu,
-// 2024) on the ring of ring_attention.cc.
+// 2024) on the ring of ring_attention.cc, with each row's softmax statistics merged over the
+// ring first, as one process computes them (kernels/bwd_row_stats.h says why).
 //
 // P ranks, rank r holding its rows of Q, K, V and of O, the lse and dO (the layout's rows).
-// Before the ring each rank's problem is checked and agreed as the forward's is. Step
-// s = 0 .. P-1: rank r holds the K/V block of rank src = (r - s) mod P and, beside it, the dK/dV
-// accumulator of that block (the sum of the contributions of ranks src, src+1, .., r-1):
+// Before the ring each rank's problem is checked and agreed as the forward's is. Two rounds.
 //
-//   post: the K/V block on to rank r+1, the next one (rank r-s-1's) from rank r-1
-//   compute: for each (query range, key range) pair of this rank's rows and the block's that
-//            is visible (the forward's rule), one backward kernel call with the masking's
-//            position offsets (global positions for causal, window and ALiBi) and the whole
-//            rows' softmax statistics (BackwardParams::row_max = the saved lse rows, row_sum =
-//            1, delta = D): the kernel weighs exp(x - M)·exp(M - lse) with M its own max over
-//            the block, so the block's weights are the whole row's (a round that merges each
-//            block's own max and sum over the ring, as one process computes them, would remove
-//            the lse's rounding from the weights as it is removed there; not done yet):
-//            dQ of the query range, dK and dV of the key range; dQ added to this
-//            rank's dQ, dK/dV to the step's contribution (zeroed at the first visible pair)
+// Round 1, the statistics. Step s = 0 .. P-1: rank r holds the K/V block of rank
+// src = (r - s) mod P and posts its transfer on (to rank r+1; the next from rank r-1); for each
+// visible (query range, key range) pair of its rows and the block's, one kernel call in its
+// statistics mode (BackwardParams::stats_max/_sum/_dot) gives each row's max M, sum
+// l = Σ_j exp(x_ij - M) and u = Σ_j exp(x_ij - M)·dP_ij over the pair's keys, from the scores
+// the gradient call of round 2 computes (the same call, the same bits). They are merged into
+// the row's running (M*, l*, u*) as an online softmax merges two partial states:
+//
+//   M' = max(M*, M),  l* = l*·exp(M* - M') + l·exp(M - M'),  u* likewise,  M* = M'
+//
+// starting from (sink_h, 1, 0) with sinks (the sink's share of the sum) or (-inf, 0, 0), in a
+// fixed order (step order, then pair order), so the bits depend neither on the thread count nor
+// on the run. D_i = u*/l* (Σ_j P_ij·dP_ij, as the kernels compute it in one process: it cancels
+// dP exactly where one weight is 1, which D = dO·O from the saved O does not).
+//
+// Round 2, the gradients. Step s: the same K/V motion again (this rank's block packed anew) and,
+// beside the block, the dK/dV accumulator of that block (the sum of the contributions of ranks
+// src, src+1, .., r-1):
+//
+//   compute: for each visible pair, one backward kernel call with the masking's position
+//            offsets (global positions for causal, window and ALiBi) and the whole rows'
+//            statistics (BackwardParams::row_max = M*, row_sum = l*, delta = D): the kernel
+//            weighs exp(x - M)·exp(M - M*)/l* with M its own max over the pair's keys, and
+//            M - M* is a difference of two scores of the row as kernel calls computed them (0
+//            exactly for the block holding the row's max), so no weight is taken from the saved
+//            lse, which is validated but not read: dQ of the query range, dK and dV of the key
+//            range; dQ added to this rank's dQ, dK/dV to the step's contribution (zeroed at the
+//            first visible pair)
 //   wait for the block's accumulator (from rank r-1; at s = 0 this rank starts it), add the
 //   contribution, and send it on to rank r+1; post the receive of the next accumulator
 //   wait for the K/V transfers
@@ -26,16 +42,17 @@
 // and every sum runs in a fixed order (dQ: step order, then pair order; a block's dK/dV: rank
 // order src, src+1, ..; within a call the kernel's own fixed order), so the bits depend only on
 // P and the thread count. A block no query of this rank can see is forwarded with its
-// accumulator untouched. D = rowsum(dO∘O) is computed once per row before the ring (as the
-// kernels sum it) and read by every kernel call (BackwardParams::delta). dsinks: each rank's
-// -Σ_i P_sink,i·D_i over its rows, per (b, h) then over b as the kernels sum it, then the ranks'
-// parts summed in rank order on every rank.
+// accumulator untouched. dsinks: each rank's -Σ_i exp(sink_h - M*_i)/l*_i·D_i over its rows,
+// per (b, h) then over b as the kernels sum it, then the ranks' parts summed in rank order on
+// every rank.
 //
-// Traffic per step: the K/V block (B·Hkv·rows·(D + Dv) elements in their storage type) and the
-// dK/dV accumulator (the same count in the compute type, float32 or float64); P accumulator
-// messages and P-1 block messages per rank. Memory per rank: its rows of Q, K, V, O, dO, the lse
-// and dQ, two K/V blocks, two accumulators, one call's dK/dV and the step's contribution (block
-// sized), one dQ-sized partial, and the kernel's workspace.
+// Traffic per step: the K/V block (B·Hkv·rows·(D + Dv) elements in their storage type) in each
+// round and the dK/dV accumulator (the same count in the compute type, float32 or float64) in
+// the second; P accumulator messages and 2(P-1) block messages per rank. Compute: round 1 adds
+// two products of a block's size (Q·Kᵀ and dO·Vᵀ) to the kernel's seven. Memory per rank: its
+// rows of Q, K, V, O, dO, the lse and dQ, two K/V blocks, two accumulators, one call's dK/dV and
+// the step's contribution (block sized), one dQ-sized partial, six float64 statistics per query
+// row, and the kernel's workspace.
 #include <mpi.h>
 
 #include <algorithm>
@@ -71,9 +88,10 @@ using detail::since;
 constexpr int kBlockTag = 0;        // K/V blocks
 constexpr int kAccumulatorTag = 1;  // dK/dV accumulators
 
-// The tiled backward kernels, which take each row's whole softmax statistics from the caller
-// (BackwardParams::row_max, row_sum, delta): a block's probabilities are
-// then the whole row's. The reference recomputes the softmax from the keys in hand.
+// The tiled backward kernels, which give a call's row statistics (BackwardParams::stats_max,
+// stats_sum, stats_dot) and take each row's whole statistics from the caller (row_max, row_sum,
+// delta): a block's probabilities are then the whole row's. The reference recomputes the
+// softmax from the keys in hand.
 bool takes_row_stats(std::string_view name) {
   return name == "fused_hwy" || name == "unfused_blas" || name == "fused_scalar";
 }
@@ -113,12 +131,12 @@ const T* advance(const void* data, std::int64_t elements) {
   return static_cast<const T*>(data) + elements;
 }
 
-// One rank's state through the ring: its dQ, the step's dK/dV contribution, one kernel call's
-// outputs.
+// One rank's state through the ring: its rows' merged statistics (round 1), its dQ, the step's
+// dK/dV contribution, one kernel call's outputs (round 2).
 template <class T>
 class BackwardRun {
  public:
-  explicit BackwardRun(const Plan& plan) : plan_(plan) {
+  BackwardRun(const Plan& plan, const std::vector<double>& sinks) : plan_(plan) {
     const core::AttentionShape& s = plan.base.forward.shape;
     const auto dq_size = static_cast<std::size_t>(s.b * s.h * plan.n_local * s.d);
     dq_.assign(dq_size, T(0));
@@ -126,75 +144,112 @@ class BackwardRun {
     const auto block = static_cast<std::size_t>(plan.grad.bytes(plan.max_rows)) / sizeof(T);
     part_ = std::make_unique_for_overwrite<T[]>(block);
     contribution_ = std::make_unique_for_overwrite<T[]>(block);
+    const auto rows = static_cast<std::size_t>(s.b * s.h * plan.n_local);
+    max_.assign(rows, -std::numeric_limits<double>::infinity());
+    sum_.assign(rows, 0.0);
+    dot_.assign(rows, 0.0);
+    delta_.assign(rows, 0.0);
+    call_max_.resize(rows);
+    call_sum_.resize(rows);
+    call_dot_.resize(rows);
+    // The sink's share starts each row's sums, its score rounded to T as the kernels weigh it.
+    sinks_.reserve(sinks.size());
+    for (const double sink : sinks) sinks_.push_back(static_cast<double>(static_cast<T>(sink)));
+    if (!sinks_.empty()) {
+      for (std::int64_t bh = 0; bh < s.b * s.h; ++bh) {
+        const auto at = static_cast<std::size_t>(bh * plan.n_local);
+        std::fill_n(max_.begin() + static_cast<std::ptrdiff_t>(at), plan.n_local,
+                    sinks_[static_cast<std::size_t>(bh % s.h)]);
+        std::fill_n(sum_.begin() + static_cast<std::ptrdiff_t>(at), plan.n_local, 1.0);
+      }
+    }
   }
 
-  // This rank's queries against the block of rank `src`, held in `block`: dQ added to this
-  // rank's, dK/dV into the step's contribution. `poll` runs after each kernel call (MPI
-  // progress). Returns false when no pair of the block was visible (nothing computed).
+  // Round 1: this rank's rows against the block of rank `src`, held in `block`: each visible
+  // pair's statistics merged into the rows'. `poll` runs after each kernel call (MPI progress).
+  template <class Poll>
+  void gather_stats(int src, const char* block, core::KernelStatus& status, Poll&& poll) {
+    const core::AttentionShape& s = plan_.base.forward.shape;
+    each_visible_pair(src, block, [&](core::BackwardParams& bp, std::int64_t lq,
+                                      const RowRange& q) {
+      bp.stats_max = call_max_.data();
+      bp.stats_sum = call_sum_.data();
+      bp.stats_dot = call_dot_.data();
+      if (plan_.kernel->run(bp) != core::KernelStatus::kOk) {
+        status = core::KernelStatus::kOutOfMemory;
+      } else {
+        for (std::int64_t bh = 0; bh < s.b * s.h; ++bh) {
+          for (std::int64_t i = 0; i < q.size(); ++i) {
+            const auto from = static_cast<std::size_t>(bh * q.size() + i);
+            merge(static_cast<std::size_t>(bh * plan_.n_local + lq + i), call_max_[from],
+                  call_sum_[from], call_dot_[from]);
+          }
+        }
+      }
+      poll();
+    });
+  }
+
+  // After round 1: each row's D = u*/l* (0 for a row with no allowed key), and this rank's part
+  // of dsinks, -Σ_i exp(sink_h - M*_i)/l*_i·D_i per (b, h) in row order, then over b (as the
+  // kernels sum it).
+  std::vector<double> finish_stats() {
+    const core::AttentionShape& s = plan_.base.forward.shape;
+    for (std::size_t row = 0; row < max_.size(); ++row) {
+      delta_[row] = sum_[row] > 0.0 ? dot_[row] / sum_[row] : 0.0;
+    }
+    std::vector<double> dsinks(sinks_.size(), 0.0);
+    for (std::size_t h = 0; h < sinks_.size(); ++h) {
+      for (std::int64_t b = 0; b < s.b; ++b) {
+        double part = 0.0;
+        for (std::int64_t i = 0; i < plan_.n_local; ++i) {
+          const auto row = static_cast<std::size_t>(
+              (b * s.h + static_cast<std::int64_t>(h)) * plan_.n_local + i);
+          part -= std::exp(std::min(sinks_[h] - max_[row], 0.0)) / sum_[row] * delta_[row];
+        }
+        dsinks[h] += part;
+      }
+    }
+    return dsinks;
+  }
+
+  // Round 2: this rank's queries against the block of rank `src`, held in `block`: dQ added to
+  // this rank's, dK/dV into the step's contribution. Returns false when no pair of the block
+  // was visible (nothing computed).
   template <class Poll>
   bool compute(int src, const char* block, core::KernelStatus& status, Poll&& poll) {
-    const Plan& plan = plan_;
-    const core::AttentionShape& s = plan.base.forward.shape;
-    const std::vector<RowRange> theirs = rank_rows(plan.nk, plan.ranks, src, plan.layout);
-    std::int64_t rows = 0;
-    for (const RowRange& r : theirs) rows += r.size();
-    const std::int64_t nl = plan.n_local;
-    const std::int64_t dv_at = plan.grad.v_at(rows) / static_cast<std::int64_t>(sizeof(T));
+    const core::AttentionShape& s = plan_.base.forward.shape;
+    const std::int64_t rows = block_rows(src);
+    const std::int64_t nl = plan_.n_local;
+    const std::int64_t dv_at = plan_.grad.v_at(rows) / static_cast<std::int64_t>(sizeof(T));
     const DType grad = std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
+    const core::Strides4 per_row{s.h * nl, nl, 1, 0};
     bool any = false;
-    std::int64_t lq = 0;
-    for (const RowRange& q : plan.mine) {
-      std::int64_t lk = 0;
-      for (const RowRange& k : theirs) {
-        if (detail::visible(plan.base.forward.masking, plan.nq, plan.nk, q, k)) {
-          if (!any) {
-            std::fill_n(contribution_.get(), dv_at + s.b * s.hkv * rows * s.dv, T(0));
-            any = true;
-          }
-          core::BackwardParams bp = plan.base;
-          core::AttentionParams& p = bp.forward;
-          p.shape.nq = q.size();
-          p.shape.nk = k.size();
-          const auto rows_of = [&](auto& op) {
-            op.data = static_cast<const char*>(op.data) +
-                      lq * op.strides.row * static_cast<std::int64_t>(dtype_size(op.dtype));
-          };
-          rows_of(p.q);
-          rows_of(bp.out);
-          rows_of(bp.lse);
-          rows_of(bp.grad_out);
-          rows_of(bp.delta);
-          rows_of(bp.row_max);
-          rows_of(bp.row_sum);
-          detail::point_at_block(plan.kv, block, rows, lk, p.k, p.v);
-          detail::set_offsets(p.masking, plan.nq, plan.nk, q, k);
-          if (p.masking.mask != nullptr) {
-            // The mask's rows are this rank's query rows, its columns every key.
-            p.masking.mask = static_cast<const char*>(p.masking.mask) +
-                             p.masking.mask_strides.at(0, 0, lq, k.first) *
-                                 static_cast<std::int64_t>(dtype_size(p.masking.mask_dtype));
-          }
-          bp.dq = {dq_part_.get() + lq * s.d, grad,
-                   core::Strides4{s.h * nl * s.d, nl * s.d, s.d, 1}};
-          bp.dk = {part_.get() + lk * s.d, grad,
-                   core::Strides4{s.hkv * rows * s.d, rows * s.d, s.d, 1}};
-          bp.dv = {part_.get() + dv_at + lk * s.dv, grad,
-                   core::Strides4{s.hkv * rows * s.dv, rows * s.dv, s.dv, 1}};
-          bp.dsinks = nullptr;
-          if (plan.kernel->run(bp) != core::KernelStatus::kOk) {
-            status = core::KernelStatus::kOutOfMemory;
-          } else {
-            add_rows(dq_.data(), dq_part_.get(), s.b * s.h, nl, lq, q.size(), s.d);
-            add_rows(contribution_.get(), part_.get(), s.b * s.hkv, rows, lk, k.size(), s.d);
-            add_rows(contribution_.get() + dv_at, part_.get() + dv_at, s.b * s.hkv, rows, lk,
-                     k.size(), s.dv);
-          }
-          poll();
-        }
-        lk += k.size();
+    each_visible_pair(src, block, [&](core::BackwardParams& bp, std::int64_t lq,
+                                      const RowRange& q, std::int64_t lk, const RowRange& k) {
+      if (!any) {
+        std::fill_n(contribution_.get(), dv_at + s.b * s.hkv * rows * s.dv, T(0));
+        any = true;
       }
-      lq += q.size();
-    }
+      bp.row_max = {max_.data() + lq, DType::kF64, per_row};
+      bp.row_sum = {sum_.data() + lq, DType::kF64, per_row};
+      bp.delta = {delta_.data() + lq, DType::kF64, per_row};
+      bp.dq = {dq_part_.get() + lq * s.d, grad,
+               core::Strides4{s.h * nl * s.d, nl * s.d, s.d, 1}};
+      bp.dk = {part_.get() + lk * s.d, grad,
+               core::Strides4{s.hkv * rows * s.d, rows * s.d, s.d, 1}};
+      bp.dv = {part_.get() + dv_at + lk * s.dv, grad,
+               core::Strides4{s.hkv * rows * s.dv, rows * s.dv, s.dv, 1}};
+      if (plan_.kernel->run(bp) != core::KernelStatus::kOk) {
+        status = core::KernelStatus::kOutOfMemory;
+      } else {
+        add_rows(dq_.data(), dq_part_.get(), s.b * s.h, nl, lq, q.size(), s.d);
+        add_rows(contribution_.get(), part_.get(), s.b * s.hkv, rows, lk, k.size(), s.d);
+        add_rows(contribution_.get() + dv_at, part_.get() + dv_at, s.b * s.hkv, rows, lk,
+                 k.size(), s.dv);
+      }
+      poll();
+    });
     return any;
   }
 
@@ -222,6 +277,74 @@ class BackwardRun {
   const std::vector<T>& dq() const { return dq_; }
 
  private:
+  std::int64_t block_rows(int src) const {
+    return rank_row_count(plan_.nk, plan_.ranks, src, plan_.layout);
+  }
+
+  // f(bp, lq, q, lk, k) (or f(bp, lq, q)) for each (query range, key range) pair of this
+  // rank's rows and the block of rank `src` that is visible, in pair order: bp is the pair's
+  // call, its gradients and statistics unbound.
+  template <class F>
+  void each_visible_pair(int src, const char* block, F&& f) const {
+    const Plan& plan = plan_;
+    const std::vector<RowRange> theirs = rank_rows(plan.nk, plan.ranks, src, plan.layout);
+    const std::int64_t rows = block_rows(src);
+    std::int64_t lq = 0;
+    for (const RowRange& q : plan.mine) {
+      std::int64_t lk = 0;
+      for (const RowRange& k : theirs) {
+        if (detail::visible(plan.base.forward.masking, plan.nq, plan.nk, q, k)) {
+          core::BackwardParams bp = plan.base;
+          core::AttentionParams& p = bp.forward;
+          p.shape.nq = q.size();
+          p.shape.nk = k.size();
+          const auto rows_of = [&](auto& op) {
+            op.data = static_cast<const char*>(op.data) +
+                      lq * op.strides.row * static_cast<std::int64_t>(dtype_size(op.dtype));
+          };
+          rows_of(p.q);
+          rows_of(bp.out);
+          rows_of(bp.lse);
+          rows_of(bp.grad_out);
+          detail::point_at_block(plan.kv, block, rows, lk, p.k, p.v);
+          detail::set_offsets(p.masking, plan.nq, plan.nk, q, k);
+          if (p.masking.mask != nullptr) {
+            // The mask's rows are this rank's query rows, its columns every key.
+            p.masking.mask = static_cast<const char*>(p.masking.mask) +
+                             p.masking.mask_strides.at(0, 0, lq, k.first) *
+                                 static_cast<std::int64_t>(dtype_size(p.masking.mask_dtype));
+          }
+          bp.dsinks = nullptr;
+          if constexpr (std::is_invocable_v<F, core::BackwardParams&, std::int64_t,
+                                            const RowRange&>) {
+            f(bp, lq, q);
+          } else {
+            f(bp, lq, q, lk, k);
+          }
+        }
+        lk += k.size();
+      }
+      lq += q.size();
+    }
+  }
+
+  // One pair's statistics (m, l, u) of a row into its running state (see the top): exp(-inf)
+  // = 0 takes an empty side out; equal maxima need no exponential.
+  void merge(std::size_t row, double m, double l, double u) {
+    if (m == -std::numeric_limits<double>::infinity()) return;  // no allowed key in the pair
+    double& into_max = max_[row];
+    if (m > into_max) {
+      const double f = std::exp(into_max - m);
+      sum_[row] = sum_[row] * f + l;
+      dot_[row] = dot_[row] * f + u;
+      into_max = m;
+    } else {
+      const double f = m == into_max ? 1.0 : std::exp(m - into_max);
+      sum_[row] += l * f;
+      dot_[row] += u * f;
+    }
+  }
+
   // to[g][first + r][c] += from[g][first + r][c] for `groups` groups of `stride` rows of `cols`.
   static void add_rows(T* to, const T* from, std::int64_t groups, std::int64_t stride,
                        std::int64_t first, std::int64_t count, std::int64_t cols) {
@@ -232,6 +355,10 @@ class BackwardRun {
   }
 
   const Plan& plan_;
+  std::vector<double> sinks_;  // per head, rounded to T
+  // Each query row's merged M*, l*, u* and D, [b][h][i] over this rank's rows; one call's.
+  std::vector<double> max_, sum_, dot_, delta_;
+  std::vector<double> call_max_, call_sum_, call_dot_;
   std::vector<T> dq_;
   std::unique_ptr<T[]> dq_part_;
   std::unique_ptr<T[]> part_;
@@ -242,10 +369,11 @@ class BackwardRun {
 // ranks agree on it, and on their allocations, before the first step. A kernel that fails
 // inside the ring leaves its problem for the caller's agreement at the end (the rank keeps
 // forwarding meanwhile).
+// `sinks`: per head, or empty; `dsinks` receives this rank's part of their gradients.
 template <class T>
 void run_ring(const Plan& plan, const Communicator& communicator, const TensorView& q,
-              const TensorView& k, const TensorView& v, RingGradients& result,
-              std::string& problem) {
+              const TensorView& k, const TensorView& v, const std::vector<double>& sinks,
+              RingGradients& result, std::vector<double>& dsinks, std::string& problem) {
   const MPI_Comm comm = mpi_comm(communicator);
   std::array<std::unique_ptr<char[]>, 2> blocks;
   std::array<std::unique_ptr<T[]>, 2> accumulators;
@@ -262,7 +390,7 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
       accumulators[i] = std::make_unique_for_overwrite<T[]>(grad_capacity / sizeof(T));
     }
     detail::pack_block(plan.kv, k, v, blocks[0].get());
-    guarded = std::make_unique<BackwardRun<T>>(plan);
+    guarded = std::make_unique<BackwardRun<T>>(plan, sinks);
   } catch (const std::bad_alloc&) {
     if (problem.empty()) problem = "ring backward: out of memory allocating its blocks and state";
   } catch (const std::exception& e) {
@@ -279,7 +407,37 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
   const auto grad_count = [&](int rank) {
     return mpi_count(plan.grad.bytes(rows_of(rank)), "a dK/dV accumulator");
   };
-  // The accumulator sent at the previous step and the one being received for this step.
+  // Round 1: the K/V blocks around the ring once, each row's statistics merged in step order.
+  for (int step = 0; step < ranks; ++step) {
+    const int src = (plan.me - step + ranks) % ranks;
+    char* const hand = blocks[static_cast<std::size_t>(step % 2)].get();
+    char* const coming = blocks[static_cast<std::size_t>((step + 1) % 2)].get();
+    std::array<MPI_Request, 2> moves = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const Clock::time_point posted = Clock::now();
+    const bool moving = step + 1 < ranks;
+    if (moving) {
+      const int from = (plan.me - step - 1 + 2 * ranks) % ranks;
+      const int receive = mpi_count(plan.kv.bytes(rows_of(from)), "a K/V block");
+      const int send = mpi_count(plan.kv.bytes(rows_of(src)), "a K/V block");
+      MPI_Irecv(coming, receive, MPI_BYTE, prev, kBlockTag, comm, &moves[0]);
+      MPI_Isend(hand, send, MPI_BYTE, next, kBlockTag, comm, &moves[1]);
+      times.bytes_sent += send;
+    }
+    const Clock::time_point start = Clock::now();
+    run.gather_stats(src, hand, status, [&] {
+      int done = 0;
+      if (moving) MPI_Testall(2, moves.data(), &done, MPI_STATUSES_IGNORE);
+    });
+    times.compute += since(start);
+    if (moving) {
+      times.wait += wait_all(2, moves.data(), comm, "the next K/V block");
+      times.transfer += since(posted);
+    }
+  }
+  dsinks = run.finish_stats();
+  detail::pack_block(plan.kv, k, v, blocks[0].get());  // round 2 starts from this rank's block
+
+  // Round 2. The accumulator sent at the previous step and the one being received for this step.
   MPI_Request sending = MPI_REQUEST_NULL, receiving = MPI_REQUEST_NULL;
   for (int step = 0; step < ranks; ++step) {
     const int src = (plan.me - step + ranks) % ranks;
@@ -357,49 +515,6 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
   std::copy_n(own, dk_elements, static_cast<T*>(result.dk.data()));
   std::copy_n(own + plan.grad.v_at(rows) / static_cast<std::int64_t>(sizeof(T)), result.dv.numel(),
               static_cast<T*>(result.dv.data()));
-}
-
-// D_i = Σ_c dO_ic·O_ic of this rank's query rows, [b][h][i] in float64, summed as the kernels
-// sum it (so that a kernel reading it gives the bits it would compute itself).
-std::vector<double> row_deltas(const core::BackwardParams& bp) {
-  const core::AttentionShape& s = bp.forward.shape;
-  std::vector<double> delta(static_cast<std::size_t>(s.b * s.h * s.nq));
-  for (std::int64_t b = 0; b < s.b; ++b) {
-    for (std::int64_t h = 0; h < s.h; ++h) {
-      for (std::int64_t i = 0; i < s.nq; ++i) {
-        double dot = 0.0;
-        for (std::int64_t c = 0; c < s.dv; ++c) {
-          dot += core::load_real(bp.grad_out.data, bp.grad_out.dtype,
-                                 bp.grad_out.strides.at(b, h, i, c)) *
-                 core::load_real(bp.out.data, bp.out.dtype, bp.out.strides.at(b, h, i, c));
-        }
-        delta[static_cast<std::size_t>((b * s.h + h) * s.nq + i)] = dot;
-      }
-    }
-  }
-  return delta;
-}
-
-// This rank's part of dsinks per head: -Σ exp(min(sink_h - lse_i, 0))·D_i over its rows, per
-// (b, h) in row order, then over b (the kernels' order).
-std::vector<double> local_dsinks(const core::BackwardParams& bp, const std::vector<double>& delta,
-                                 const std::vector<double>& sinks) {
-  const core::AttentionShape& s = bp.forward.shape;
-  std::vector<double> dsinks(static_cast<std::size_t>(s.h), 0.0);
-  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-  for (std::int64_t h = 0; h < s.h; ++h) {
-    const double sink = sinks[static_cast<std::size_t>(h)];
-    for (std::int64_t b = 0; b < s.b; ++b) {
-      double sum = 0.0;
-      for (std::int64_t i = 0; i < s.nq; ++i) {
-        const double l = core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
-        const double dot = delta[static_cast<std::size_t>((b * s.h + h) * s.nq + i)];
-        if (sink != kNegInf && l != kNegInf) sum -= std::exp(std::min(sink - l, 0.0)) * dot;
-      }
-      dsinks[static_cast<std::size_t>(h)] += sum;
-    }
-  }
-  return dsinks;
 }
 
 // ring_attention_backward on float64 copies of its inputs (Q, K and V through
@@ -511,22 +626,17 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
     core::BackwardParams whole = base;
     whole.forward.shape.nq = plan.nq;
     whole.forward.shape.nk = plan.nk;
-    // The kernels will be given the rows' statistics (the saved lse): the checks that apply
-    // to such calls apply (lse_recompute_declines).
-    whole.row_max = base.lse;
     static double unused = 0.0;
     const core::OutputOperand slot{&unused, grad, core::Strides4{0, 0, 0, 1}};
     whole.dq = whole.dk = whole.dv = slot;
     if (const std::string reason = kernels::backward_float64_declines(whole); !reason.empty()) {
       throw Error("attention_backward", "cannot compute these gradients: " + reason);
     }
-    // Gradient sums beyond float32's range (scores within it): where one process would run the
-    // reference, the ring computes in float64, as its forward does for scores beyond float32's
-    // range. Such scores themselves are not widened here: the ring's kernels weigh each
-    // probability relative to the saved lse (exp(M - lse) with M a score of the row), which at
-    // |s| past float32's range keeps no digits even in float64, so that call stays refused.
-    widen = options.kernel.empty() && !wide && kernels::float32_declines(whole.forward).empty() &&
-            !kernels::backward_float32_declines(whole).empty();
+    // Scores or gradient sums beyond float32's range: where one process would run the
+    // reference, the ring computes in float64 on every rank, as its forward does for such
+    // scores (each row's statistics are merged over the ring in float64, so the weights keep
+    // their digits at any score: the top).
+    widen = options.kernel.empty() && !wide && !kernels::backward_float32_declines(whole).empty();
     if (!widen) plan.kernel = &ring_backward_kernel(whole, options.kernel);
   } catch (const std::exception& e) {
     problem = problem_of(e);
@@ -541,25 +651,11 @@ RingGradients ring_attention_backward(const TensorView& q, const TensorView& k, 
   result.kernel = std::string(plan.kernel->name);
   result.compute = grad;
   result.threads = base.forward.threads;
-  std::vector<double> delta, dsinks, row_sum;
-  try {
-    // D once per row, for every block's kernel call and for dsinks.
-    delta = row_deltas(base);
-    const core::Strides4 per_row{s.h * plan.n_local, plan.n_local, 1, 0};
-    plan.base.delta = {delta.data(), DType::kF64, per_row};
-    // The whole row's softmax statistics for the kernels, which see one block of keys per call:
-    // M* = lse and l* = 1 (exp(x - lse) is the whole row's weight).
-    row_sum.assign(delta.size(), 1.0);
-    plan.base.row_max = base.lse;
-    plan.base.row_sum = {row_sum.data(), DType::kF64, per_row};
-    if (!sinks.empty()) dsinks = local_dsinks(base, delta, sinks);
-  } catch (const std::exception& e) {
-    problem = problem_of(e);
-  }
+  std::vector<double> dsinks;
   if (wide) {
-    run_ring<double>(plan, comm, q, k, v, result, problem);
+    run_ring<double>(plan, comm, q, k, v, sinks, result, dsinks, problem);
   } else {
-    run_ring<float>(plan, comm, q, k, v, result, problem);
+    run_ring<float>(plan, comm, q, k, v, sinks, result, dsinks, problem);
   }
   agree(comm, problem);
   if (!sinks.empty()) {

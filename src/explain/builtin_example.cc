@@ -1,4 +1,4 @@
-// The built-in example: the seed's analogy with numbers small enough to read.
+// The built-in example: the films-and-users analogy with numbers small enough to read.
 //
 // Films are samples described by what is in them. Two different projections of the same film
 // rows give its key (which genres it belongs to: what a taste can match) and its value (what

@@ -1,4 +1,6 @@
-// One query row, step by step in the seed's order, and its terminal text.
+// One query row, step by step in the classic explanation's order (the query, its raw relevance
+// to each key, the scaled and masked scores, the softmax weights, the values, the weighted sum,
+// the entropy), and its terminal text.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>

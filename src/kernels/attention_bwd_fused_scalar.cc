@@ -57,30 +57,6 @@ std::string backward_float32_declines(const core::BackwardParams& bp) {
   return gradient_bounds_declines(bp, std::numeric_limits<float>::max() / 2, "float32");
 }
 
-// Weights computed relative to the saved lse lose precision with the scores: s and the lse each
-// carry a rounding error of about |s|·2^-53 in float64, which the exp turns into a relative
-// error of the weight of the same size (1e-3 against the reference at scores of 1e12, wrong
-// gradients at 1e37). In one process the tiled kernels no longer do that (they compute each
-// row's max and sum themselves, bwd_row_stats.h) and this check passes; a call given the whole
-// rows' statistics (BackwardParams::row_max: the ring's, which are still the saved lse,
-// exp(M - lse), ring_backward.cc) is declined past a bound of 2^20 (the weights' error then
-// stays below about 1e-9), and the ring refuses it. A softcap bounds the capped score's error
-// by about softcap·2^-53, whatever s is.
-std::string lse_recompute_declines(const core::BackwardParams& bp) {
-  constexpr double kLimit = 1048576.0;
-  if (bp.row_max.data == nullptr) return {};  // the kernel's own statistics: no lse involved
-  const core::AttentionParams& p = bp.forward;
-  const double dot = static_cast<double>(p.shape.d) * p.magnitudes.q * p.magnitudes.k;
-  const double score = p.modifiers.softcap > 0 ? p.modifiers.softcap : std::abs(p.scale) * dot;
-  if (score <= kLimit) return {};
-  char text[200];
-  std::snprintf(text, sizeof text,
-                "scores may reach %.3g (|scale|·D·max|Q|·max|K|): recomputed from the saved lse, "
-                "the weights would lose precision past %.0f",
-                score, kLimit);
-  return text;
-}
-
 std::string backward_float64_declines(const core::BackwardParams& bp) {
   if (std::string reason = float64_declines(bp.forward); !reason.empty()) return reason;
   return gradient_bounds_declines(bp, std::numeric_limits<double>::max() / 2, "float64");
@@ -88,8 +64,7 @@ std::string backward_float64_declines(const core::BackwardParams& bp) {
 
 std::string backward_precision_declines(const core::BackwardParams& bp) {
   if (bp.forward.compute != DType::kF64) return backward_float32_declines(bp);
-  if (std::string reason = backward_float64_declines(bp); !reason.empty()) return reason;
-  return lse_recompute_declines(bp);
+  return backward_float64_declines(bp);
 }
 
 std::string tiled_backward_declines(const core::BackwardParams& bp) {

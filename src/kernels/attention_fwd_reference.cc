@@ -1,4 +1,5 @@
-// The reference attention kernel: the seed's formulas, one query row at a time, in float64.
+// The reference attention kernel: the contract's formulas (docs/interface.md), one query row at
+// a time, in float64.
 //
 //   for each batch b, query head h (reading kv head h / (H/Hkv)), query row i:
 //     q, k, v      read as stored, or rounded to the call's storage type (bf16/f16) first

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <bit>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>

@@ -201,9 +201,11 @@ class FusedWorker {
 
     for (std::int64_t r = 0; r < rows; ++r) {
       const F* lsum = lsum_.get() + r * Micro::kLanes;
-      F& sum = sum_.get()[r];
-      sum = F{0};
+      // Summed in a local (the same adds in the same order): through the reference into sum_
+      // the compiler stored and reloaded it after every add, as lsum might alias it.
+      F sum = F{0};
       for (std::int64_t x = 0; x < Micro::kLanes; ++x) sum += lsum[x];
+      sum_.get()[r] = sum;
       const BasicSoftmaxState<F> st{m_.get()[r], sum};
       const std::int64_t h = t.hk * plan_.g + r / per_head;
       const std::int64_t i = t.i0 + r % per_head;
@@ -367,6 +369,63 @@ class FusedWorker {
   fused::BufferOf<F> s_, o_, alpha_, max_, m_, sum_, lsum_;
 };
 
+// Whether `count` elements of `op` from `at`, `step` apart, hold a NaN, an infinity or (but
+// for float16, whose finite values are all smaller) a magnitude of 2^32 or more: the question
+// validation's scan asks of K and V (core/validate.cc), asked of the rows the kernel has just
+// packed, while they are in cache. With the sign bit cleared IEEE values order as their bits
+// do, so one compare per element answers it (and the unit-stride loops vectorise).
+template <class Bits, class Stored>
+inline bool any_large_bits(const Stored* x, std::int64_t count, std::int64_t step,
+                           Bits large) noexcept {
+  static_assert(sizeof(Bits) == sizeof(Stored));
+  constexpr Bits kMagnitude = std::numeric_limits<Bits>::max();
+  Bits found = 0;
+  if (step == 1) {
+    for (std::int64_t i = 0; i < count; ++i) {
+      found |= static_cast<Bits>((std::bit_cast<Bits>(x[i]) & kMagnitude) >= large);
+    }
+  } else {
+    for (std::int64_t i = 0; i < count; ++i) {
+      found |= static_cast<Bits>((std::bit_cast<Bits>(x[i * step]) & kMagnitude) >= large);
+    }
+  }
+  return found != 0;
+}
+
+inline bool any_large_input(const core::InputOperand& op, std::int64_t at, std::int64_t count,
+                            std::int64_t step) noexcept {
+  switch (op.dtype) {
+    case DType::kF32:
+      return any_large_bits<std::int32_t>(static_cast<const float*>(op.data) + at, count, step,
+                                          std::int32_t{0x4f800000});
+    case DType::kF64:
+      return any_large_bits<std::int64_t>(static_cast<const double*>(op.data) + at, count, step,
+                                          std::int64_t{0x41f0000000000000});
+    case DType::kBF16:
+      return any_large_bits<std::int16_t>(static_cast<const std::int16_t*>(op.data) + at, count,
+                                          step, std::int16_t{0x4f80});
+    case DType::kF16:
+      return any_large_bits<std::int16_t>(static_cast<const std::int16_t*>(op.data) + at, count,
+                                          step, std::int16_t{0x7c00});
+    default:
+      return true;  // not a type K or V can have: let validation's scan say so
+  }
+}
+
+// Rows [row0, row0 + rows) of head h of batch b of `op`, `cols` wide: any_large_input.
+inline bool any_large_rows(const core::InputOperand& op, std::int64_t b, std::int64_t h,
+                           std::int64_t row0, std::int64_t rows, std::int64_t cols) noexcept {
+  const core::Strides4& st = op.strides;
+  if (st.col == 1 && st.row == cols) {
+    return any_large_input(op, st.at(b, h, row0, 0), rows * cols, 1);
+  }
+  bool large = false;
+  for (std::int64_t r = row0; r < row0 + rows; ++r) {
+    large |= any_large_input(op, st.at(b, h, r, 0), cols, st.col);
+  }
+  return large;
+}
+
 // Runs the fused forward pass on min(p.threads, tasks) threads (fewer only when the system
 // refuses to create them; the bits are the same). The (b, kv head) pairs
 // are packed in chunks: all of them at once when their K^T (and V, when it cannot be read in
@@ -456,6 +515,15 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
         if (!v_in_place) {
           Tiles::pack_v(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv, head + kt_elements + j0 * dvp,
                         dvp, p.compute);
+        }
+        // Validation left K and V to the kernel (AttentionParams::kv_unchecked): every key tile
+        // of every kv head is packed exactly once, so asking each tile's rows here, just read,
+        // covers all of K and V; a second pass over them cost as much as 8 % of a call
+        // (B = 32, H = 12, N = 128, D = 32, perf).
+        if (p.kv_unchecked != nullptr &&
+            (any_large_rows(p.k, g / sh.hkv, g % sh.hkv, j0, bk, sh.d) ||
+             any_large_rows(p.v, g / sh.hkv, g % sh.hkv, j0, bk, sh.dv))) {
+          p.kv_unchecked->store(true, std::memory_order_relaxed);
         }
       };
       const auto run_task = [&](const T* head, std::int64_t g, std::int64_t q_tile) {

@@ -17,7 +17,8 @@ std::span<const AttentionKernel> attention_kernels() {
      attention_fwd_decode_hwy_declines, attention_fwd_decode_hwy, attention_fwd_decode_hwy_passes,
      /*checks_kv_as_it_reads=*/true},
     {"fused_hwy", "fused online-softmax kernel, SIMD (Highway, run-time dispatch), O(n) memory",
-     attention_fwd_fused_hwy_declines, attention_fwd_fused_hwy},
+     attention_fwd_fused_hwy_declines, attention_fwd_fused_hwy, nullptr,
+     /*checks_kv_as_it_reads=*/true},
 #endif
     {"decode_scalar", "decode kernel, portable scalar twin of decode_hwy",
      attention_fwd_decode_scalar_declines, attention_fwd_decode_scalar,

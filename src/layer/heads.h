@@ -1,13 +1,23 @@
-// What the layer's forward and backward share: heads as strided views of the projections, and
-// operands as contiguous matrices of the compute type.
+// What the layer's forward and backward share: the call's checked sizes, heads as strided views
+// of the projections, and operands as contiguous matrices of the compute type.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "core/memory_budget.h"
+#include "qkv/layer.h"
 #include "qkv/tensor.h"
 
 namespace qkv::layer {
+
+// The sizes of a layer call and the dtype it computes in, every shape checked as
+// multi_head_attention checks it (the same errors; values are not scanned): float32 when every
+// input and the output dtype are 32-bit or narrower, else float64 (multi_head_attention.cc).
+core::LayerShape checked_layer_shape(const TensorView& x, const LayerWeights& weights,
+                                     const LayerOptions& options,
+                                     const std::optional<TensorView>& memory);
 
 // A [B, heads, N, width] view (or [heads, N, width] for 2-D input) of column blocks of a
 // [B·N, heads·width] matrix.

@@ -20,7 +20,11 @@
 #include <utility>
 
 #include "core/floating_point.h"
+#include "core/memory_budget.h"
+#include "core/parallel_for.h"
 #include "core/validate.h"
+#include "kernels/backward_kernel.h"
+#include "kernels/kernel.h"
 #include "layer/heads.h"
 #include "qkv/attention_backward.h"
 #include "qkv/error.h"
@@ -208,6 +212,27 @@ LayerGradients run_backward(const TensorView& x, const LayerWeights& weights,
 }
 
 }  // namespace
+
+std::uint64_t multi_head_attention_backward_memory(const TensorView& x,
+                                                   const LayerWeights& weights,
+                                                   const LayerOptions& options,
+                                                   const std::optional<TensorView>& memory) {
+  const core::LayerShape s = layer::checked_layer_shape(x, weights, options, memory);
+  const int threads = core::resolve_thread_count(options.attention.threads);
+  const core::AttentionShape a{s.b, s.heads, s.kv_heads, s.nq, s.nk, s.dk, s.dv};
+  const core::MemoryEstimate forward = core::layer_memory(
+      s, options.attention,
+      kernels::attention_workspace_bytes(a, threads, options.attention.kernel,
+                                         options.attention.dtype.value_or(s.compute)));
+  const std::uint64_t attention =
+      kernels::backward_memory(a, threads, s.compute, options.attention.sinks.has_value())
+          .total();
+  const bool biases = weights.bq || weights.bk || weights.bv || weights.bo;
+  const std::uint64_t held = core::saturating_add(forward.outputs, core::layer_state_memory(s));
+  const std::uint64_t backward =
+      core::saturating_add(held, core::layer_backward_memory(s, attention, biases).total());
+  return std::max(forward.total(), backward);
+}
 
 LayerGradients multi_head_attention_backward(const TensorView& x, const LayerWeights& weights,
                                              const LayerOptions& options,

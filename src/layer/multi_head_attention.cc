@@ -6,6 +6,7 @@
 // exactly the left operand of the output projection.
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/floating_point.h"
 #include "core/memory_budget.h"
@@ -97,12 +98,25 @@ Tensor linear(const TensorView& x, const TensorView& w, const std::optional<Tens
 
 namespace {
 
-// The forward; with `state`, it also keeps what the backward reads (layer_backward.h).
-LayerResult run_layer(const TensorView& x, const LayerWeights& weights, const LayerOptions& options,
-                      const std::optional<TensorView>& memory, LayerForwardState* state,
-                      const AttentionStep* step = nullptr) {
-  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
-  // Validation: every shape against the contract, every value finite.
+// The inputs the layer reads, optional ones included when given.
+std::vector<const TensorView*> layer_inputs(const TensorView& x, const LayerWeights& weights,
+                                            const std::optional<TensorView>& memory) {
+  std::vector<const TensorView*> inputs = {&x, &weights.wq, &weights.wk, &weights.wv};
+  if (memory) inputs.push_back(&*memory);
+  for (const auto* optional : {&weights.wo, &weights.bq, &weights.bk, &weights.bv, &weights.bo}) {
+    if (*optional) inputs.push_back(&**optional);
+  }
+  return inputs;
+}
+
+}  // namespace
+
+namespace layer {
+
+core::LayerShape checked_layer_shape(const TensorView& x, const LayerWeights& weights,
+                                     const LayerOptions& options,
+                                     const std::optional<TensorView>& memory) {
+  // Every shape against the contract.
   if (x.rank() != 2 && x.rank() != 3) {
     throw Error(x.name, "expected [N, d] or [B, N, d] (one sample per row), got " + str(x.rank()) +
                             " dims " + shape_string(x.shape));
@@ -171,36 +185,50 @@ LayerResult run_layer(const TensorView& x, const LayerWeights& weights, const La
   check_bias(weights.bv, v_width, weights.wv);
   if (weights.wo) check_bias(weights.bo, d_out, *weights.wo);
 
-  std::vector<const TensorView*> inputs = {&x, &weights.wq, &weights.wk, &weights.wv};
-  if (memory) inputs.push_back(&*memory);
-  for (const auto* optional : {&weights.wo, &weights.bq, &weights.bk, &weights.bv, &weights.bo}) {
-    if (*optional) inputs.push_back(&**optional);
-  }
   // A float16 output is computed in float32 and rounded once at the end.
   const DType out_dtype = options.attention.out_dtype;
-  const DType held = out_dtype == DType::kF16 ? DType::kF32 : out_dtype;
-  bool all_f32 = held == DType::kF32;
-  for (const TensorView* t : inputs) {
-    require_real_finite(*t);
+  bool all_f32 = out_dtype == DType::kF16 || out_dtype == DType::kF32;
+  for (const TensorView* t : layer_inputs(x, weights, memory)) {
     all_f32 = all_f32 && computes_in_f32(*t);
   }
-  const DType compute = all_f32 ? DType::kF32 : DType::kF64;
+  return core::LayerShape{batch,
+                          nq,
+                          nk,
+                          d,
+                          d_m,
+                          heads,
+                          kv_heads,
+                          dk,
+                          dv,
+                          d_out,
+                          memory.has_value(),
+                          weights.wo.has_value(),
+                          all_f32 ? DType::kF32 : DType::kF64};
+}
+
+}  // namespace layer
+
+namespace {
+
+// The forward; with `state`, it also keeps what the backward reads (layer_backward.h).
+LayerResult run_layer(const TensorView& x, const LayerWeights& weights, const LayerOptions& options,
+                      const std::optional<TensorView>& memory, LayerForwardState* state,
+                      const AttentionStep* step = nullptr) {
+  const core::FloatingPointScope floating_point;  // the default environment (floating_point.h)
+  // Validation: every shape against the contract, then every value finite.
+  const core::LayerShape layer_shape = layer::checked_layer_shape(x, weights, options, memory);
+  for (const TensorView* t : layer_inputs(x, weights, memory)) require_real_finite(*t);
+  const bool batched = x.rank() == 3;
+  const TensorView& source = memory ? *memory : x;
+  const std::int64_t batch = layer_shape.b, nq = layer_shape.nq, nk = layer_shape.nk;
+  const std::int64_t heads = layer_shape.heads, kv_heads = layer_shape.kv_heads;
+  const std::int64_t dk = layer_shape.dk, dv = layer_shape.dv, d_out = layer_shape.d_out;
+  const DType out_dtype = options.attention.out_dtype;
+  const DType held = out_dtype == DType::kF16 ? DType::kF32 : out_dtype;
+  const DType compute = layer_shape.compute;
   const int threads = core::resolve_thread_count(options.attention.threads);
 
   // Refused here, before the projections allocate anything, if the whole call cannot fit.
-  const core::LayerShape layer_shape{batch,
-                                     nq,
-                                     nk,
-                                     d,
-                                     d_m,
-                                     heads,
-                                     kv_heads,
-                                     dk,
-                                     dv,
-                                     d_out,
-                                     memory.has_value(),
-                                     weights.wo.has_value(),
-                                     compute};
   const core::AttentionShape attention_shape{batch, heads, kv_heads, nq, nk, dk, dv};
   const std::uint64_t workspace =
       kernels::attention_workspace_bytes(attention_shape, threads, options.attention.kernel,

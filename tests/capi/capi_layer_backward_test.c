@@ -1,7 +1,8 @@
 /* qkv_layer_backward from C: every gradient of a float64 layer (grouped-query heads, causal,
- * biases and W^O; self- and cross-attention) against central finite differences of
- * qkv_multi_head_attention itself, float32 gradients bitwise the same on 1, 2 and 3 threads,
- * and the refusals. */
+ * biases and W^O; self- and cross-attention; without and with attention dropout, its mask fixed
+ * by the seed) against central finite differences of qkv_multi_head_attention itself, float32
+ * gradients bitwise the same on 1, 2 and 3 threads, the layer's dropout (p = 0 is no dropout,
+ * bit for bit; kept weights scaled by 1/(1 - p)), and the refusals. */
 #include "capi_check.h"
 
 enum { kB = 2, kN = 3, kD = 4, kNm = 4, kDm = 3, kH = 2, kHkv = 1, kDk = 2, kDv = 3, kDout = 5 };
@@ -74,7 +75,8 @@ typedef struct Call {
   float* f32[kArrays];
 } Call;
 
-static void make_call(Call* c, const Layer* l, qkv_dtype dtype, int threads) {
+/* `dropout`: the attention's dropout_p, with a fixed seed and offset. */
+static void make_call(Call* c, const Layer* l, qkv_dtype dtype, int threads, double dropout) {
   static const char* const kNames[kArrays] = {"x",  "memory", "wq", "wk", "wv",
                                               "wo", "bq",     "bk", "bv", "bo"};
   int a;
@@ -104,6 +106,9 @@ static void make_call(Call* c, const Layer* l, qkv_dtype dtype, int threads) {
   c->attention.causal = 1;
   c->attention.threads = threads;
   c->attention.out_dtype = dtype;
+  c->attention.dropout_p = dropout;
+  c->attention.seed = 0xfedcba9876543210ULL;
+  c->attention.dropout_offset = 11;
   qkv_layer_options_init(&c->options);
   c->options.heads = kH;
   c->options.kv_heads = kHkv;
@@ -116,13 +121,13 @@ static void free_call(Call* c) {
 }
 
 /* sum(out * grad_out) of the float64 layer as it stands. */
-static double loss(const Layer* l, const double* grad_out) {
+static double loss(const Layer* l, const double* grad_out, double dropout) {
   Call c;
   qkv_result* r = NULL;
   qkv_tensor out;
   double sum = 0.0;
   int e;
-  make_call(&c, l, QKV_F64, 1);
+  make_call(&c, l, QKV_F64, 1, dropout);
   CHECK_OK(qkv_multi_head_attention(&c.t[kX], &c.weights, &c.options,
                                     l->with_memory ? &c.t[kMemory] : NULL, &r));
   memset(&out, 0, sizeof out);
@@ -135,7 +140,7 @@ static double loss(const Layer* l, const double* grad_out) {
   return sum;
 }
 
-static void check_against_finite_differences(int with_memory) {
+static void check_against_finite_differences(int with_memory, double dropout) {
   static const qkv_result_part kParts[kArrays] = {
       QKV_RESULT_DX,  QKV_RESULT_DMEMORY, QKV_RESULT_DWQ, QKV_RESULT_DWK, QKV_RESULT_DWV,
       QKV_RESULT_DWO, QKV_RESULT_DBQ,     QKV_RESULT_DBK, QKV_RESULT_DBV, QKV_RESULT_DBO};
@@ -151,8 +156,10 @@ static void check_against_finite_differences(int with_memory) {
 
   make_layer(&l, with_memory, with_memory ? 11 : 7);
   for (e = 0; e < kB * kN * kDout; ++e) grad_out[e] = next_value(&seed);
-  make_call(&c, &l, QKV_F64, 0);
+  make_call(&c, &l, QKV_F64, 0, dropout);
   dy = make_tensor(grad_out, QKV_F64, 3, grad_shape, "grad_out");
+  /* The mask dropped something: this is not the case without dropout. */
+  if (dropout > 0.0) CHECK(fabs(loss(&l, grad_out, dropout) - loss(&l, grad_out, 0.0)) > 1e-3);
   CHECK_OK(qkv_layer_backward(&c.t[kX], &c.weights, &c.options, with_memory ? &c.t[kMemory] : NULL,
                               &dy, &g));
   CHECK(qkv_result_kernel(g)[0] != '\0');
@@ -171,9 +178,9 @@ static void check_against_finite_differences(int with_memory) {
       const double kept = l.data[a][e];
       double up, down, want;
       l.data[a][e] = kept + eps;
-      up = loss(&l, grad_out);
+      up = loss(&l, grad_out, dropout);
       l.data[a][e] = kept - eps;
-      down = loss(&l, grad_out);
+      down = loss(&l, grad_out, dropout);
       l.data[a][e] = kept;
       want = (up - down) / (2 * eps);
       if (!(fabs(((const double*)view.data)[e] - want) <= 1e-6 * (1.0 + fabs(want)))) {
@@ -191,7 +198,7 @@ static void check_against_finite_differences(int with_memory) {
 }
 
 /* float32 gradients on 1, 2 and 3 threads: the same bytes. */
-static void check_threads_bitwise(void) {
+static void check_threads_bitwise(double dropout) {
   const int64_t grad_shape[] = {kB, kN, kDout};
   float grad_out[kB * kN * kDout];
   uint64_t seed = 5;
@@ -205,7 +212,7 @@ static void check_threads_bitwise(void) {
     Call c;
     qkv_result* g = NULL;
     qkv_tensor dy = make_tensor(grad_out, QKV_F32, 3, grad_shape, "grad_out");
-    make_call(&c, &l, QKV_F32, threads);
+    make_call(&c, &l, QKV_F32, threads, dropout);
     CHECK_OK(qkv_layer_backward(&c.t[kX], &c.weights, &c.options, NULL, &dy, &g));
     for (part = QKV_RESULT_DX; part <= QKV_RESULT_DBO; ++part) {
       qkv_tensor a, b;
@@ -242,7 +249,7 @@ static void check_refusals(void) {
   qkv_tensor dy;
   memset(grad_out, 0, sizeof grad_out);
   make_layer(&l, 0, 1);
-  make_call(&c, &l, QKV_F32, 1);
+  make_call(&c, &l, QKV_F32, 1, 0.0);
   dy = make_tensor(grad_out, QKV_F32, 3, bad_shape, "grad_out");
   CHECK_ERROR(qkv_layer_backward(&c.t[kX], &c.weights, &c.options, NULL, &dy, &r),
               QKV_ERROR_INVALID_ARGUMENT, "grad_out: shape [2, 3, 6] should be [2, 3, 5]");
@@ -256,13 +263,70 @@ static void check_refusals(void) {
   CHECK_ERROR(qkv_layer_backward(&c.t[kX], &c.weights, &c.options, NULL, &dy, &r),
               QKV_ERROR_INVALID_ARGUMENT, "no_such_kernel");
   CHECK(r == (qkv_result*)&l);
+  c.attention.kernel = NULL;
+  c.attention.dropout_p = 1.0;
+  CHECK_ERROR(qkv_multi_head_attention(&c.t[kX], &c.weights, &c.options, NULL, &r),
+              QKV_ERROR_INVALID_ARGUMENT, "dropout_p: must be in [0, 1)");
+  CHECK_ERROR(qkv_layer_backward(&c.t[kX], &c.weights, &c.options, NULL, &dy, &r),
+              QKV_ERROR_INVALID_ARGUMENT, "dropout_p: must be in [0, 1)");
+  CHECK(r == (qkv_result*)&l);
+  free_call(&c);
+  free_layer(&l);
+}
+
+/* The layer's forward with dropout: p = 0 (any seed) is the call without it, bit for bit; with
+ * p = 0.5 each head's weight is 0 or twice the weight without dropout, some of each. */
+static void check_dropout_forward(void) {
+  Layer l;
+  Call c;
+  qkv_result *plain = NULL, *zero = NULL, *half = NULL;
+  qkv_tensor a, b;
+  int e, kept = 0, dropped = 0;
+  make_layer(&l, 0, 21);
+  make_call(&c, &l, QKV_F64, 2, 0.0);
+  c.attention.return_weights = 1;
+  c.attention.seed = 0;
+  c.attention.dropout_offset = 0;
+  CHECK_OK(qkv_multi_head_attention(&c.t[kX], &c.weights, &c.options, NULL, &plain));
+  c.attention.seed = 77;
+  c.attention.dropout_offset = 3;
+  CHECK_OK(qkv_multi_head_attention(&c.t[kX], &c.weights, &c.options, NULL, &zero));
+  c.attention.dropout_p = 0.5;
+  CHECK_OK(qkv_multi_head_attention(&c.t[kX], &c.weights, &c.options, NULL, &half));
+  memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  b = a;
+  CHECK_OK(qkv_result_tensor(plain, QKV_RESULT_OUT, &a));
+  CHECK_OK(qkv_result_tensor(zero, QKV_RESULT_OUT, &b));
+  CHECK(memcmp(a.data, b.data, sizeof(double) * kB * kN * kDout) == 0);
+  CHECK_OK(qkv_result_tensor(plain, QKV_RESULT_WEIGHTS, &a));
+  CHECK_OK(qkv_result_tensor(half, QKV_RESULT_WEIGHTS, &b));
+  CHECK(b.rank == 4 && b.shape[1] == kH && b.shape[3] == kN);
+  for (e = 0; e < kB * kH * kN * kN; ++e) {
+    const double w0 = ((const double*)a.data)[e], w = ((const double*)b.data)[e];
+    if (w0 == 0.0) continue;
+    if (w == 0.0) {
+      ++dropped;
+    } else {
+      CHECK(fabs(w - 2.0 * w0) <= 1e-15);
+      ++kept;
+    }
+  }
+  CHECK(kept > 0 && dropped > 0);
+  qkv_result_free(plain);
+  qkv_result_free(zero);
+  qkv_result_free(half);
   free_call(&c);
   free_layer(&l);
 }
 
 void test_layer_backward(void) {
-  check_against_finite_differences(0);
-  check_against_finite_differences(1);
-  check_threads_bitwise();
+  check_against_finite_differences(0, 0.0);
+  check_against_finite_differences(1, 0.0);
+  check_against_finite_differences(0, 0.5);
+  check_against_finite_differences(1, 0.5);
+  check_threads_bitwise(0.0);
+  check_threads_bitwise(0.5);
+  check_dropout_forward();
   check_refusals();
 }

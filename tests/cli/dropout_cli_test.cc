@@ -1,8 +1,9 @@
 // Dropout from the command line: qkv attention --dropout/--seed (weights 0 or w/(1-p), the
 // same seed the same files, --dropout 0 the run without it, gradients with the same mask as the
 // library's), its refusals (one line, status 2 for usage, 1 for a kernel that cannot draw it,
-// nothing written), qkv bench --dropout with and without --backward, and qkv train --dropout
-// (the same weights for 1 and 2 threads).
+// nothing written), qkv layer --dropout/--seed/--dropout-offset (the library's layer and its
+// backward with the same options, the same refusals, --help), qkv bench --dropout with and
+// without --backward, and qkv train --dropout (the same weights for 1 and 2 threads).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
 #include "qkv/io.h"
+#include "qkv/layer_backward.h"
 #include "support/command_runner.h"
 #include "support/test_support.h"
 
@@ -117,6 +119,102 @@ TEST_F(DropoutCli, RefusalsAreOneLineAndWriteNothing) {
     EXPECT_NE(run.err.find(refusal.words), std::string::npos) << run.err;
     EXPECT_FALSE(fs::exists(dir_ / "never.npy"));
     EXPECT_FALSE(fs::exists(dir_ / "never_w.npy"));
+  }
+}
+
+class LayerDropoutCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto make = [&](Tensor& t, const char* file, Shape shape, std::uint64_t seed) {
+      t = testing::random_tensor(DType::kF32, shape, seed);
+      write_npy(dir_ / file, t.view(), DType::kF32);
+    };
+    make(x_, "x.npy", {2, 30, 12}, 21);
+    make(wq_, "wq.npy", {12, 4 * 4}, 22);
+    make(wk_, "wk.npy", {12, 2 * 4}, 23);
+    make(wv_, "wv.npy", {12, 2 * 3}, 24);
+    make(wo_, "wo.npy", {4 * 3, 8}, 25);
+    make(dy_, "dy.npy", {2, 30, 8}, 26);
+  }
+  std::vector<std::string> layer(std::vector<std::string> extra) const {
+    std::vector<std::string> args = {"layer",  "--x",    "x.npy",  "--wq",      "wq.npy",
+                                     "--wk",   "wk.npy", "--wv",   "wv.npy",    "--wo",
+                                     "wo.npy", "--heads", "4",     "--kv-heads", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+  testing::ScratchDir dir_;
+  Tensor x_, wq_, wk_, wv_, wo_, dy_;
+};
+
+// qkv layer --dropout writes what the library's layer and its backward compute with the same
+// options: the forward's mask drawn again for the gradients.
+TEST_F(LayerDropoutCli, OutputsAndGradientsAreTheLibrarysWithTheSameOptions) {
+  const CommandRun run = run_qkv(
+      dir_.path(), layer({"--causal", "--dropout", "0.25", "--seed", "12345678901234567890",
+                          "--dropout-offset", "4294967295", "--out", "o.npy", "--weights",
+                          "w.npy", "--grad-out", "dy.npy", "--grad-x", "dx.npy", "--grad-wq",
+                          "dwq.npy", "--grad-wv", "dwv.npy", "--threads", "3"}));
+  ASSERT_EQ(run.status, 0) << run.err;
+  LayerOptions options;
+  options.heads = 4;
+  options.kv_heads = 2;
+  options.attention.causal = true;
+  options.attention.return_weights = true;
+  options.attention.dropout_p = 0.25;
+  options.attention.seed = 12345678901234567890ull;
+  options.attention.dropout_offset = 4294967295u;
+  const LayerWeights weights{wq_.view(), wk_.view(), wv_.view(), wo_.view()};
+  LayerForwardState state;
+  const LayerResult r = multi_head_attention(x_.view(), weights, options, std::nullopt, state);
+  const LayerGradients g =
+      multi_head_attention_backward(x_.view(), weights, options, dy_.view(), std::nullopt, &state);
+  // The same library calls on the same float32 inputs: the same bits for any thread count.
+  EXPECT_EQ(testing::max_abs_diff(r.out.view(), read_npy(dir_ / "o.npy").view()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(r.weights.view(), read_npy(dir_ / "w.npy").view()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(g.dx.view(), read_npy(dir_ / "dx.npy").view()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(g.dwq.view(), read_npy(dir_ / "dwq.npy").view()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(g.dwv.view(), read_npy(dir_ / "dwv.npy").view()), 0.0);
+  // Dropout dropped weights: the run without it differs; --dropout 0 is that run, bit for bit.
+  const CommandRun plain = run_qkv(dir_.path(), layer({"--causal", "--out", "o0.npy"}));
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  const CommandRun zero = run_qkv(
+      dir_.path(), layer({"--causal", "--dropout", "0", "--seed", "5", "--out", "oz.npy"}));
+  ASSERT_EQ(zero.status, 0) << zero.err;
+  EXPECT_EQ(testing::slurp(dir_ / "oz.npy"), testing::slurp(dir_ / "o0.npy"));
+  EXPECT_NE(testing::slurp(dir_ / "o.npy"), testing::slurp(dir_ / "o0.npy"));
+  const CommandRun help = run_qkv(dir_.path(), {"layer", "--help"});
+  EXPECT_EQ(help.status, 0);
+  for (const char* flag : {"--dropout", "--seed", "--dropout-offset"}) {
+    EXPECT_NE(help.out.find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST_F(LayerDropoutCli, RefusalsAreOneLineAndWriteNothing) {
+  struct Refusal {
+    std::vector<std::string> flags;
+    std::string words;
+  };
+  const Refusal refusals[] = {
+      {{"--dropout", "1"}, "--dropout: must be a number in [0, 1), got '1'"},
+      {{"--dropout", "-0.5"}, "--dropout: must be a number in [0, 1)"},
+      {{"--dropout", "inf"}, "--dropout: must be a number in [0, 1)"},
+      {{"--dropout", "0.1", "--seed", "x"}, "--seed: must be an integer in [0, 2^64)"},
+      {{"--dropout", "0.1", "--dropout-offset", "-1"}, "--dropout-offset: must be"},
+      {{"--dropout", "0.1", "--ring"}, "--ring: cannot be combined with --weights, --dropout"},
+  };
+  for (const Refusal& refusal : refusals) {
+    std::vector<std::string> flags = refusal.flags;
+    flags.insert(flags.end(), {"--out", "never.npy", "--weights", "never_w.npy", "--grad-out",
+                               "dy.npy", "--grad-x", "never_dx.npy"});
+    const CommandRun run = run_qkv(dir_.path(), layer(flags));
+    EXPECT_EQ(run.status, 2) << refusal.words << ": " << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+    EXPECT_NE(run.err.find(refusal.words), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find("(see 'qkv layer --help')"), std::string::npos) << run.err;
+    for (const char* never : {"never.npy", "never_w.npy", "never_dx.npy"}) {
+      EXPECT_FALSE(fs::exists(dir_ / never)) << never;
+    }
   }
 }
 

@@ -390,6 +390,67 @@ TEST_F(CliGradients, TheBudgetCoversTheBackwardBeforeTheForwardRuns) {
   EXPECT_EQ(ok.status, 0) << ok.err;
 }
 
+// dO is an input: the budget left after the inputs already excludes it, and the backward's share
+// once the forward has run must not take it off again. A budget with room for the inputs, the
+// forward's outputs and the backward, plus half of dO: taken off twice, the backward was refused
+// ("attention_backward needs ..."); counted once, the run fits.
+TEST_F(CliGradients, TheBudgetCountsGradOutOnce) {
+  const Tensor q = testing::random_tensor(DType::kF32, {4, 512, 64}, 51);
+  const Tensor kv = testing::random_tensor(DType::kF32, {4, 512, 64}, 52);
+  write_npy(dir_ / "cq.npy", q.view(), DType::kF32);
+  write_npy(dir_ / "ckv.npy", kv.view(), DType::kF32);
+  AttentionOptions options;
+  options.threads = 1;
+  const std::uint64_t backward = attention_backward_memory(q.view(), kv.view(), kv.view(), options);
+  const std::uint64_t inputs = 4 * q.nbytes();  // Q, K, V and dO (Q's shape)
+  const std::uint64_t forward = q.nbytes() + static_cast<std::uint64_t>(4 * 512 * 4);  // O, lse
+  const std::uint64_t budget = inputs + forward + backward + q.nbytes() / 2;
+  const testing::CommandRun r = testing::run_program(
+      QKV_CLI_PATH, dir_.path(),
+      {"attention", "--q", "cq.npy", "--k", "ckv.npy", "--v", "ckv.npy", "--out", "o.npy",
+       "--grad-out", "cq.npy", "--grad-q", "dq.npy", "--threads", "1", "--max-memory",
+       std::to_string(budget)});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "dq.npy"));
+}
+
+// qkv layer --grad-out checks the whole call against --max-memory before the forward, as qkv
+// attention does: a budget one byte short of what the forward and the backward need together
+// (multi_head_attention_backward_memory) is refused at once, in one line naming --max-memory,
+// nothing written (before, the forward ran and the backward ran past the budget: only its
+// attention call was checked, against the whole budget); the budget it names is enough.
+TEST_F(CliGradients, TheLayersBudgetCoversTheBackwardBeforeTheForwardRuns) {
+  const Tensor x = testing::random_tensor(DType::kF32, {512, 64}, 61);
+  const Tensor w = testing::random_tensor(DType::kF32, {64, 64}, 62);
+  const Tensor dy = testing::random_tensor(DType::kF32, {512, 64}, 63);
+  write_npy(dir_ / "lx.npy", x.view(), DType::kF32);
+  write_npy(dir_ / "lw.npy", w.view(), DType::kF32);
+  write_npy(dir_ / "ldy.npy", dy.view(), DType::kF32);
+  LayerOptions options;
+  options.heads = 4;
+  options.attention.threads = 1;
+  const LayerWeights weights{w.view(), w.view(), w.view(), w.view()};
+  const std::uint64_t need = multi_head_attention_backward_memory(x.view(), weights, options);
+  // X, the four weight matrices and dY, as the budget counts the inputs.
+  const std::uint64_t inputs = x.nbytes() + 4 * w.nbytes() + dy.nbytes();
+  const auto args = [&](std::uint64_t budget) {
+    return std::vector<std::string>{
+        "layer",  "--x",   "lx.npy",   "--wq",       "lw.npy",  "--wk",         "lw.npy",
+        "--wv",   "lw.npy", "--wo",    "lw.npy",     "--heads", "4",            "--out",
+        "o.npy",  "--grad-out", "ldy.npy", "--grad-wq", "dwq.npy", "--threads", "1",
+        "--max-memory", std::to_string(budget)};
+  };
+  testing::expect_refused(QKV_CLI_PATH, dir_.path(), args(inputs + need - 1), "--max-memory",
+                          {1, 1});
+  const testing::CommandRun refused =
+      testing::run_program(QKV_CLI_PATH, dir_.path(), args(inputs + need - 1));
+  EXPECT_NE(refused.err.find("checked before the forward"), std::string::npos) << refused.err;
+  const testing::CommandRun ok = testing::run_program(QKV_CLI_PATH, dir_.path(),
+                                                      args(inputs + need));
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "dwq.npy"));
+}
+
 // qkv bench --backward: the forward bench's JSON fields (chosen.ms, chosen.gflops, baseline for
 // the unfused backward) plus forward_ms; the form, not the figures (timings on a shared host).
 TEST_F(CliGradients, BenchBackwardReportsTheForwardBenchsFields) {

@@ -164,9 +164,10 @@ TEST(MaskingOffsets, ABackwardBlockWithOffsetsGivesTheWholeCallsGradients) {
           }
         }
       };
-      // The whole rows' statistics given, as the ring's backward gives them (row_max = the
-      // saved lse, row_sum = 1, delta = D = dO·O): the same gradients within the same bounds
-      // (not the same bits: given, D is dO·O; computed, it is Σ P∘dP). The reference reads none.
+      // The whole rows' statistics given, as the ring's backward gives them, here in an
+      // equivalent form (row_max = the saved lse, row_sum = 1, delta = D = dO·O; the ring gives
+      // the merged max, sum and Σ P∘dP): the same gradients within the same bounds (not the
+      // same bits). The reference reads none.
       std::vector<double> delta(static_cast<std::size_t>(h * nq));
       for (std::int64_t ih = 0; ih < h; ++ih) {
         for (std::int64_t i = 0; i < nq; ++i) {

@@ -208,8 +208,9 @@ def containers(qkv, launcher, rng):
 def wide_range(qkv, launcher, rng):
     """Calls the float32 kernels decline for their range, which one process gives to the
     reference kernel and the ring computes in float64 on every rank: scores beyond float32's
-    range (|Q|, |K| ~ 1e19; the forward: O and the lse), and gradient sums beyond it (|dO| ~
-    1e36; the backward: dQ, dK, dV). Each must match one process's for P = 2 and 3."""
+    range (|Q|, |K| ~ 1e19; the forward: O and the lse; the backward: dQ, dK, dV, which the
+    ring refused while it weighed from the saved lse), and gradient sums beyond it (|dO| ~
+    1e36; the backward). Each must match one process's for P = 2 and 3."""
     problems = []
     np.save("big_q.npy", (3e18 * rng.standard_normal((2, 13, 8))).astype(np.float32))
     np.save("big_k.npy", (3e18 * rng.standard_normal((1, 13, 8))).astype(np.float32))
@@ -217,8 +218,12 @@ def wide_range(qkv, launcher, rng):
     np.save("small_k.npy", rng.standard_normal((1, 13, 8)).astype(np.float32))
     np.save("big_v.npy", rng.standard_normal((1, 13, 8)).astype(np.float32))
     np.save("big_do.npy", (1e36 * rng.standard_normal((2, 13, 8))).astype(np.float32))
+    np.save("small_do.npy", rng.standard_normal((2, 13, 8)).astype(np.float32))
     cases = (("scores", ["--q", "big_q.npy", "--k", "big_k.npy"], ("o", "l"),
               ("--out", "--lse")),
+             ("scores with gradients",
+              ["--q", "big_q.npy", "--k", "big_k.npy", "--grad-out", "small_do.npy"],
+              ("o", "dq", "dk", "dv"), ("--out", "--grad-q", "--grad-k", "--grad-v")),
              ("gradients", ["--q", "small_q.npy", "--k", "small_k.npy", "--grad-out", "big_do.npy"],
               ("o", "dq", "dk", "dv"), ("--out", "--grad-q", "--grad-k", "--grad-v")))
     for what, inputs, keys, flags in cases:

@@ -1,5 +1,5 @@
 // The built-in example's walk-through: every number against the reference kernel and against
-// values worked out by hand from the example's data, and the seed's two conclusions.
+// values worked out by hand from the example's data, and the example's two conclusions.
 #include <gtest/gtest.h>
 
 #include <algorithm>

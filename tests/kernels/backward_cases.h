@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dropout.h"
 #include "core/mask_rule.h"
 #include "core/score_modifiers.h"
 #include "core/validate.h"
@@ -44,7 +45,11 @@ struct GradCase {
   DType dtype = DType::kF32;  // of the inputs (and so the compute type)
   // Q, K, V and dO as head column blocks of wider [B, N, heads·width + 3] matrices.
   bool strided = false;
+  double dropout_p = 0.0;  // attention dropout, drawn from kDropoutSeed
 };
+
+// The seed of every GradCase's dropout mask (the forward's, which the backward draws again).
+inline constexpr std::uint64_t kDropoutSeed = 0x0DD5EED5u;
 
 inline void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
 
@@ -72,6 +77,8 @@ struct GradInputs {
     o.alibi = c.alibi;
     if (!mask.empty()) o.mask = mask.view();
     if (!sinks.empty()) o.sinks = sinks.view();
+    o.dropout_p = c.dropout_p;
+    o.seed = kDropoutSeed;
     return o;
   }
 };
@@ -187,6 +194,16 @@ inline std::vector<GradCase> small_cases() {
     c.sinks = true;
     c.float_mask = true;
   });
+  // The mask fixed by the seed: the forward is differentiable, and the backward draws it again
+  // (70 keys: two blocks of 64 draws).
+  add("dropout_gqa_causal", [](GradCase& c) {
+    c.h = 4;
+    c.hkv = 2;
+    c.nq = 9;
+    c.nk = 70;
+    c.causal = true;
+    c.dropout_p = 0.4;
+  });
   return cases;
 }
 
@@ -240,6 +257,23 @@ inline std::vector<GradCase> kernel_cases() {
     c.strided = true;
     c.softcap = 5.0;
   });
+  add("dropout_gqa_causal", [](GradCase& c) {
+    c.b = 2;
+    c.h = 4;
+    c.hkv = 2;
+    c.causal = true;
+    c.dropout_p = 0.3;
+  });
+  add("dropout_dead_rows_strided_sinks", [](GradCase& c) {
+    c.strided = true;
+    c.dead_rows = true;
+    c.sinks = true;
+    c.dropout_p = 0.1;
+  });
+  add("dropout_p_0_9", [](GradCase& c) {
+    c.nk = 64;
+    c.dropout_p = 0.9;
+  });
   return cases;
 }
 
@@ -268,7 +302,7 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
     return static_cast<float>(in.dout.data_as<float>()[((b * s.h + h) * s.nq + i) * s.dv + col]);
   };
   const auto nk = static_cast<std::size_t>(s.nk);
-  std::vector<float> pre(nk), w(nk);
+  std::vector<float> pre(nk), w(nk), z(nk);
   for (std::int64_t b = 0; b < s.b; ++b) {
     for (std::int64_t h = 0; h < s.h; ++h) {
       const std::int64_t hk = h / s.group();
@@ -311,11 +345,21 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
         }
         for (float& x : w) x /= sum;
         const float p_sink = sink == -inf ? 0.0f : std::exp(sink - m) / sum;
+        // Dropout's factors z_j (1 without it): the weights after dropout are w_j·z_j.
+        for (std::int64_t j = 0; j < s.nk; ++j) {
+          z[static_cast<std::size_t>(j)] =
+              !p.dropout.active() ? 1.0f
+              : core::dropout_keeps(p.dropout, b, h, i, j)
+                  ? static_cast<float>(p.dropout.keep_scale)
+                  : 0.0f;
+        }
         float d_i = 0.0f;
         for (std::int64_t col = 0; col < s.dv; ++col) {
           float o = 0.0f;
-          for (std::int64_t j = 0; j < s.nk; ++j)
-            o += w[static_cast<std::size_t>(j)] * ld(p.v, p.v.strides.at(b, hk, j, col));
+          for (std::int64_t j = 0; j < s.nk; ++j) {
+            const auto js = static_cast<std::size_t>(j);
+            o += w[js] * z[js] * ld(p.v, p.v.strides.at(b, hk, j, col));
+          }
           d_i += dout(b, h, i, col) * o;
         }
         dsinks[static_cast<std::size_t>(h)] -= p_sink * d_i;
@@ -325,7 +369,7 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
           float dp = 0.0f;
           for (std::int64_t col = 0; col < s.dv; ++col)
             dp += dout(b, h, i, col) * ld(p.v, p.v.strides.at(b, hk, j, col));
-          float ds = w[js] * (dp - d_i);
+          float ds = w[js] * (z[js] * dp - d_i);
           if (p.modifiers.softcap > 0) {
             const float t = std::tanh(pre[js] / static_cast<float>(p.modifiers.softcap));
             ds *= 1.0f - t * t;
@@ -339,7 +383,7 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
           }
           for (std::int64_t col = 0; col < s.dv; ++col) {
             dv[static_cast<std::size_t>(((b * s.hkv + hk) * s.nk + j) * s.dv + col)] +=
-                w[js] * dout(b, h, i, col);
+                w[js] * z[js] * dout(b, h, i, col);
           }
         }
       }

@@ -203,8 +203,8 @@ TEST(Backward, PackedBatchEqualsEachSequenceAlone) { expect_packed_batch_matches
 // Float64 gradients when the scores are huge: weighed from the saved lse, the tiled kernels lost
 // one digit per decade of |s| (1e-3 relative at scores of 1e12, garbage at 1e37), so past 2^20
 // the reference took the call. Now they compute each row's max and sum themselves and keep the
-// call at every magnitude, within 1e-12 of the reference. Only a call given the rows'
-// statistics (the ring's, still from the lse) is declined past that bound.
+// call at every magnitude, within 1e-12 of the reference (and so does a call given the rows'
+// statistics: the ring's, merged from the kernels' own, tests/dist/ring_precision_test.py).
 TEST(Backward, Float64HugeScoresStayWithTheFusedKernel) {
   for (const double magnitude : {1.0, 1e6, 3e18}) {
     SCOPED_TRACE(magnitude);

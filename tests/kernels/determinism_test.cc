@@ -21,33 +21,15 @@ TEST_P(Determinism, BitwiseIdenticalForThreads1238) {
     GTEST_SKIP() << kernel << " is not compiled in this build";
   }
   for (bool causal : {false, true}) {
-    // 4 (batch, kv head) pairs: one thread packs each head into its own slot (4 heads per
-    // worker), 2, 3 and 8 threads share the packing: the two paths must give the same bits.
-    KernelCase c;
-    c.b = 2;
-    c.h = 4;
-    c.hkv = 2;
-    c.nq = 200;
-    c.nk = 300;
-    c.d = 72;
-    c.dv = 40;
-    c.causal = causal;
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    KernelCase c = thread_sweep_case(causal);
     c.mask = MaskKind::kFloatFull;
     const CaseInputs in = make_inputs(c, 99);
     AttentionOptions options = in.options(c);
     options.kernel = kernel;
     options.return_weights = true;
     options.return_lse = true;
-    options.threads = 1;
-    const AttentionResult one = attention(in.q, in.k, in.v, options);
-    for (int threads : {2, 3, 8}) {
-      SCOPED_TRACE("threads " + std::to_string(threads) + (causal ? " causal" : ""));
-      options.threads = threads;
-      const AttentionResult many = attention(in.q, in.k, in.v, options);
-      EXPECT_TRUE(bitwise_equal(one.out, many.out));
-      EXPECT_TRUE(bitwise_equal(one.weights, many.weights));
-      EXPECT_TRUE(bitwise_equal(one.lse, many.lse));
-    }
+    expect_same_bits_for_threads(in, options, {2, 3, 8});
   }
 }
 

@@ -1,8 +1,11 @@
 // Attention dropout (core/dropout.h): the generator against Philox4x32-10's published answers,
 // the row-at-a-time and SIMD draws against the one-weight definition, every kernel that draws
-// it (each SIMD target) against the reference forward and backward with the same mask, the keep
-// rate and unbiasedness, bitwise determinism for threads 1, 2, 3 and 8, p = 0 bit for bit the
-// call without dropout, packed batches, and the refusals.
+// it (each SIMD target) against the reference forward with the same mask, the keep rate and
+// unbiasedness, the forward's bitwise determinism for threads 1, 2, 3 and 8 (kernel_cases.h's
+// sweep), p = 0 bit for bit the call without dropout, packed batches, and the refusals. The
+// backward with dropout is held where every backward option is (backward_cases.h's dropout
+// cases: the reference against finite differences, every kernel against it, the bits for any
+// thread count).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,14 +91,7 @@ struct DropoutCase {
 
 std::vector<DropoutCase> dropout_cases() {
   std::vector<DropoutCase> cases;
-  KernelCase c;
-  c.b = 2;
-  c.h = 4;
-  c.hkv = 2;
-  c.nq = 70;
-  c.nk = 150;
-  c.d = 24;
-  c.dv = 20;
+  const KernelCase c = case_of_shape(2, 4, 2, 70, 150, 24, 20);
   cases.push_back({"gqa_ragged", c, 0.3});
   KernelCase causal = c;
   causal.causal = true;
@@ -116,6 +112,17 @@ std::vector<DropoutCase> dropout_cases() {
 
 std::string case_name(const ::testing::TestParamInfo<DropoutCase>& info) {
   return info.param.name;
+}
+
+// How many weights one result drops (0) where the other keeps them, or the reverse.
+std::int64_t mask_mismatches(const Tensor& a, const Tensor& b) {
+  const Tensor x = contiguous_copy(a.view(), DType::kF64);
+  const Tensor y = contiguous_copy(b.view(), DType::kF64);
+  std::int64_t mismatched = 0;
+  for (std::int64_t e = 0; e < x.numel(); ++e) {
+    mismatched += (x.data_as<double>()[e] == 0.0) != (y.data_as<double>()[e] == 0.0);
+  }
+  return mismatched;
 }
 
 class DropoutForward : public ::testing::TestWithParam<DropoutCase> {};
@@ -149,13 +156,7 @@ TEST_P(DropoutForward, EveryKernelDrawsTheReferenceMask) {
     const AttentionResult r = attention(in.q, in.k, in.v, options);
     kernels::simd_force_target(0);
     ++ran;
-    const Tensor w = contiguous_copy(r.weights.view(), DType::kF64);
-    const Tensor wr = contiguous_copy(ref.weights.view(), DType::kF64);
-    std::int64_t mismatched = 0;
-    for (std::int64_t e = 0; e < w.numel(); ++e) {
-      mismatched += (w.data_as<double>()[e] == 0.0) != (wr.data_as<double>()[e] == 0.0);
-    }
-    EXPECT_EQ(mismatched, 0);
+    EXPECT_EQ(mask_mismatches(r.weights, ref.weights), 0);
     // Outputs in [-1, 1] scaled by up to 1/(1 - p) = 10; float32 sums of up to 150 terms.
     const double tol = 2e-6 / (1.0 - dc.p);
     EXPECT_LE(max_error(r.out.view(), ref.out.view()), tol * 10);
@@ -171,14 +172,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, DropoutForward, ::testing::ValuesIn(dropout_case
 // bf16 storage): the same mask as the reference on the same rounded inputs; P rounded to bf16
 // for P·V costs about 2^-8 relative.
 TEST(DropoutForwardBf16, SameMaskAsTheReference) {
-  KernelCase c;
-  c.b = 1;
-  c.h = 2;
-  c.hkv = 1;
-  c.nq = 50;
-  c.nk = 200;
-  c.d = 32;
-  c.dv = 32;
+  KernelCase c = case_of_shape(1, 2, 1, 50, 200, 32, 32);
   c.causal = true;
   c.in_dtype = DType::kBF16;
   const CaseInputs in = make_inputs(c, 13);
@@ -195,110 +189,9 @@ TEST(DropoutForwardBf16, SameMaskAsTheReference) {
     kernels::simd_force_target(run.target);
     const AttentionResult r = attention(in.q, in.k, in.v, options);
     kernels::simd_force_target(0);
-    const Tensor w = contiguous_copy(r.weights.view(), DType::kF64);
-    const Tensor wr = contiguous_copy(ref.weights.view(), DType::kF64);
-    std::int64_t mismatched = 0;
-    for (std::int64_t e = 0; e < w.numel(); ++e) {
-      mismatched += (w.data_as<double>()[e] == 0.0) != (wr.data_as<double>()[e] == 0.0);
-    }
-    EXPECT_EQ(mismatched, 0);
+    EXPECT_EQ(mask_mismatches(r.weights, ref.weights), 0);
     EXPECT_LE(max_error(r.out.view(), ref.out.view()), 2e-2);
   }
-}
-
-class DropoutBackward : public ::testing::TestWithParam<DropoutCase> {};
-
-// Every backward kernel draws the forward's mask again: its gradients agree with the reference
-// backward's (which states dV = (P∘Z)ᵀdO, dS = P∘(Z∘dP - D)), and differ from the gradients
-// without dropout.
-TEST_P(DropoutBackward, EveryKernelAgreesWithTheReference) {
-  const DropoutCase& dc = GetParam();
-  const CaseInputs in = make_inputs(dc.c, 12);
-  AttentionOptions options = in.options(dc.c);
-  options.dropout_p = dc.p;
-  options.seed = 99;
-  options.return_lse = true;
-  options.threads = 2;
-  const AttentionResult fwd = attention(in.q, in.k, in.v, options);
-  const Tensor dout = random_tensor(DType::kF32, fwd.out.shape(), 5, -1.0, 1.0);
-  options.kernel = "reference";
-  const AttentionGradients ref = attention_backward(in.q, in.k, in.v, fwd.out.view(),
-                                                    fwd.lse.view(), dout.view(), options);
-  const auto scale_of = [](const Tensor& t) {
-    const Tensor x = contiguous_copy(t.view(), DType::kF64);
-    double m = 0.0;
-    for (std::int64_t e = 0; e < x.numel(); ++e) m = std::max(m, std::abs(x.data_as<double>()[e]));
-    return std::max(m, 1e-3);
-  };
-  for (const std::string& kernel : attention_backward_kernel_names()) {
-    if (kernel == "reference") continue;
-    SCOPED_TRACE(kernel);
-    options.kernel = kernel;
-    const AttentionGradients g = attention_backward(in.q, in.k, in.v, fwd.out.view(),
-                                                    fwd.lse.view(), dout.view(), options);
-    EXPECT_LE(max_error(g.dq.view(), ref.dq.view()), 1e-4 * scale_of(ref.dq));
-    EXPECT_LE(max_error(g.dk.view(), ref.dk.view()), 1e-4 * scale_of(ref.dk));
-    EXPECT_LE(max_error(g.dv.view(), ref.dv.view()), 1e-4 * scale_of(ref.dv));
-  }
-  // The mask matters: without dropout dV differs by far more than the tolerance.
-  options.kernel = "reference";
-  options.dropout_p = 0.0;
-  const AttentionGradients plain = attention_backward(in.q, in.k, in.v, fwd.out.view(),
-                                                      fwd.lse.view(), dout.view(), options);
-  EXPECT_GT(max_error(plain.dv.view(), ref.dv.view()), 1e-2 * scale_of(ref.dv));
-}
-
-INSTANTIATE_TEST_SUITE_P(Cases, DropoutBackward, ::testing::ValuesIn(dropout_cases()), case_name);
-
-// The reference backward is the gradient of the reference forward with the same mask: a
-// central difference of sum(out · dO) along a random direction of Q, K and V.
-TEST(DropoutBackward, ReferenceIsTheForwardsGradient) {
-  KernelCase c;
-  c.b = 1;
-  c.h = 2;
-  c.hkv = 1;
-  c.nq = 9;
-  c.nk = 70;
-  c.d = 5;
-  c.dv = 3;
-  c.causal = true;
-  c.in_dtype = DType::kF64;
-  const CaseInputs in = make_inputs(c, 21);
-  AttentionOptions options = in.options(c);
-  options.dropout_p = 0.4;
-  options.seed = 4242;
-  options.return_lse = true;
-  options.kernel = "reference";
-  const AttentionResult fwd = attention(in.q, in.k, in.v, options);
-  const Tensor dout = random_tensor(DType::kF64, fwd.out.shape(), 6, -1.0, 1.0);
-  const AttentionGradients g =
-      attention_backward(in.q, in.k, in.v, fwd.out.view(), fwd.lse.view(), dout.view(), options);
-  const Tensor dirs[] = {random_tensor(DType::kF64, in.q_store.shape(), 7),
-                         random_tensor(DType::kF64, in.k_store.shape(), 8),
-                         random_tensor(DType::kF64, in.v_store.shape(), 9)};
-  const auto dot = [](const Tensor& a, const Tensor& b) {
-    double s = 0.0;
-    for (std::int64_t e = 0; e < a.numel(); ++e) s += a.data_as<double>()[e] * b.data_as<double>()[e];
-    return s;
-  };
-  const auto loss_at = [&](double t) {
-    Tensor q = contiguous_copy(in.q, DType::kF64), k = contiguous_copy(in.k, DType::kF64),
-           v = contiguous_copy(in.v, DType::kF64);
-    Tensor* xs[] = {&q, &k, &v};
-    for (int x = 0; x < 3; ++x) {
-      for (std::int64_t e = 0; e < xs[x]->numel(); ++e) {
-        xs[x]->data_as<double>()[e] += t * dirs[x].data_as<double>()[e];
-      }
-    }
-    AttentionOptions o = options;
-    o.return_lse = false;
-    o.out_dtype = DType::kF64;
-    return dot(attention(q.view(), k.view(), v.view(), o).out, dout);
-  };
-  const double h = 1e-5;
-  const double numeric = (loss_at(h) - loss_at(-h)) / (2 * h);
-  const double analytic = dot(g.dq, dirs[0]) + dot(g.dk, dirs[1]) + dot(g.dv, dirs[2]);
-  EXPECT_NEAR(numeric, analytic, 1e-6 * std::max(1.0, std::abs(analytic)));
 }
 
 // With Q = 0 every weight of a row is 1/nk: the share of weights kept is 1 - t/65536 within 5
@@ -354,17 +247,9 @@ TEST(DropoutStatistics, KeepRateAndUnbiasedness) {
   }
 }
 
-// Bitwise the same for any thread count, forward (weights and lse too) and backward.
+// Bitwise the same for any thread count: output, weights and lse of every kernel that draws it.
 TEST(DropoutDeterminism, BitwiseIdenticalForThreads1238) {
-  KernelCase c;
-  c.b = 2;
-  c.h = 4;
-  c.hkv = 2;
-  c.nq = 200;
-  c.nk = 300;
-  c.d = 72;
-  c.dv = 40;
-  c.causal = true;
+  const KernelCase c = thread_sweep_case(/*causal=*/true);
   const CaseInputs in = make_inputs(c, 31);
   std::vector<std::string> forward = {"fused_scalar", "reference"};
   const auto names = attention_kernel_names();
@@ -377,36 +262,9 @@ TEST(DropoutDeterminism, BitwiseIdenticalForThreads1238) {
   options.return_weights = true;
   options.return_lse = true;
   for (const std::string& kernel : forward) {
+    SCOPED_TRACE(kernel);
     options.kernel = kernel;
-    options.threads = 1;
-    const AttentionResult one = attention(in.q, in.k, in.v, options);
-    for (int threads : {2, 3, 8}) {
-      SCOPED_TRACE(kernel + " threads " + std::to_string(threads));
-      options.threads = threads;
-      const AttentionResult many = attention(in.q, in.k, in.v, options);
-      EXPECT_TRUE(bitwise_equal(one.out, many.out));
-      EXPECT_TRUE(bitwise_equal(one.weights, many.weights));
-      EXPECT_TRUE(bitwise_equal(one.lse, many.lse));
-    }
-  }
-  options.return_weights = false;
-  options.kernel.clear();
-  const AttentionResult fwd = attention(in.q, in.k, in.v, options);
-  const Tensor dout = random_tensor(DType::kF32, fwd.out.shape(), 3);
-  for (const std::string& kernel : attention_backward_kernel_names()) {
-    options.kernel = kernel;
-    options.threads = 1;
-    const AttentionGradients one = attention_backward(in.q, in.k, in.v, fwd.out.view(),
-                                                      fwd.lse.view(), dout.view(), options);
-    for (int threads : {2, 3, 8}) {
-      SCOPED_TRACE("backward " + kernel + " threads " + std::to_string(threads));
-      options.threads = threads;
-      const AttentionGradients many = attention_backward(in.q, in.k, in.v, fwd.out.view(),
-                                                         fwd.lse.view(), dout.view(), options);
-      EXPECT_TRUE(bitwise_equal(one.dq, many.dq));
-      EXPECT_TRUE(bitwise_equal(one.dk, many.dk));
-      EXPECT_TRUE(bitwise_equal(one.dv, many.dv));
-    }
+    expect_same_bits_for_threads(in, options, {2, 3, 8});
   }
 }
 
@@ -443,8 +301,7 @@ TEST(DropoutZero, BitIdenticalToNoDropout) {
 // The seed and the offset each change the mask; the same pair draws the same one.
 TEST(DropoutSeeds, SeedAndOffsetChooseTheMask) {
   KernelCase c;
-  c.nq = 64;
-  c.nk = 64;
+  c.nq = c.nk = 64;
   const CaseInputs in = make_inputs(c, 51);
   AttentionOptions options = in.options(c);
   options.dropout_p = 0.5;
@@ -461,11 +318,7 @@ TEST(DropoutSeeds, SeedAndOffsetChooseTheMask) {
 
 // A packed batch draws sequence s's mask as batch s of a batched call.
 TEST(DropoutPacked, SequencesDrawAsBatches) {
-  KernelCase c;
-  c.b = 2;
-  c.h = 2;
-  c.hkv = 2;
-  c.nq = c.nk = 70;
+  const KernelCase c = case_of_shape(2, 2, 2, 70, 70, 16, 16);
   const CaseInputs in = make_inputs(c, 61);
   AttentionOptions options = in.options(c);
   options.causal = true;

@@ -249,16 +249,7 @@ TEST(F64Determinism, BitwiseIdenticalForThreads123) {
     if (std::find(names.begin(), names.end(), kernel) == names.end()) continue;
     for (bool causal : {false, true}) {
       SCOPED_TRACE(std::string(kernel) + (causal ? " causal" : ""));
-      KernelCase c;
-      c.in_dtype = DType::kF64;
-      c.b = 2;
-      c.h = 4;
-      c.hkv = 2;
-      c.nq = 200;
-      c.nk = 300;
-      c.d = 72;
-      c.dv = 40;
-      c.causal = causal;
+      KernelCase c = thread_sweep_case(causal, DType::kF64);
       c.mask = MaskKind::kFloatFull;
       const CaseInputs in = make_inputs(c, 99);
       AttentionOptions options = in.options(c);
@@ -266,16 +257,7 @@ TEST(F64Determinism, BitwiseIdenticalForThreads123) {
       options.return_weights = true;
       options.return_lse = true;
       options.out_dtype = DType::kF64;
-      options.threads = 1;
-      const AttentionResult one = attention(in.q, in.k, in.v, options);
-      for (int threads : {2, 3}) {
-        SCOPED_TRACE("threads " + std::to_string(threads));
-        options.threads = threads;
-        const AttentionResult many = attention(in.q, in.k, in.v, options);
-        EXPECT_TRUE(bitwise_equal(one.out, many.out));
-        EXPECT_TRUE(bitwise_equal(one.weights, many.weights));
-        EXPECT_TRUE(bitwise_equal(one.lse, many.lse));
-      }
+      expect_same_bits_for_threads(in, options, {2, 3});
     }
   }
 }

@@ -1,11 +1,14 @@
-// Shared by the kernel sweep and determinism tests: a case description that builds its inputs
-// (any dtype, head column blocks of a wider matrix, every mask form), and a naive float32
-// attention, the yardstick of the accuracy criterion.
+// Shared by the kernel sweep, determinism, float64 and dropout tests: a case description that
+// builds its inputs (any dtype, head column blocks of a wider matrix, every mask form), a naive
+// float32 attention, the yardstick of the accuracy criterion, and the thread-count sweep.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -205,6 +208,46 @@ inline double max_error(const TensorView& a, const TensorView& b) {
 
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// A case of shape (b, h, hkv, nq, nk, d, dv), its other fields the defaults.
+inline KernelCase case_of_shape(std::int64_t b, std::int64_t h, std::int64_t hkv, std::int64_t nq,
+                                std::int64_t nk, std::int64_t d, std::int64_t dv) {
+  KernelCase c;
+  c.b = b;
+  c.h = h;
+  c.hkv = hkv;
+  c.nq = nq;
+  c.nk = nk;
+  c.d = d;
+  c.dv = dv;
+  return c;
+}
+
+// The shape of the thread-count sweeps: 4 (batch, kv head) pairs of grouped-query heads (one
+// thread packs each head into its own slot, more threads share the packing), rows and keys that
+// fill no tile evenly, d and dv off the SIMD widths.
+inline KernelCase thread_sweep_case(bool causal, DType in_dtype = DType::kF32) {
+  KernelCase c = case_of_shape(2, 4, 2, 200, 300, 72, 40);
+  c.causal = causal;
+  c.in_dtype = in_dtype;
+  return c;
+}
+
+// `options` on one thread, then on each of `threads`: out, weights and lse (those `options`
+// asks for) are the same bits every time.
+inline void expect_same_bits_for_threads(const CaseInputs& in, AttentionOptions options,
+                                         std::initializer_list<int> threads) {
+  options.threads = 1;
+  const AttentionResult one = attention(in.q, in.k, in.v, options);
+  for (const int n : threads) {
+    SCOPED_TRACE("threads " + std::to_string(n));
+    options.threads = n;
+    const AttentionResult many = attention(in.q, in.k, in.v, options);
+    EXPECT_TRUE(bitwise_equal(one.out, many.out));
+    EXPECT_TRUE(bitwise_equal(one.weights, many.weights));
+    EXPECT_TRUE(bitwise_equal(one.lse, many.lse));
+  }
 }
 
 // Every kernel of the list, and fused_hwy and decode_hwy once per SIMD target this CPU supports, so that the

@@ -1,4 +1,4 @@
-// The reference kernel against cases worked by hand from the seed's formulas.
+// The reference kernel against cases worked by hand from the contract's formulas.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,7 +1,8 @@
 // The layer's gradients: every one against central finite differences of the float64 forward
 // (self- and cross-attention, with and without W^O and biases, grouped-query heads, causal,
-// sinks), float32 against float64, the same bits for 1, 2 and 3 threads and with or without
-// the forward's state, and a dY of the wrong shape refused naming it.
+// sinks, attention dropout with its mask fixed by the seed), float32 against float64, the same
+// bits for 1, 2 and 3 threads and with or without the forward's state, and a dY of the wrong
+// shape refused naming it.
 #include "qkv/layer_backward.h"
 
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@ struct LayerCase {
   std::string name;
   bool cross = false, wo = true, biases = true, causal = false, sinks = false, batched = true;
   std::int64_t heads = 2, kv_heads = 0;
+  double dropout = 0.0;  // attention dropout's P (seed and offset fixed in options_of)
 };
 
 void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.name; }
@@ -74,6 +76,11 @@ LayerOptions options_of(const LayerCase& c, const LayerInputs& in, int threads =
   o.attention.causal = c.causal;
   o.attention.threads = threads;
   if (!in.sinks.empty()) o.attention.sinks = in.sinks.view();
+  // With dropout the mask is fixed by the seed and offset: the layer stays a differentiable
+  // function of its inputs, and the backward draws the forward's mask again.
+  o.attention.dropout_p = c.dropout;
+  o.attention.seed = 0x0123456789abcdefull;
+  o.attention.dropout_offset = 9;
   return o;
 }
 
@@ -125,6 +132,11 @@ TEST_P(LayerBackward, EveryGradientMatchesCentralDifferences) {
   check(in.bv, g.dbv, "dbv");
   check(in.bo, g.dbo, "dbo");
   check(in.sinks, g.dsinks, "dsinks");
+  if (c.dropout > 0.0) {  // the mask dropped something: this case is not the one without it
+    LayerCase without = c;
+    without.dropout = 0.0;
+    EXPECT_GT(std::abs(loss(without, in) - loss(c, in)), 1e-3);
+  }
 }
 
 TEST_P(LayerBackward, Float32AgreesAndTheBitsDoNotDependOnThreadsOrState) {
@@ -158,7 +170,11 @@ INSTANTIATE_TEST_SUITE_P(
     Layers, LayerBackward,
     ::testing::Values(LayerCase{"self_wo_biases"}, LayerCase{"self_plain", false, false, false},
                       LayerCase{"cross_causal", true, true, true, true},
-                      LayerCase{"gqa_sinks_2d", false, true, false, true, true, false, 4, 2}),
+                      LayerCase{"gqa_sinks_2d", false, true, false, true, true, false, 4, 2},
+                      LayerCase{"dropout_gqa_causal", false, true, true, true, false, true, 4, 2,
+                                0.3},
+                      LayerCase{"dropout_cross_sinks_2d", true, true, true, false, true, false, 2,
+                                0, 0.5}),
     [](const auto& test) { return test.param.name; });
 
 TEST(LayerBackwardErrors, AGradientOfTheWrongShapeIsRefusedNamingIt) {

@@ -1,5 +1,6 @@
 // The layer against the composition of its pieces: linear(), attention() per head on copied
-// column blocks, concatenation, and the output projection.
+// column blocks, concatenation, and the output projection; with dropout, attention() on the
+// heads [B, H, N, dk] with the same seed and offset.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -219,6 +220,123 @@ TEST(MultiHeadAttention, Float16OutputsAndV2OptionsReachTheHeads) {
   const AttentionResult heads = attention(qh, kh, vh, a);
   EXPECT_EQ(testing::max_abs_diff(heads.lse.view(), f32.lse.view()), 0.0);
   EXPECT_EQ(testing::max_abs_diff(heads.weights.view(), f32.weights.view()), 0.0);
+}
+
+// Rows [B, N, H·w] of a projection as contiguous heads [B, H, N, w] (copied: the composition
+// below does not reuse the layer's strided views).
+Tensor heads_of(const Tensor& rows, std::int64_t heads, std::int64_t w) {
+  const std::int64_t b = rows.shape()[0], n = rows.shape()[1];
+  const TensorView split{
+      rows.data(), rows.dtype(), {b, heads, n, w}, {n * heads * w, w, heads * w, 1}, "heads"};
+  return contiguous_copy(split, rows.dtype());
+}
+
+// Heads [B, H, N, w] back as the rows [B, N, H·w] of their concatenation.
+Tensor concat_of(const Tensor& heads) {
+  const std::int64_t b = heads.shape()[0], h = heads.shape()[1], n = heads.shape()[2],
+                     w = heads.shape()[3];
+  const TensorView rows{heads.data(), heads.dtype(), {b, n, h, w}, {h * n * w, w, n * w, 1},
+                        "concat"};
+  Tensor concat = contiguous_copy(rows, heads.dtype());
+  concat.reshape({b, n, h * w});
+  return concat;
+}
+
+struct DropoutLayer {
+  Tensor x = rnd({2, 37, 16}, 50, "x", DType::kF32);
+  Tensor wq = rnd({16, 4 * 6}, 51, "wq", DType::kF32);
+  Tensor wk = rnd({16, 2 * 6}, 52, "wk", DType::kF32);
+  Tensor wv = rnd({16, 2 * 5}, 53, "wv", DType::kF32);
+  Tensor wo = rnd({4 * 5, 7}, 54, "wo", DType::kF32);
+  Tensor bq = rnd({24}, 55, "bq", DType::kF32);
+  Tensor bv = rnd({10}, 56, "bv", DType::kF32);
+  Tensor bo = rnd({7}, 57, "bo", DType::kF32);
+  LayerWeights weights() const {
+    LayerWeights w{wq.view(), wk.view(), wv.view(), wo.view()};
+    w.bq = bq.view();
+    w.bv = bv.view();
+    w.bo = bo.view();
+    return w;
+  }
+  LayerOptions options(int threads) const {
+    LayerOptions o;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.attention.causal = true;
+    o.attention.return_weights = true;
+    o.attention.return_lse = true;
+    o.attention.threads = threads;
+    o.attention.dropout_p = 0.3;
+    o.attention.seed = 0xfeedface12345ull;
+    o.attention.dropout_offset = 5;
+    return o;
+  }
+};
+
+// Head h of batch b draws the mask attention() draws for (b, h): the layer with dropout is,
+// bit for bit, the projections (linear), attention() on the heads copied out as [B, H, N, dk]
+// with the same seed and offset, and the output projection of their concatenation.
+TEST(MultiHeadAttentionDropout, EqualsProjectionsThenAttentionWithTheSameSeedAndOffset) {
+  const DropoutLayer in;
+  const LayerOptions o = in.options(2);
+  const LayerResult r = multi_head_attention(in.x.view(), in.weights(), o);
+  const Tensor q = heads_of(linear(in.x.view(), in.wq.view(), in.bq.view(), 2), 4, 6);
+  const Tensor k = heads_of(linear(in.x.view(), in.wk.view(), std::nullopt, 2), 2, 6);
+  const Tensor v = heads_of(linear(in.x.view(), in.wv.view(), in.bv.view(), 2), 2, 5);
+  const AttentionResult heads = attention(q.view(), k.view(), v.view(), o.attention);
+  const Tensor out = linear(concat_of(heads.out).view(), in.wo.view(), in.bo.view(), 2);
+  EXPECT_EQ(heads.kernel, r.kernel);
+  EXPECT_TRUE(testing::same_bytes(heads.weights, r.weights));
+  EXPECT_TRUE(testing::same_bytes(heads.lse, r.lse));
+  EXPECT_TRUE(testing::same_bytes(out, r.out));
+  // The same seed with another offset draws another mask.
+  LayerOptions other = o;
+  other.attention.dropout_offset = 6;
+  const LayerResult shifted = multi_head_attention(in.x.view(), in.weights(), other);
+  EXPECT_GT(testing::max_abs_diff(shifted.weights.view(), r.weights.view()), 0.1);
+
+  // Against the layer without dropout: every allowed weight is dropped (0) or w / (1 - p), and
+  // about 30% are dropped. (P is rounded to a multiple of 2^-16: 0.3 to 19661 / 65536.)
+  LayerOptions none = o;
+  none.attention.dropout_p = 0.0;
+  const LayerResult plain = multi_head_attention(in.x.view(), in.weights(), none);
+  EXPECT_TRUE(testing::same_bytes(plain.lse, r.lse));  // the softmax's, before dropout
+  const double keep_scale = 65536.0 / (65536.0 - 19661.0);
+  std::int64_t allowed = 0, dropped = 0;
+  for (std::int64_t e = 0; e < r.weights.numel(); ++e) {
+    const double w0 = plain.weights.data_as<float>()[e], w = r.weights.data_as<float>()[e];
+    if (w0 == 0.0) continue;
+    ++allowed;
+    if (w == 0.0) {
+      ++dropped;
+    } else {
+      EXPECT_NEAR(w, w0 * keep_scale, 1e-6 * w0 * keep_scale) << e;
+    }
+  }
+  EXPECT_GT(allowed, 2000);
+  EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(allowed), 0.3, 0.04);
+}
+
+// dropout_p = 0 is the layer without dropout, bit for bit (whatever the seed and offset), and
+// the layer with dropout gives the same bits on 1, 2 and 3 threads.
+TEST(MultiHeadAttentionDropout, ZeroIsNoDropoutAndTheBitsDoNotDependOnThreads) {
+  const DropoutLayer in;
+  LayerOptions zero = in.options(2);
+  zero.attention.dropout_p = 0.0;
+  LayerOptions plain = zero;
+  plain.attention.seed = 0;
+  plain.attention.dropout_offset = 0;
+  const LayerResult a = multi_head_attention(in.x.view(), in.weights(), zero);
+  const LayerResult b = multi_head_attention(in.x.view(), in.weights(), plain);
+  EXPECT_TRUE(testing::same_bytes(a.out, b.out));
+  EXPECT_TRUE(testing::same_bytes(a.weights, b.weights));
+  const LayerResult one = multi_head_attention(in.x.view(), in.weights(), in.options(1));
+  EXPECT_FALSE(testing::same_bytes(one.out, a.out));
+  for (int threads : {2, 3}) {
+    const LayerResult many = multi_head_attention(in.x.view(), in.weights(), in.options(threads));
+    EXPECT_TRUE(testing::same_bytes(one.out, many.out)) << threads;
+    EXPECT_TRUE(testing::same_bytes(one.weights, many.weights)) << threads;
+  }
 }
 
 // Threads of this process now (Linux: /proc/self/task).

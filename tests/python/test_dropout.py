@@ -2,7 +2,11 @@
 float64 statement with the mask drawn by a NumPy Philox4x32-10 written from the definition
 (include/qkv/attention.h, src/core/dropout.h); qkv.torch.attention and
 qkv.torch.scaled_dot_product_attention seeded from torch's generator (torch.manual_seed
-reproduces a run) and their gradients against torch autograd on the same mask; the refusals."""
+reproduces a run) and their gradients against torch autograd on the same mask; the refusals.
+The layer, qkv.MultiHeadAttention(..., dropout_p=, seed=, dropout_offset=), against NumPy
+float64 projections and heads with that mask (head h of batch b: the mask of (b, h)), its
+backward against torch autograd on the same mask, and qkv.torch.MultiheadAttention(dropout=)
+in training and eval mode."""
 
 import numpy as np
 import pytest
@@ -128,7 +132,150 @@ def test_bad_dropout_arguments(kwargs, message):
     assert "\n" not in str(info.value)
 
 
+def layer_inputs(b=2, n=33, d=12, heads=4, kv_heads=2, dk=3, dv=5, d_out=7, seed=5):
+    rng = np.random.default_rng(seed)
+    r = rng.standard_normal
+    return {"x": r((b, n, d)), "wq": r((d, heads * dk)), "wk": r((d, kv_heads * dk)),
+            "wv": r((d, kv_heads * dv)), "wo": r((heads * dv, d_out)), "bq": r(heads * dk),
+            "bv": r(kv_heads * dv), "bo": r(d_out)}
+
+
+def layer_numpy(t, heads, kv_heads, z, causal, xp=np):
+    """The layer from its formulas in NumPy (or torch, xp=torch, for autograd), heads as
+    [B, H, N, w]; z: the keep factors [B, H, N, N]. Returns the output and the weights after
+    dropout."""
+    torch_ = xp is not np
+
+    def split(y, h):  # [B, N, h·w] -> [B, h, N, w]
+        return xp.swapaxes(y.reshape(y.shape[0], y.shape[1], h, -1), 1, 2)
+
+    def bias(name):
+        return t[name] if t.get(name) is not None else 0.0
+
+    q = split(t["x"] @ t["wq"] + bias("bq"), heads)
+    k = split(t["x"] @ t["wk"] + bias("bk"), kv_heads)
+    v = split(t["x"] @ t["wv"] + bias("bv"), kv_heads)
+    group = heads // kv_heads  # query head h reads kv head h // group
+    k, v = ((y.repeat_interleave(group, 1) if torch_ else np.repeat(y, group, 1)) for y in (k, v))
+    s = q @ xp.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    n = s.shape[-1]
+    if causal:
+        allowed = np.arange(n)[None, :] <= np.arange(n)[:, None]
+        s = xp.where(xp.asarray(allowed) if torch_ else allowed, s, -np.inf)
+    e = xp.exp(s - (s.amax(-1, keepdim=True) if torch_ else s.max(-1, keepdims=True)))
+    w = e / (e.sum(-1, keepdim=True) if torch_ else e.sum(-1, keepdims=True))
+    concat = xp.swapaxes((w * z) @ v, 1, 2).reshape(t["x"].shape[0], t["x"].shape[1], -1)
+    return concat @ t["wo"] + bias("bo"), w * z
+
+
+def make_layer(t, heads=4, kv_heads=2):
+    return qkv.MultiHeadAttention(t["wq"], t["wk"], t["wv"], t["wo"], bq=t["bq"], bv=t["bv"],
+                                  bo=t["bo"], heads=heads, kv_heads=kv_heads)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_layer_forward_against_numpy_philox(causal):
+    t = layer_inputs()
+    p, seed, offset = 0.3, 2**63 + 12345, 2**32 - 1
+    z = keep_factors(2, 4, 33, 33, p, seed, offset)
+    out, weights = layer_numpy(t, 4, 2, z, causal)
+    r = make_layer(t)(t["x"], is_causal=causal, return_weights=True, dropout_p=p, seed=seed,
+                      dropout_offset=offset)
+    assert np.array_equal(r.weights == 0, weights == 0)
+    np.testing.assert_allclose(r.weights, weights, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.out, out, rtol=0, atol=1e-11 * np.abs(out).max())
+    # float32 inputs: the same mask, float32 rounding.
+    f = make_layer({name: a.astype(np.float32) for name, a in t.items()})
+    r32 = f(t["x"].astype(np.float32), is_causal=causal, return_weights=True, dropout_p=p,
+            seed=seed, dropout_offset=offset)
+    # (Weights below float32's exp range underflow to 0: compare the mask where it shows.)
+    assert (r32.weights[z == 0] == 0).all() and (r32.weights[weights > 1e-6] != 0).all()
+    np.testing.assert_allclose(r32.out, out, rtol=0, atol=1e-4 * np.abs(out).max())
+
+
+def test_layer_zero_is_no_dropout_and_threads_do_not_matter():
+    t = {name: a.astype(np.float32) for name, a in layer_inputs(seed=6).items()}
+    layer = make_layer(t)
+    plain = layer(t["x"], is_causal=True)
+    assert np.array_equal(plain, layer(t["x"], is_causal=True, dropout_p=0.0, seed=5,
+                                       dropout_offset=2))
+    one = layer(t["x"], is_causal=True, dropout_p=0.2, seed=4, threads=1)
+    assert not np.array_equal(one, plain)
+    for threads in (2, 3):
+        assert np.array_equal(one, layer(t["x"], is_causal=True, dropout_p=0.2, seed=4,
+                                         threads=threads))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dropout_p": 1.0}, r"^dropout_p: must be in \[0, 1\)"),
+    ({"dropout_p": -0.5}, r"^dropout_p: must be in \[0, 1\)"),
+    ({"dropout_p": 0.1, "seed": -1}, r"^seed: must be an integer"),
+    ({"dropout_p": 0.1, "dropout_offset": 2**32}, r"^dropout_offset: must be an integer"),
+])
+def test_layer_bad_dropout_arguments(kwargs, message):
+    t = layer_inputs(n=4)
+    with pytest.raises(qkv.Error, match=message) as info:
+        make_layer(t)(t["x"], **kwargs)
+    assert "\n" not in str(info.value)
+
+
 torch = pytest.importorskip("torch")
+
+
+def test_layer_backward_against_torch_autograd_on_the_same_mask():
+    t = layer_inputs(n=21, seed=7)
+    p, seed, offset = 0.4, 99, 3
+    layer = make_layer(t)
+    out, state = layer(t["x"], is_causal=True, dropout_p=p, seed=seed, dropout_offset=offset,
+                       return_state=True)
+    dy = np.random.default_rng(8).standard_normal(out.shape)
+    g = layer.backward(dy, state, threads=3)
+    tt = {name: torch.tensor(a, requires_grad=True) for name, a in t.items()}
+    z = torch.tensor(keep_factors(2, 4, 21, 21, p, seed, offset))
+    ref, _ = layer_numpy(tt, 4, 2, z, True, xp=torch)
+    np.testing.assert_allclose(out, ref.detach().numpy(), rtol=0, atol=1e-12)
+    ref.backward(torch.tensor(dy))
+    for name, got in (("x", g.dx), ("wq", g.dwq), ("wk", g.dwk), ("wv", g.dwv), ("wo", g.dwo),
+                      ("bq", g.dbq), ("bv", g.dbv), ("bo", g.dbo)):
+        want = tt[name].grad.numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-10 * max(1, np.abs(want).max()),
+                                   err_msg=name)
+
+
+def test_torch_multihead_attention_dropout_in_training_mode_only():
+    import qkv.torch as qt
+    torch.manual_seed(0)
+    mha = qt.MultiheadAttention(16, 4, kv_heads=2, dropout=0.25, dtype=torch.float64)
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    mha.eval()
+    plain = mha(x, is_causal=True)
+    mha.train()
+    torch.manual_seed(5)
+    a = mha(x, is_causal=True)
+    torch.manual_seed(5)
+    b = mha(x, is_causal=True)
+    assert torch.equal(a, b) and not torch.allclose(a, plain)
+    # The mask is qkv's of the seed drawn from torch's generator, per head of the projections.
+    torch.manual_seed(5)
+    seed = int(torch.empty((), dtype=torch.int64).random_())
+    t = {"x": x, "wq": mha.wq, "wk": mha.wk, "wv": mha.wv, "wo": mha.wo, "bq": mha.bq,
+         "bk": mha.bk, "bv": mha.bv, "bo": mha.bo}
+    z = torch.tensor(keep_factors(2, 4, 12, 12, 0.25, seed))
+    ref, _ = layer_numpy(t, 4, 2, z, True, xp=torch)
+    assert torch.allclose(a, ref, atol=1e-12)
+    a.sum().backward()
+    params = (mha.wq, mha.wk, mha.wv, mha.wo, mha.bq, mha.bv, mha.bo)
+    grads = [prm.grad.clone() for prm in params]
+    for prm in mha.parameters():
+        prm.grad = None
+    ref.sum().backward()
+    for got, prm in zip(grads, params):
+        assert torch.allclose(got, prm.grad, atol=1e-10)
+    # A call's dropout_p overrides the module's; bad rates are refused naming the argument.
+    assert torch.equal(mha(x, is_causal=True, dropout_p=0.0), plain)
+    with pytest.raises(qkv.Error, match=r"^dropout: must be a number in \[0, 1\)"):
+        qt.MultiheadAttention(16, 4, dropout=1.0)
+
 
 
 def test_torch_attention_seeded_by_torch_and_its_gradients():

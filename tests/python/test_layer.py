@@ -19,7 +19,7 @@ def softmax_rows(s):
 
 def reference_layer(x, wq, wk, wv, wo=None, bq=None, bk=None, bv=None, bo=None, heads=1,
                     kv_heads=None, memory=None, causal=False):
-    """The seed's layer in float64 from its formulas, x [B, N, d]."""
+    """The multi-head layer in float64 from its formulas, x [B, N, d]."""
     kv_heads = kv_heads or heads
     x = np.asarray(x, np.float64)
     m = x if memory is None else np.asarray(memory, np.float64)

@@ -1,7 +1,8 @@
-// What the two halves of `qkv bench` share: its flags, and the clocks and counters it reads.
+// What the parts of `qkv bench` share: its flags, and the clocks and counters it reads.
 // command_bench.cc times attention() on given shapes (and --peak); bench_decode.cc times
 // attention_cached() on a KV cache (--decode); bench_backward.cc attention_backward()
-// (--backward); bench_layer.cc the multi-head layer and its backward (--layer).
+// (--backward); bench_layer.cc the multi-head layer and its backward (--layer). bench.cc holds
+// the peak, JSON opening and text lines the last two print alike.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -78,6 +79,38 @@ Tensor pattern_tensor(DType dtype, const Shape& shape, std::uint64_t seed, const
 // The OpenBLAS variables some hosts export, which can make OpenBLAS pick slow kernels for the
 // baselines; bench reports them but never unsets them itself.
 bool openblas_env_set();
+
+// The FMA peak a bench's GFLOP/s are measured against: --peak-gflops when given, else measured
+// before the timed calls and (measure_again) after them, keeping the larger: on a shared host a
+// measurement can only come out low. of_dtype() is the peak of the computation's type: float64
+// FMAs at half the float32 rate.
+class BenchPeak {
+ public:
+  BenchPeak(const BenchCommand& c, DType dtype);
+  void measure_again();
+  double fma() const { return fma_; }
+  double of_dtype() const { return f64_ ? fma_ / 2 : fma_; }
+
+ private:
+  bool given_;
+  bool f64_;
+  int threads_;
+  double fma_;
+};
+
+// Opens a bench's JSON object: "{", `lead` (the bench's own first fields, each followed by
+// ", "), the shape flags (n, nk, d, dv, heads, kv_heads, batch, causal, dropout, threads), the
+// dtype, both peaks, the SIMD target, `extra` (more fields, each followed by ", ") and
+// openblas_env_set, then ",\n" for the timings that follow.
+void print_json_header(const BenchCommand& c, const BenchPeak& peak, const std::string& lead,
+                       const std::string& extra = "");
+
+// One timed call as a text line: role, kernel, times, GFLOP/s and their share of `peak`, RSS.
+void print_timing_line(const char* role, const Timing& t, double peak);
+
+// A note that OpenBLAS's variables are set, which may slow `calls` ("the baseline"); nothing
+// when they are not.
+void print_openblas_note(const char* calls);
 
 // qkv bench --decode.
 void run_decode_bench(BenchCommand c);

@@ -52,10 +52,7 @@ void run_backward_bench(const BenchCommand& c) {
   options.seed = c.seed;
   const double forward_flops = attention_flops(q.shape(), k.shape(), v.shape(), options);
   const double flops = 2.5 * forward_flops;
-  // Measured before the timed calls and again after them, keeping the larger (as the forward
-  // bench does): on a shared host a measurement can only come out low.
-  double fma_peak =
-      c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(c.threads);
+  BenchPeak bench_peak(c, dtype);  // measured now and again after the timed calls
 
   const AttentionResult forward = attention(q.view(), k.view(), v.view(), options);
   const auto backward_with = [&](const std::string& kernel) {
@@ -109,28 +106,18 @@ void run_backward_bench(const BenchCommand& c) {
       base_note = e.what();
     }
   }
-  if (c.peak_gflops <= 0) {
-    fma_peak = std::max(fma_peak, kernels::measure_fma_peak_gflops(c.threads));
-  }
+  bench_peak.measure_again();
+  const double fma_peak = bench_peak.fma();
   // The relevant peak: the bf16 dot-product peak where the bf16 backward runs vdpbf16ps, the
   // fp64 FMA peak for float64, the FMA peak otherwise.
   const bool bf16_dots = bf16 && kernels::backward_bf16_dots_available();
-  const double peak = dtype == DType::kF64 ? fma_peak / 2
-                      : bf16_dots && c.peak_gflops <= 0
+  const double peak = bf16_dots && c.peak_gflops <= 0
                           ? kernels::measure_bf16_dot_peak_gflops(c.threads)
-                          : fma_peak;
+                          : bench_peak.of_dtype();
   if (c.json) {
-    std::printf(
-        "{\n  \"backward\": true, \"n\": %lld, \"nk\": %lld, \"d\": %lld, \"dv\": %lld, "
-        "\"heads\": %lld, \"kv_heads\": %lld, \"batch\": %lld, \"causal\": %s, \"dropout\": %g, "
-        "\"threads\": %d,\n"
-        "  \"dtype\": \"%s\", \"fma_peak_gflops\": %.2f, \"peak_gflops\": %.2f, "
-        "\"simd_target\": \"%s\", \"useful_gflop\": %.4f, \"openblas_env_set\": %s,\n",
-        static_cast<long long>(c.n), static_cast<long long>(c.nk), static_cast<long long>(c.d),
-        static_cast<long long>(c.dv), static_cast<long long>(c.heads),
-        static_cast<long long>(c.kv_heads), static_cast<long long>(c.batch),
-        c.causal ? "true" : "false", c.dropout, c.threads, c.dtype.c_str(), fma_peak, peak,
-        kernels::simd_target_name().c_str(), flops * 1e-9, openblas_env_set() ? "true" : "false");
+    char useful[64];
+    std::snprintf(useful, sizeof useful, "\"useful_gflop\": %.4f, ", flops * 1e-9);
+    print_json_header(c, bench_peak, "\"backward\": true, ", useful);
     print_json_timing("chosen", chosen, peak);
     std::printf(
         ",\n  \"forward_ms\": %.4f, \"forward_kernel\": \"%s\", "
@@ -168,34 +155,22 @@ void run_backward_bench(const BenchCommand& c) {
                 bf16_dots ? "bf16 dot products (vdpbf16ps)"
                           : "float32 products on bf16-rounded operands (no vdpbf16ps here)");
   }
-  const auto line = [&](const char* role, const Timing& t, double of_peak = -1.0) {
-    if (of_peak < 0) of_peak = peak;
-    std::printf(
-        "%-9s %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of peak  "
-        "peak RSS %.0f MiB\n",
-        role, t.kernel.c_str(), t.ms, t.min_ms, t.cpu_ms, t.runs, t.gflops,
-        of_peak > 0 ? 100.0 * t.gflops / of_peak : 0.0, t.peak_rss_mib);
-  };
-  line("backward", chosen);
-  line("forward", fwd);
+  print_timing_line("backward", chosen, peak);
+  print_timing_line("forward", fwd, peak);
   std::printf("backward / forward time: %.2f\n", chosen.ms / fwd.ms);
   if (f32_backward) {
-    line("f32 bwd", *f32_backward, fma_peak);
+    print_timing_line("f32 bwd", *f32_backward, fma_peak);
     std::printf("speedup vs the float32 backward: %.2fx\n", f32_backward->ms / chosen.ms);
   } else if (!f32_note.empty()) {
     std::printf("float32 backward: not run (%s)\n", f32_note.c_str());
   }
   if (base) {
-    line("baseline", *base);
+    print_timing_line("baseline", *base, peak);
     std::printf("speedup vs the unfused backward: %.2fx\n", base->ms / chosen.ms);
   } else if (!base_note.empty()) {
     std::printf("baseline: not run (%s)\n", base_note.c_str());
   }
-  if (openblas_env_set()) {
-    std::printf(
-        "note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set; OpenBLAS may pick slow kernels "
-        "for the baseline\n");
-  }
+  print_openblas_note("the baseline");
 }
 
 }  // namespace qkv::cli

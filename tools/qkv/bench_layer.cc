@@ -9,7 +9,6 @@
 // (2·(d + dv) per allowed pair and head); the backward counts twice the projections (the two
 // products of each weight's gradient and its input's) and 2.5x the attention, as FlashAttention
 // counts its backward.
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -69,7 +68,7 @@ void run_layer_bench(const BenchCommand& c) {
                                            {c.batch, c.kv_heads, c.n, c.dv}, options.attention);
   const double forward_flops = projections + attention;
   const double backward_flops = 2.0 * projections + 2.5 * attention;
-  double fma_peak = c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(c.threads);
+  BenchPeak bench_peak(c, dtype);  // measured now and again after the timed calls
 
   const Timing forward = time_calls(
       c.repeats, c.warmup,
@@ -87,22 +86,13 @@ void run_layer_bench(const BenchCommand& c) {
         },
         backward_flops);
   }
-  if (c.peak_gflops <= 0) {
-    fma_peak = std::max(fma_peak, kernels::measure_fma_peak_gflops(c.threads));
-  }
-  const double peak = dtype == DType::kF64 ? fma_peak / 2 : fma_peak;
+  bench_peak.measure_again();
+  const double peak = bench_peak.of_dtype();
   if (c.json) {
-    std::printf(
-        "{\n  \"layer\": true, \"backward\": %s, \"n\": %lld, \"d\": %lld, \"dv\": %lld, "
-        "\"heads\": %lld, \"kv_heads\": %lld, \"batch\": %lld, \"width\": %lld, \"causal\": %s, "
-        "\"threads\": %d,\n  \"dtype\": \"%s\", \"fma_peak_gflops\": %.2f, \"peak_gflops\": "
-        "%.2f, \"simd_target\": \"%s\", \"openblas_env_set\": %s,\n",
-        c.backward ? "true" : "false", static_cast<long long>(c.n), static_cast<long long>(c.d),
-        static_cast<long long>(c.dv), static_cast<long long>(c.heads),
-        static_cast<long long>(c.kv_heads), static_cast<long long>(c.batch),
-        static_cast<long long>(width), c.causal ? "true" : "false", c.threads, c.dtype.c_str(),
-        fma_peak, peak, kernels::simd_target_name().c_str(),
-        openblas_env_set() ? "true" : "false");
+    print_json_header(c, bench_peak,
+                      std::string("\"layer\": true, \"backward\": ") +
+                          (c.backward ? "true" : "false") + ", \"width\": " +
+                          std::to_string(width) + ", ");
     print_json_timing("forward", forward, peak);
     if (c.backward) {
       std::printf(",\n");
@@ -124,23 +114,12 @@ void run_layer_bench(const BenchCommand& c) {
               projections * 1e-9);
   if (c.backward) std::printf(", backward %.3f GFLOP", backward_flops * 1e-9);
   std::printf("; %s FMA peak %.1f GFLOP/s\n", dtype == DType::kF64 ? "fp64" : "fp32", peak);
-  const auto line = [&](const char* role, const Timing& t) {
-    std::printf(
-        "%-9s %-13s %10.3f ms (min %.3f, cpu %.3f, %d runs) %8.1f GFLOP/s %5.1f %% of peak  "
-        "peak RSS %.0f MiB\n",
-        role, t.kernel.c_str(), t.ms, t.min_ms, t.cpu_ms, t.runs, t.gflops,
-        peak > 0 ? 100.0 * t.gflops / peak : 0.0, t.peak_rss_mib);
-  };
-  line("forward", forward);
+  print_timing_line("forward", forward, peak);
   if (c.backward) {
-    line("backward", backward);
+    print_timing_line("backward", backward, peak);
     std::printf("backward / forward time: %.2f\n", backward.ms / forward.ms);
   }
-  if (openblas_env_set()) {
-    std::printf(
-        "note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set; OpenBLAS may pick slow kernels "
-        "for the projections\n");
-  }
+  print_openblas_note("the projections");
 }
 
 }  // namespace qkv::cli

@@ -55,11 +55,11 @@ void add_gradients(const AttentionCommand& command, const TensorView& q, const T
   // Every output is written in --out-dtype: a bf16 backward hands over its float32 sums, so
   // that they are rounded once, to --out-dtype.
   if (forward.compute == DType::kBF16) options.grad_dtype = DType::kF32;
-  // What the forward allocated is no longer the backward's to spend.
+  // What the forward allocated is no longer the backward's to spend. dO is not counted here:
+  // it is an input, which the budget left after the inputs already excludes.
   if (options.max_memory > 0) {
     const std::uint64_t held =
-        forward.out.nbytes() + forward.lse.nbytes() + forward.weights.nbytes() +
-        grad_out_read.nbytes();
+        forward.out.nbytes() + forward.lse.nbytes() + forward.weights.nbytes();
     if (held >= options.max_memory) {
       throw Error("--max-memory",
                   "the gradients need more than the budget left after the "

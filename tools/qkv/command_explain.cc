@@ -1,4 +1,4 @@
-// qkv explain: the seed's walk-through of query, key and value, in the terminal and as a page.
+// qkv explain: the walk-through of query, key and value, in the terminal and as a page.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>

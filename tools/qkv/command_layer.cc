@@ -1,4 +1,4 @@
-// qkv layer: the seed's whole system, from X and the projection matrices (layer_weights.h reads
+// qkv layer: the whole multi-head layer, from X and the projection matrices (layer_weights.h reads
 // them, for qkv explain too).
 #include "command_layer.h"
 
@@ -11,6 +11,7 @@
 #include "cli_common.h"
 #include "command_ring.h"
 #include "commands.h"
+#include "core/format_bytes.h"
 #include "layer_weights.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -99,6 +100,26 @@ double layer_flops(const Shape& x, const Shape& memory, const LayerWeights& w,
                                  {b, hkv, m[m.size() - 2], dv}, options.attention);
 }
 
+// With a budget and --grad-out, the whole call is checked before the forward runs: the forward,
+// what it leaves held for the backward and the backward's own allocations
+// (multi_head_attention_backward_memory), against what the inputs leave of the budget, so that a
+// budget too small for the gradients is refused before any computing, as qkv attention does.
+void check_gradient_budget(const Tensor& x, const LayerWeights& weights,
+                           const LayerOptions& options, const std::optional<Tensor>& memory) {
+  const std::uint64_t budget = options.attention.max_memory;
+  if (budget == 0) return;
+  const std::uint64_t need = within_memory_budget("the layer's backward", [&] {
+    return multi_head_attention_backward_memory(x.view(), weights, options, view_of(memory));
+  });
+  if (need > budget) {
+    throw Error("--max-memory", "the layer's forward and backward need " +
+                                    core::format_bytes_exact(need) +
+                                    "; the budget left after the inputs is " +
+                                    core::format_bytes_exact(budget) +
+                                    " (checked before the forward)");
+  }
+}
+
 void run_layer(const LayerCommand& command) {
   if (command.ring) {
     run_on_ranks("qkv layer", layer_ring_refusals(command),
@@ -137,10 +158,11 @@ void run_layer(const LayerCommand& command) {
   const DType out_dtype = options.attention.out_dtype;
   if (out_dtype == DType::kF16) options.attention.out_dtype = DType::kF32;
   apply_memory_budget(command.flags, input_bytes, options.attention);
+  const bool gradients = command.gradients.wanted();
+  if (gradients) check_gradient_budget(*x, weights, options, memory);
   ProgressLine progress(!command.report.quiet, "qkv layer");
   options.attention.progress = progress.callback();
   const auto start = std::chrono::steady_clock::now();
-  const bool gradients = command.gradients.wanted();
   LayerForwardState state;
   const LayerResult result = within_memory_budget("the layer", [&] {
     return gradients ? multi_head_attention(x->view(), weights, options, view_of(memory), state)
@@ -200,7 +222,8 @@ void register_layer_command(CLI::App& app) {
       ->required();
   add_attention_flags(
       *sub, command->flags,
-      FlagGroups{.precision = true, .score_modifiers = true, .packed_batches = true});
+      FlagGroups{
+          .precision = true, .score_modifiers = true, .packed_batches = true, .dropout = true});
   LayerGradientFlags& g = command->gradients;
   CLI::Option* grad_out = sub->add_option(
       "--grad-out", g.grad_out,
@@ -227,7 +250,7 @@ void register_layer_command(CLI::App& app) {
                 "with --grad-out each rank reads its rows of DY, the backward runs over the "
                 "ring too and rank 0 writes the --grad-* outputs (dX gathered, the weight "
                 "gradients summed in rank order); --max-memory is per rank; not with --memory, "
-                "--weights, --cu-seqlens-*");
+                "--weights, --cu-seqlens-*, --dropout");
   add_report_flags(*sub, command->report);
   sub->footer(
       "Example:\n"
@@ -244,6 +267,11 @@ void register_layer_command(CLI::App& app) {
       "Gradients: --grad-out DY.npy with --grad-x, --grad-wq, ... (float32, float64 for\n"
       "float64 inputs; written in --out-dtype with the other outputs, all or none). On a\n"
       "terminal the backward draws its own progress line, in key rows.\n"
+      "Dropout (--dropout P --seed S [--dropout-offset O]): the heads' attention weights\n"
+      "dropped with probability P, the kept ones scaled by 1/(1-P); head h of batch b draws\n"
+      "the mask qkv attention draws for (b, h) on the projected Q, K, V with the same seed and\n"
+      "offset, and the backward (--grad-out) draws it again. --weights then holds the weights\n"
+      "after dropout; --lse is the softmax's, before dropout.\n"
       "Across processes: mpirun -np P qkv layer --ring ... splits X's rows over P ranks as\n"
       "qkv attention --ring splits Q's (see 'qkv attention --help').");
   sub->callback([command] { run_layer(*command); });

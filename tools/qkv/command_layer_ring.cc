@@ -168,6 +168,8 @@ std::string layer_ring_refusals(const LayerCommand& c) {
   refuse(!c.flags.weights_path.empty(), "--weights");
   refuse(!c.flags.cu_seqlens_q_path.empty(), "--cu-seqlens-q");
   refuse(!c.flags.cu_seqlens_k_path.empty(), "--cu-seqlens-k");
+  // As for attention --ring: the ranks would each draw their own blocks' masks.
+  refuse(c.flags.dropout != 0.0, "--dropout");
   return refused;
 }
 

@@ -101,8 +101,8 @@ std::optional<Tensor> load_mask_rows(const AttentionFlags& flags, std::int64_t n
 // would pass the --max-memory budget (each rank holds it alone: P ranks on one machine may
 // together take P budgets). Counted: its rows of Q, K and V (and of the mask), the two K/V
 // blocks in flight (the largest rank's rows), its rows of O and the lse as computed, and on rank
-// 0 the gathered O and lse it writes; the kernel's tiles (well under a MiB per thread) come on
-// top. A file that cannot be inspected is left to read_rows, which says why.
+// 0 the gathered O and lse it writes; with gradients the backward's rows, accumulators and row
+// statistics; the kernel's tiles (well under a MiB per thread) come on top. A file that cannot be inspected is left to read_rows, which says why.
 void check_rank_budget(const RingCommand& command, const AttentionFlags& flags, int ranks, int me,
                        dist::RowLayout layout) {
   const std::uint64_t budget = memory_budget(flags);
@@ -145,6 +145,11 @@ void check_rank_budget(const RingCommand& command, const AttentionFlags& flags, 
     }
     bytes += as_computed(q, my_q) + as_computed(k, my_k) + as_computed(v, my_k) +
              2 * (as_computed(k, widest_k) + as_computed(v, widest_k));
+    // The softmax statistics the backward merges over the ring: seven float64 per query row
+    // (its merged max, sum, Σ P·dP and D, and one kernel call's max, sum and Σ P·dP).
+    if (nq > 0) {
+      bytes += q_rows / static_cast<std::uint64_t>(nq) * static_cast<std::uint64_t>(my_q) * 56;
+    }
     if (me == 0) bytes += as_computed(q, nq) + as_computed(k, nk) + as_computed(v, nk);
   }
   if (!flags.mask_path.empty()) {

@@ -1,5 +1,6 @@
-// attention() on few query rows checks K and V in the decode kernel's own pass instead of a
-// scan before it (kernels/attention.cc, checks_kv_as_it_reads). Held against the same call
+// attention() checks K and V in the kernel's own pass instead of a scan before it
+// (kernels/attention.cc, checks_kv_as_it_reads): the decode kernel on few query rows, the fused
+// kernel (as it packs each key tile) on the rest. Held against the same call
 // written with an unbounded window, which still scans first: the same error, word for word, for a
 // NaN, an infinity or a value past float16's range anywhere in K or V; the same bits when the
 // inputs are fine, and when they are finite but large (2^32 and more: the kernel flags them and the
@@ -32,9 +33,27 @@ struct Case {
   DType kv_dtype;
   std::int64_t d;
   std::int64_t kv_heads = 2;  // of 8 query heads
+  const char* kernel = "decode_hwy";  // the SIMD kernel that checks this call (no window)
+  bool interleaved = false;  // K and V views of [B, Nk, Hkv, D] memory, as transformers has them
 
   std::int64_t kv_elements() const { return kv_heads * 700 * d; }
 };
+
+// K or V for a case: contiguous [1, Hkv, 700, D], or (interleaved) a [1, 700, Hkv, D] tensor
+// whose view the test reads, made contiguous again for set() by kv_view.
+Tensor kv_tensor(const Case& c, std::uint64_t seed) {
+  return c.interleaved ? random_tensor(c.kv_dtype, {1, 700, c.kv_heads, c.d}, seed)
+                       : random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, seed);
+}
+
+TensorView kv_view(const Case& c, const Tensor& t) {
+  TensorView view = t.view();
+  if (c.interleaved) {
+    std::swap(view.shape[1], view.shape[2]);
+    std::swap(view.strides[1], view.strides[2]);
+  }
+  return view;
+}
 
 // attention() as asked (the kernel checks K and V) and the same call with an unbounded window
 // in place of "no window" (every key allowed, or causal's keys: the same scores, the same kernel
@@ -45,7 +64,9 @@ struct Both {
   std::string kernel_plain, kernel_into;
 };
 
-Both run_both(const Tensor& q, const Tensor& k, const Tensor& v, const Case& c) {
+Both run_both(const Tensor& q, const Tensor& k_tensor, const Tensor& v_tensor, const Case& c) {
+  const TensorView k = kv_view(c, k_tensor);
+  const TensorView v = kv_view(c, v_tensor);
   AttentionOptions options;
   options.causal = c.causal;
   options.window = c.window;
@@ -59,14 +80,14 @@ Both run_both(const Tensor& q, const Tensor& k, const Tensor& v, const Case& c) 
   }
   Both both;
   try {
-    AttentionResult r = attention(q.view(), k.view(), v.view(), options);
+    AttentionResult r = attention(q.view(), k, v, options);
     both.out_plain = std::move(r.out);
     both.kernel_plain = r.kernel;
   } catch (const Error& e) {
     both.error_plain = e.what();
   }
   try {
-    AttentionResult r = attention(q.view(), k.view(), v.view(), scanned);
+    AttentionResult r = attention(q.view(), k, v, scanned);
     both.out_into = std::move(r.out);
     both.kernel_into = r.kernel;
   } catch (const Error& e) {
@@ -93,7 +114,7 @@ void set(Tensor& t, std::int64_t flat, double value) {
 
 // The SIMD decode kernel runs in this build (the portable build has none: every call is then
 // scanned first, and these tests hold that path too).
-bool has_simd_decode() {
+bool has_simd_kernels() {
   const Tensor q = random_tensor(DType::kF32, {1, 1, 1, 16}, 1);
   const Tensor k = random_tensor(DType::kF32, {1, 1, 64, 16}, 2);
   try {
@@ -116,26 +137,37 @@ const Case kCases[] = {
     {"float16 K and V, one row per kv head", 1, false, std::nullopt, DType::kF16, 128, 8},
     {"bfloat16, d not a whole vector", 1, true, std::nullopt, DType::kBF16, 40, 8},
     {"float16 K and V, GQA", 2, true, std::nullopt, DType::kF16, 64},
+    // Many query rows: the fused kernel, which checks each key tile's rows as it packs them.
+    {"fused: 96 rows, GQA", 96, false, std::nullopt, DType::kF32, 64, 2, "fused_hwy"},
+    {"fused: causal, d not a whole vector", 80, true, std::nullopt, DType::kF32, 40, 8,
+     "fused_hwy"},
+    {"fused: float64 K and V", 70, false, std::nullopt, DType::kF64, 32, 2, "fused_hwy"},
+    {"fused: bfloat16 K and V", 70, true, std::nullopt, DType::kBF16, 64, 8, "fused_hwy"},
+    {"fused: float16 K and V", 70, false, std::nullopt, DType::kF16, 64, 2, "fused_hwy"},
+    {"fused: heads interleaved (strided rows)", 128, false, std::nullopt, DType::kF32, 32, 8,
+     "fused_hwy", true},
+    {"fused: a window (scanned first)", 128, true, Window{40, 0}, DType::kF32, 64, 2,
+     "fused_hwy"},
 };
 
-TEST(DecodeInputCheck, FineInputsGiveTheBitsOfTheScannedCall) {
+TEST(KvInputCheck, FineInputsGiveTheBitsOfTheScannedCall) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
     const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
-    const Tensor k = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 2);
-    const Tensor v = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 3);
+    const Tensor k = kv_tensor(c, 2);
+    const Tensor v = kv_tensor(c, 3);
     const Both both = run_both(q, k, v, c);
     ASSERT_EQ(both.error_plain, "");
     ASSERT_EQ(both.error_into, "");
     EXPECT_EQ(both.kernel_plain, both.kernel_into);
     EXPECT_TRUE(same_bytes(both.out_plain, both.out_into));
-    if (!c.window && has_simd_decode()) {
-      EXPECT_EQ(both.kernel_plain, "decode_hwy") << "the path under test was not taken";
+    if (!c.window && has_simd_kernels()) {
+      EXPECT_EQ(both.kernel_plain, c.kernel) << "the path under test was not taken";
     }
   }
 }
 
-TEST(DecodeInputCheck, ABadElementAnywhereIsNamedAsTheScanNamesIt) {
+TEST(KvInputCheck, ABadElementAnywhereIsNamedAsTheScanNamesIt) {
   const double kBad[] = {std::numeric_limits<double>::quiet_NaN(),
                          std::numeric_limits<double>::infinity(),
                          -std::numeric_limits<double>::infinity()};
@@ -149,8 +181,8 @@ TEST(DecodeInputCheck, ABadElementAnywhereIsNamedAsTheScanNamesIt) {
           SCOPED_TRACE(std::string(c.name) + (in_v ? ", V" : ", K") + " at " + std::to_string(at) +
                        " = " + std::to_string(bad));
           const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
-          Tensor k = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 2);
-          Tensor v = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 3);
+          Tensor k = kv_tensor(c, 2);
+          Tensor v = kv_tensor(c, 3);
           set(in_v ? v : k, at, bad);
           const Both both = run_both(q, k, v, c);
           EXPECT_NE(both.error_into, "");
@@ -166,7 +198,7 @@ TEST(DecodeInputCheck, ABadElementAnywhereIsNamedAsTheScanNamesIt) {
 // would have.
 // Likewise a NaN in V where every weight is 0 (a key scored far below the others), which P·V
 // multiplies by 0: NaN · 0 is NaN, so it still shows.
-TEST(DecodeInputCheck, ABadValueNoWeightReachesIsNamedToo) {
+TEST(KvInputCheck, ABadValueNoWeightReachesIsNamedToo) {
   const std::int64_t d = 64, nk = 700;
   const Tensor q = random_tensor(DType::kF32, {1, 8, 1, d}, 1);
   Tensor mask(DType::kBool, {1, 1, 1, nk}, "mask");
@@ -208,7 +240,7 @@ TEST(DecodeInputCheck, ABadValueNoWeightReachesIsNamedToo) {
   }
 }
 
-TEST(DecodeInputCheck, LargeFiniteValuesRunAgainWithTheirTrueBounds) {
+TEST(KvInputCheck, LargeFiniteValuesRunAgainWithTheirTrueBounds) {
   // 2^32 and beyond: the kernel flags them; the rerun has the scan's magnitudes and so the
   // kernel choice and the bits of the scanned call. 1e30 in K makes float32 scores overflow:
   // that call must leave the decode kernel for the float64 reference, on both paths.
@@ -217,8 +249,8 @@ TEST(DecodeInputCheck, LargeFiniteValuesRunAgainWithTheirTrueBounds) {
       for (const bool in_v : {false, true}) {
         SCOPED_TRACE(std::string(c.name) + (in_v ? ", V" : ", K") + " = " + std::to_string(large));
         const Tensor q = random_tensor(DType::kF32, {1, 8, c.nq, c.d}, 1);
-        Tensor k = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 2);
-        Tensor v = random_tensor(c.kv_dtype, {1, c.kv_heads, 700, c.d}, 3);
+        Tensor k = kv_tensor(c, 2);
+        Tensor v = kv_tensor(c, 3);
         set(in_v ? v : k, c.kv_elements() - 3, large);
         const Both both = run_both(q, k, v, c);
         ASSERT_EQ(both.error_plain, both.error_into);
