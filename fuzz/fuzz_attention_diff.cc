@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
@@ -140,28 +141,31 @@ void check_dv_sums(const qkv::Tensor& dv, const qkv::Tensor& dout, const qkv::Te
 }
 
 // The backward: every backward kernel against the float64 reference backward on the same
-// inputs, options and a random dO, from the reference forward's out and lse. 16-bit storage
+// inputs, options and a random dO, from the reference forward's out and lse. float16 storage
 // must be refused in one line. Tolerance: the float32 forward's relative error carried through
 // the five products (each summing at most nq + nk terms), against the gradient's own scale.
+// A bf16 call (products of bf16-rounded operands) is held here to finite gradients wherever the
+// reference's are finite; its accuracy against the plain bf16 composition is
+// tests/kernels/backward_bf16_test.cc's.
 void check_backward(const qkv::Tensor& q, const qkv::Tensor& k, const qkv::Tensor& v,
                     const qkv::AttentionResult& want, qkv::AttentionOptions options,
                     qkv::DType stored, Rng& rng, double range, double score_bound) {
   qkv::Tensor dout = random_tensor(qkv::DType::kF32, want.out.shape(), rng, 1.0, "dO");
   options.return_weights = false;
   options.kernel = "reference";
-  const bool sixteen = options.dtype ? (*options.dtype == qkv::DType::kBF16 ||
-                                        *options.dtype == qkv::DType::kF16)
-                                     : (stored == qkv::DType::kBF16 || stored == qkv::DType::kF16);
+  const qkv::DType computed = options.dtype ? *options.dtype : stored;
+  const bool half = computed == qkv::DType::kF16;
+  const bool bf16 = computed == qkv::DType::kBF16;
   qkv::AttentionGradients ref;
   try {
     ref = qkv::attention_backward(q.view(), k.view(), v.view(), want.out.view(), want.lse.view(),
                                   dout.view(), options);
   } catch (const qkv::Error& e) {
     qkv::fuzz::check_one_line(e.what());
-    // 16-bit storage, or gradients beyond float64's range: refusals, not findings.
+    // float16 storage, or gradients beyond float64's range: refusals, not findings.
     return;
   }
-  if (sixteen) qkv::fuzz::fail("the backward accepted 16-bit storage");
+  if (half) qkv::fuzz::fail("the backward accepted float16 storage");
   const auto scale_of = [](const qkv::Tensor& t) {
     double m = 0.0;
     for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(at(t, i)));
@@ -178,6 +182,22 @@ void check_backward(const qkv::Tensor& q, const qkv::Tensor& k, const qkv::Tenso
                                     want.lse.view(), dout.view(), options);
     } catch (const qkv::Error& e) {
       qkv::fuzz::check_one_line(e.what());
+      continue;
+    }
+    if (bf16) {
+      // (Past bf16's largest finite value a gradient rounds to an infinity, as it may.)
+      for (const auto& [g, r, name] : {std::tuple{&got.dq, &ref.dq, " dQ"},
+                                       std::tuple{&got.dk, &ref.dk, " dK"},
+                                       std::tuple{&got.dv, &ref.dv, " dV"}}) {
+        const qkv::Tensor got64 = qkv::contiguous_copy(g->view(), qkv::DType::kF64);
+        const qkv::Tensor ref64 = qkv::contiguous_copy(r->view(), qkv::DType::kF64);
+        for (std::int64_t i = 0; i < ref64.numel(); ++i) {
+          const double want_i = ref64.data_as<double>()[i];
+          if (std::fabs(want_i) < 3.3e38 && !std::isfinite(got64.data_as<double>()[i])) {
+            qkv::fuzz::fail((kernel + name + ": not finite where the reference is").c_str());
+          }
+        }
+      }
       continue;
     }
     compare(got.dq, ref.dq, relative * (scale_of(ref.dq) + range) + 1e-6, kernel + " dQ");
