@@ -57,7 +57,9 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, window=None,
 
     Torch in, torch out: when any array argument (q, k, v, attn_mask, sinks, ...) is a torch
     tensor, the results are torch tensors sharing the memory qkv wrote (no copy), else NumPy
-    arrays. This function does not differentiate: a tensor that requires grad raises qkv.Error
+    arrays. out is laid out in memory as q is: when q's heads are interleaved (torch's
+    x.view(B, N, H, D).transpose(1, 2), as transformers makes them), out is [B, H, N, Dv] over
+    [B, N, H, Dv] memory, as torch's scaled_dot_product_attention returns it; else C order. This function does not differentiate: a tensor that requires grad raises qkv.Error
     while autograd is recording (use qkv.torch.attention, or detach()); under torch.no_grad()
     or torch.inference_mode() it is read like any other.
 

@@ -99,13 +99,25 @@ MemoryEstimate layer_memory(const LayerShape& s, const AttentionOptions& options
   return e;
 }
 
+namespace {
+
+// The rows and widths of a layer's projected matrices, which its state and backward hold.
+struct LayerWidths {
+  std::uint64_t cs, x_rows, m_rows, q_width, kv_width, concat_width;
+
+  explicit LayerWidths(const LayerShape& s) noexcept
+      : cs(dtype_size(s.compute)),
+        x_rows(saturating_mul(u(s.b), u(s.nq))),
+        m_rows(saturating_mul(u(s.b), u(s.nk))),
+        q_width(saturating_mul(u(s.heads), u(s.dk))),
+        kv_width(saturating_mul(u(s.kv_heads), saturating_add(u(s.dk), u(s.dv)))),
+        concat_width(saturating_mul(u(s.heads), u(s.dv))) {}
+};
+
+}  // namespace
+
 std::uint64_t layer_state_memory(const LayerShape& s) noexcept {
-  const std::uint64_t cs = dtype_size(s.compute);
-  const std::uint64_t x_rows = saturating_mul(u(s.b), u(s.nq));
-  const std::uint64_t m_rows = saturating_mul(u(s.b), u(s.nk));
-  const std::uint64_t q_width = saturating_mul(u(s.heads), u(s.dk));
-  const std::uint64_t kv_width = saturating_mul(u(s.kv_heads), saturating_add(u(s.dk), u(s.dv)));
-  const std::uint64_t concat_width = saturating_mul(u(s.heads), u(s.dv));
+  const auto [cs, x_rows, m_rows, q_width, kv_width, concat_width] = LayerWidths(s);
   std::uint64_t elements = saturating_mul(x_rows, saturating_add(q_width, concat_width));
   elements = saturating_add(elements, saturating_mul(m_rows, kv_width));
   elements = saturating_add(elements, saturating_mul(x_rows, u(s.heads)));  // the lse
@@ -114,12 +126,7 @@ std::uint64_t layer_state_memory(const LayerShape& s) noexcept {
 
 MemoryEstimate layer_backward_memory(const LayerShape& s, std::uint64_t attention_backward,
                                      bool has_biases) noexcept {
-  const std::uint64_t cs = dtype_size(s.compute);
-  const std::uint64_t x_rows = saturating_mul(u(s.b), u(s.nq));
-  const std::uint64_t m_rows = saturating_mul(u(s.b), u(s.nk));
-  const std::uint64_t q_width = saturating_mul(u(s.heads), u(s.dk));
-  const std::uint64_t kv_width = saturating_mul(u(s.kv_heads), saturating_add(u(s.dk), u(s.dv)));
-  const std::uint64_t concat_width = saturating_mul(u(s.heads), u(s.dv));
+  const auto [cs, x_rows, m_rows, q_width, kv_width, concat_width] = LayerWidths(s);
   const auto matrix = [&](std::uint64_t rows, std::uint64_t cols) {
     return saturating_mul(saturating_mul(rows, cols), cs);
   };

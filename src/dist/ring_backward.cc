@@ -407,6 +407,19 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
   const auto grad_count = [&](int rank) {
     return mpi_count(plan.grad.bytes(rows_of(rank)), "a dK/dV accumulator");
   };
+  // Both rounds pass the K/V blocks the same way: at every step but the last, the block in hand
+  // goes to the next rank while the previous rank's comes in. Returns whether it posted them.
+  const auto move_block = [&](int step, int src, char* hand, char* coming,
+                              std::array<MPI_Request, 2>& moves) {
+    if (step + 1 >= ranks) return false;
+    const int from = (plan.me - step - 1 + 2 * ranks) % ranks;
+    const int receive = mpi_count(plan.kv.bytes(rows_of(from)), "a K/V block");
+    const int send = mpi_count(plan.kv.bytes(rows_of(src)), "a K/V block");
+    MPI_Irecv(coming, receive, MPI_BYTE, prev, kBlockTag, comm, &moves[0]);
+    MPI_Isend(hand, send, MPI_BYTE, next, kBlockTag, comm, &moves[1]);
+    times.bytes_sent += send;
+    return true;
+  };
   // Round 1: the K/V blocks around the ring once, each row's statistics merged in step order.
   for (int step = 0; step < ranks; ++step) {
     const int src = (plan.me - step + ranks) % ranks;
@@ -414,15 +427,7 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
     char* const coming = blocks[static_cast<std::size_t>((step + 1) % 2)].get();
     std::array<MPI_Request, 2> moves = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     const Clock::time_point posted = Clock::now();
-    const bool moving = step + 1 < ranks;
-    if (moving) {
-      const int from = (plan.me - step - 1 + 2 * ranks) % ranks;
-      const int receive = mpi_count(plan.kv.bytes(rows_of(from)), "a K/V block");
-      const int send = mpi_count(plan.kv.bytes(rows_of(src)), "a K/V block");
-      MPI_Irecv(coming, receive, MPI_BYTE, prev, kBlockTag, comm, &moves[0]);
-      MPI_Isend(hand, send, MPI_BYTE, next, kBlockTag, comm, &moves[1]);
-      times.bytes_sent += send;
-    }
+    const bool moving = move_block(step, src, hand, coming, moves);
     const Clock::time_point start = Clock::now();
     run.gather_stats(src, hand, status, [&] {
       int done = 0;
@@ -447,15 +452,7 @@ void run_ring(const Plan& plan, const Communicator& communicator, const TensorVi
     T* const other = accumulators[static_cast<std::size_t>((step + 1) % 2)].get();
     std::array<MPI_Request, 2> moves = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     const Clock::time_point posted = Clock::now();
-    const bool moving = step + 1 < ranks;
-    if (moving) {
-      const int from = (plan.me - step - 1 + 2 * ranks) % ranks;
-      const int receive = mpi_count(plan.kv.bytes(rows_of(from)), "a K/V block");
-      const int send = mpi_count(plan.kv.bytes(rows_of(src)), "a K/V block");
-      MPI_Irecv(coming, receive, MPI_BYTE, prev, kBlockTag, comm, &moves[0]);
-      MPI_Isend(hand, send, MPI_BYTE, next, kBlockTag, comm, &moves[1]);
-      times.bytes_sent += send;
-    }
+    const bool moving = move_block(step, src, hand, coming, moves);
     const Clock::time_point start = Clock::now();
     // An MPI library without a progress thread moves a large message only inside MPI calls:
     // a test between kernel calls lets the transfers advance during the step.

@@ -499,11 +499,16 @@ core::KernelStatus run_fused(const core::AttentionParams& p) noexcept {
       FusedWorker<Micro, Tiles> worker(p, plan);
       decltype(Tiles::make(0)) own_slot;
       if (head_by_worker) own_slot = Tiles::make(head_elements, zeroed);
-      // Every member learns of a failed allocation at the same barrier, so all leave together.
       if (!worker.ok() || (head_by_worker && !own_slot)) {
         out_of_memory.store(true, std::memory_order_relaxed);
       }
-      team.sync();
+      // Sharing packed tiles, every member learns of a failed allocation at the same barrier,
+      // so all leave together. Heads packed by their own worker need no barrier: a member that
+      // could not allocate takes no head, the others take them all, and the call reports out of
+      // memory. Nor should they wait: inside torch, the first member (torch's thread) would wait
+      // here for the second while torch's own OpenMP workers, spinning for their next region,
+      // hold the other core (a transformers model's attention took 1.5x its time alone).
+      if (!head_by_worker) team.sync();
       if (out_of_memory.load(std::memory_order_relaxed)) return;
       // Key tile t of (b, kv head) g into `head` (the head's packed K^T, then its V).
       const auto pack_tile = [&](T* head, std::int64_t g, std::int64_t t) {
