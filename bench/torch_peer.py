@@ -133,12 +133,8 @@ def main():
     for round_ in range(args.rounds):
         for case in cases:
             mode, n, d, h, hkv, dtype, causal = case
-            if mode == "bwd" and dtype != "f32":
-                results[case]["qkv"].append(None)  # qkv's backward computes in float32/64 only
-            else:
-                results[case]["qkv"].append(qkv_one(args.qkv, *case, args.threads,
-                                                    peak["peak_gflops"], peak["triad_gbs"],
-                                                    env))
+            results[case]["qkv"].append(qkv_one(args.qkv, *case, args.threads,
+                                                peak["peak_gflops"], peak["triad_gbs"], env))
             command = [sys.executable, __file__, "--threads", str(args.threads), "--torch-one",
                        *map(str, case)]
             results[case]["torch"].append(run_json(command, torch_env)["ms"])
