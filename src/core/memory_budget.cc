@@ -126,7 +126,11 @@ std::uint64_t layer_state_memory(const LayerShape& s) noexcept {
 
 MemoryEstimate layer_backward_memory(const LayerShape& s, std::uint64_t attention_backward,
                                      bool has_biases) noexcept {
-  const auto [cs, x_rows, m_rows, q_width, kv_width, concat_width] = LayerWidths(s);
+  // Named locals, not a structured binding: the lambda below captures cs, which clang before 16
+  // (the fuzz build's) refuses for a binding.
+  const LayerWidths w(s);
+  const std::uint64_t cs = w.cs, x_rows = w.x_rows, m_rows = w.m_rows, q_width = w.q_width,
+                      kv_width = w.kv_width, concat_width = w.concat_width;
   const auto matrix = [&](std::uint64_t rows, std::uint64_t cols) {
     return saturating_mul(saturating_mul(rows, cols), cs);
   };
