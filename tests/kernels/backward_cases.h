@@ -283,6 +283,48 @@ struct NaiveGradients {
   Tensor dq, dk, dv, dsinks;
 };
 
+// One query row's softmax in float32 as the naive backwards compute it: pre[j] the scaled score
+// before any softcap, w[j] the weight (0 where key j is not allowed). q_at(c) reads Q[b, h, i, c]
+// and k_at(j, c) K[b, kv head, j, c], each as its composition stores them. Returns the sink's
+// weight (0 without one), or nullopt when the row allows no key.
+template <class LoadQ, class LoadK>
+std::optional<float> naive_softmax_row(const core::AttentionParams& p, std::int64_t b,
+                                       std::int64_t h, std::int64_t i, double slope, float sink,
+                                       const LoadQ& q_at, const LoadK& k_at,
+                                       std::vector<float>& pre, std::vector<float>& w) {
+  const core::AttentionShape& s = p.shape;
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::int64_t diag = i + s.diagonal_offset();
+  float m = sink;
+  bool any = false;
+  for (std::int64_t j = 0; j < s.nk; ++j) {
+    const auto js = static_cast<std::size_t>(j);
+    const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
+    w[js] = -inf;
+    if (!core::structurally_allowed(p.masking, diag, j) || bias == -inf) continue;
+    float dot = 0.0f;
+    // Fused multiply-adds, as a float32 matmul (BLAS, or the kernels) sums Q·Kᵀ.
+    for (std::int64_t col = 0; col < s.d; ++col) dot = std::fma(q_at(col), k_at(j, col), dot);
+    pre[js] = dot * static_cast<float>(p.scale);
+    float x = pre[js];
+    if (p.modifiers.softcap > 0) {
+      const auto cap = static_cast<float>(p.modifiers.softcap);
+      x = cap * std::tanh(x / cap);
+    }
+    w[js] = x + static_cast<float>(core::alibi_bias(slope, diag, j)) + bias;
+    m = std::max(m, w[js]);
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  float sum = sink == -inf ? 0.0f : std::exp(sink - m);
+  for (float& x : w) {
+    x = x == -inf ? 0.0f : std::exp(x - m);
+    sum += x;
+  }
+  for (float& x : w) x /= sum;
+  return sink == -inf ? 0.0f : std::exp(sink - m) / sum;
+}
+
 // The backward row by row in float32, from the formulas, as plain code would write it.
 inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in) {
   const core::AttentionCall call =
@@ -313,38 +355,14 @@ inline NaiveGradients naive_backward_f32(const GradCase& c, const GradInputs& in
                              ? -inf
                              : static_cast<float>(p.modifiers.sinks[static_cast<std::size_t>(h)]);
       for (std::int64_t i = 0; i < s.nq; ++i) {
-        const std::int64_t diag = i + s.diagonal_offset();
-        float m = sink;
-        bool any = false;
-        for (std::int64_t j = 0; j < s.nk; ++j) {
-          const auto js = static_cast<std::size_t>(j);
-          const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
-          w[js] = -inf;
-          if (!core::structurally_allowed(p.masking, diag, j) || bias == -inf) continue;
-          float dot = 0.0f;
-          for (std::int64_t col = 0; col < s.d; ++col) {
-            // Fused multiply-adds, as a float32 matmul (BLAS, or the kernels) sums Q·Kᵀ.
-            dot = std::fma(ld(p.q, p.q.strides.at(b, h, i, col)),
-                           ld(p.k, p.k.strides.at(b, hk, j, col)), dot);
-          }
-          pre[js] = dot * static_cast<float>(p.scale);
-          float x = pre[js];
-          if (p.modifiers.softcap > 0) {
-            const auto cap = static_cast<float>(p.modifiers.softcap);
-            x = cap * std::tanh(x / cap);
-          }
-          w[js] = x + static_cast<float>(core::alibi_bias(slope, diag, j)) + bias;
-          m = std::max(m, w[js]);
-          any = true;
-        }
-        if (!any) continue;
-        float sum = sink == -inf ? 0.0f : std::exp(sink - m);
-        for (float& x : w) {
-          x = x == -inf ? 0.0f : std::exp(x - m);
-          sum += x;
-        }
-        for (float& x : w) x /= sum;
-        const float p_sink = sink == -inf ? 0.0f : std::exp(sink - m) / sum;
+        const auto q_at = [&](std::int64_t col) { return ld(p.q, p.q.strides.at(b, h, i, col)); };
+        const auto k_at = [&](std::int64_t j, std::int64_t col) {
+          return ld(p.k, p.k.strides.at(b, hk, j, col));
+        };
+        const std::optional<float> row_sink =
+            naive_softmax_row(p, b, h, i, slope, sink, q_at, k_at, pre, w);
+        if (!row_sink) continue;
+        const float p_sink = *row_sink;
         // Dropout's factors z_j (1 without it): the weights after dropout are w_j·z_j.
         for (std::int64_t j = 0; j < s.nk; ++j) {
           z[static_cast<std::size_t>(j)] =

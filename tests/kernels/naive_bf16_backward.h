@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "backward_cases.h"
@@ -60,38 +61,16 @@ inline NaiveGradients naive_backward_bf16(const GradInputs& in, const AttentionO
                              : static_cast<float>(p.modifiers.sinks[static_cast<std::size_t>(h)]);
       const std::uint32_t head_word = core::dropout_head_word(p.dropout, b, h);
       for (std::int64_t i = 0; i < s.nq; ++i) {
-        const std::int64_t diag = i + s.diagonal_offset();
-        float m = sink;
-        bool any = false;
-        for (std::int64_t j = 0; j < s.nk; ++j) {
-          const auto js = static_cast<std::size_t>(j);
-          const float bias = static_cast<float>(core::mask_bias(p.masking, b, h, i, j));
-          w[js] = -inf;
-          if (!core::structurally_allowed(p.masking, diag, j) || bias == -inf) continue;
-          float dot = 0.0f;
-          for (std::int64_t c = 0; c < s.d; ++c) dot = std::fma(at(p.q, b, h, i, c), at(p.k, b, hk, j, c), dot);
-          pre[js] = dot * static_cast<float>(p.scale);
-          float x = pre[js];
-          if (p.modifiers.softcap > 0) {
-            const auto cap = static_cast<float>(p.modifiers.softcap);
-            x = cap * std::tanh(x / cap);
-          }
-          w[js] = x + static_cast<float>(core::alibi_bias(slope, diag, j)) + bias;
-          m = std::max(m, w[js]);
-          any = true;
-        }
-        if (!any) continue;
-        float sum = sink == -inf ? 0.0f : std::exp(sink - m);
-        for (float& x : w) {
-          x = x == -inf ? 0.0f : std::exp(x - m);
-          sum += x;
-        }
-        for (float& x : w) x /= sum;
+        const auto q_at = [&](std::int64_t c) { return at(p.q, b, h, i, c); };
+        const auto k_at = [&](std::int64_t j, std::int64_t c) { return at(p.k, b, hk, j, c); };
+        const std::optional<float> row_sink =
+            naive_softmax_row(p, b, h, i, slope, sink, q_at, k_at, pre, w);
+        if (!row_sink) continue;
         if (p.dropout.active()) {
           std::fill(z.begin(), z.end(), 1.0f);
           core::dropout_span_scalar(p.dropout, head_word, i, 0, s.nk, z.data());
         }
-        const float p_sink = sink == -inf ? 0.0f : std::exp(sink - m) / sum;
+        const float p_sink = *row_sink;
         std::vector<float> dp(nk, 0.0f);
         float d_i = 0.0f;
         for (std::int64_t j = 0; j < s.nk; ++j) {
