@@ -3,7 +3,7 @@
 #               MPI or sanitizer toolchains), builds the qkv executable, runs the built-in example
 #   make test   installs what is missing, builds, runs every test
 # Build trees: build/ (release, the CLI at build/qkv), build/asan, build/tsan, build/portable,
-# build/fuzz (clang, libFuzzer).
+# build/libfuzzer (clang, libFuzzer).
 
 JOBS ?= $(shell nproc)
 PYTHON ?= .venv/bin/python
@@ -66,14 +66,14 @@ test-tsan: deps
 	@cmake --build build/tsan -j $(JOBS) --target test_threads
 	ctest --preset tsan -L threads -j $(JOBS)
 
-# libFuzzer targets (fuzz/): built with clang, AddressSanitizer and UBSan in build/fuzz, then
+# libFuzzer targets (fuzz/): built with clang, AddressSanitizer and UBSan in build/libfuzzer, then
 # each run for FUZZ_SECONDS under -malloc_limit_mb=256 (fuzz/run.sh; a crash is kept in
 # fuzz/regressions/, which ctest replays in every build).
 FUZZ_SECONDS ?= 60
 FUZZ_SANITIZE = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
 	-fno-omit-frame-pointer
 fuzz-build: deps
-	@CC=clang CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	@CC=clang CXX=clang++ cmake -S . -B build/libfuzzer -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
 	  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
 	  -DQKV_BUILD_FUZZ=ON -DQKV_BUILD_TESTS=OFF -DQKV_BUILD_BENCH=OFF -DQKV_BUILD_PYTHON=OFF \
@@ -81,7 +81,7 @@ fuzz-build: deps
 	  -DCMAKE_C_FLAGS="$(FUZZ_SANITIZE)" -DCMAKE_CXX_FLAGS="$(FUZZ_SANITIZE)" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
 	  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-	@cmake --build build/fuzz -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_npz \
+	@cmake --build build/libfuzzer -j $(JOBS) --target fuzz_npy fuzz_safetensors fuzz_npz \
 	  fuzz_cli_args fuzz_attention_diff fuzz_kv_cache
 
 fuzz: fuzz-build

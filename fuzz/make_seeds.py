@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the named seeds of the fuzz targets (standard library only). The corpora are
 committed: these seeds, plus inputs found by fuzzing that add coverage (named by their SHA-1),
-merged in with `build/fuzz/fuzz/fuzz_NAME -merge=1 $PWD/fuzz/corpus/NAME $PWD/build/fuzz/corpus/NAME`.
-`make fuzz` adds what it finds to build/fuzz/corpus, not here; crashes go to regressions/NAME."""
+merged in with `build/libfuzzer/fuzz/fuzz_NAME -merge=1 $PWD/fuzz/corpus/NAME $PWD/build/libfuzzer/corpus/NAME`.
+`make fuzz` adds what it finds to build/libfuzzer/corpus, not here; crashes go to regressions/NAME."""
 import io
 import json
 import os

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs each libFuzzer target of build/fuzz for FUZZ_SECONDS seconds (`make fuzz` builds them and
-# calls this). Each target starts from its committed seeds (fuzz/corpus/NAME) plus what earlier
-# runs found (build/fuzz/corpus/NAME, where libFuzzer adds new inputs). A single allocation
-# above -malloc_limit_mb (a size taken from a header, say) counts as a failure, like a crash.
+# Runs each libFuzzer target of build/libfuzzer for FUZZ_SECONDS seconds (`make fuzz` builds
+# them and calls this; not build/fuzz, the release build's tree for fuzz/'s replay tests). Each
+# target starts from its committed seeds (fuzz/corpus/NAME) plus what earlier runs found
+# (build/libfuzzer/corpus/NAME, where libFuzzer adds new inputs). A single allocation above
+# -malloc_limit_mb (a size taken from a header, say) counts as a failure, like a crash.
 # On a failure the input is copied to fuzz/regressions/NAME, which ctest replays from then on
 # (commit it with the fix). Prints executions per target; exits 1 if any target failed.
 set -uo pipefail
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
 targets=${FUZZ_TARGETS:-npy safetensors npz cli_args attention_diff kv_cache}
 flags=${FUZZ_FLAGS:--malloc_limit_mb=256 -rss_limit_mb=2048 -timeout=10}
-build=build/fuzz
+build=build/libfuzzer
 failed=0
 summary=""
 
