@@ -39,27 +39,11 @@ using u16 = std::uint16_t;
 
 // Rows [0, rows) of a float32 tile (ld floats a row, cols a whole number of 16-float vectors)
 // rounded to bf16 and paired: word (r2, c) = (x[2r2][c], x[2r2 + 1][c]) at out + (r2·ldo + c)
-// words; an odd last row pairs with zero.
+// words; an odd last row pairs with zero. With `rounded`, the rows themselves in bf16 too
+// (rounded[r·cols + c]), from the same roundings: dS enters dK's product as pairs of rows and
+// dQ's as rows.
 inline void pair_rows(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
-                      u16* out, std::int64_t ldo) {
-  for (std::int64_t r = 0; r < rows; r += 2) {
-    const float* lo = x + r * ld;
-    const float* hi = x + (r + 1) * ld;
-    u16* dst = out + r / 2 * ldo * 2;
-    for (std::int64_t c = 0; c < cols; c += 16) {
-      const __m512i a = _mm512_cvtepu16_epi32(bf16::round16(_mm512_loadu_ps(lo + c)));
-      const __m512i b = r + 1 < rows
-                            ? _mm512_cvtepu16_epi32(bf16::round16(_mm512_loadu_ps(hi + c)))
-                            : _mm512_setzero_si512();
-      _mm512_storeu_si512(dst + c * 2, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
-    }
-  }
-}
-
-// pair_rows and, from the same roundings, the rows themselves in bf16 (rounded[r·cols + c]):
-// dS enters dK's product as pairs of rows and dQ's as rows.
-inline void pair_and_round_rows(const float* x, std::int64_t rows, std::int64_t cols,
-                                std::int64_t ld, u16* out, std::int64_t ldo, u16* rounded) {
+                      u16* out, std::int64_t ldo, u16* rounded = nullptr) {
   for (std::int64_t r = 0; r < rows; r += 2) {
     const float* lo = x + r * ld;
     const float* hi = x + (r + 1) * ld;
@@ -68,8 +52,12 @@ inline void pair_and_round_rows(const float* x, std::int64_t rows, std::int64_t 
     for (std::int64_t c = 0; c < cols; c += 16) {
       const __m256i a16 = bf16::round16(_mm512_loadu_ps(lo + c));
       const __m256i b16 = pair ? bf16::round16(_mm512_loadu_ps(hi + c)) : _mm256_setzero_si256();
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rounded + r * cols + c), a16);
-      if (pair) _mm256_storeu_si256(reinterpret_cast<__m256i*>(rounded + (r + 1) * cols + c), b16);
+      if (rounded != nullptr) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(rounded + r * cols + c), a16);
+        if (pair) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(rounded + (r + 1) * cols + c), b16);
+        }
+      }
       const __m512i a = _mm512_cvtepu16_epi32(a16);
       const __m512i b = _mm512_cvtepu16_epi32(b16);
       _mm512_storeu_si512(dst + c * 2, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
@@ -318,7 +306,7 @@ struct Bf16Products {
   // dK_j += dSᵀ·Q_i (A(key j, pair i2) = word (i2, j) of dsp); the dQ tile = dS·K_j (A(row i,
   // pair j2) = word j2 of dS's row i in dsr).
   HWY_NOINLINE void add_dk_dq(float* ds) {
-    bwd_bf16::pair_and_round_rows(ds, br, t.bcp, t.bcp, dsp.data(), t.bcp, dsr.data());
+    bwd_bf16::pair_rows(ds, br, t.bcp, t.bcp, dsp.data(), t.bcp, dsr.data());
     bwd_bf16::Gemm::run(bc, t.dp, (br + 1) / 2, dsp.data(), 1, t.bcp, qb, sh.dp, t.dk.data(),
                         t.dp, true);
     bwd_bf16::Gemm::run(br, t.dp, (bc + 1) / 2, dsr.data(), t.bcp / 2, 1, kp, sh.dp,
