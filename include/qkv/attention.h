@@ -143,6 +143,17 @@ std::string attention_into(const TensorView& q, const TensorView& k, const Tenso
 // with the same results; QKV_VERBOSE=1 makes the CLI say so.
 std::int64_t threads_not_started() noexcept;
 
+// Runs qkv's threads on an OpenMP runtime this process has already loaded, given as a path or a
+// file name the dynamic loader knows ("libgomp.so.1"), instead of on qkv's own threads; ""
+// goes back to qkv's own. qkv.torch does this with torch's runtime when torch's parallel backend
+// is OpenMP: torch's workers keep spinning for a while after each torch operator, on the cores
+// qkv's own threads would need, and on torch's pool they are the ones that take qkv's work.
+// Results are the same bits either way. Process-wide; throws qkv::Error naming the library when
+// it is not loaded or is not an OpenMP runtime (qkv never loads one itself).
+void use_openmp_threads(const std::string& library);
+// The library use_openmp_threads was given, or "" while qkv runs its own threads.
+std::string openmp_threads_library();
+
 std::vector<std::string> attention_kernel_names();
 
 // Which kernel attention() would choose for this call and why: one line per kernel in list

@@ -44,6 +44,13 @@ const char* qkv_status_name(qkv_status status);
 const char* qkv_last_error(void);
 /* The library's version, e.g. "0.1.0". */
 const char* qkv_version(void);
+/* Runs qkv's threads on an OpenMP runtime this process has already loaded (a path, or a file name
+ * the dynamic loader knows such as "libgomp.so.1"), instead of on qkv's own threads; NULL or ""
+ * goes back to qkv's own. For a host program whose own OpenMP workers keep spinning between its
+ * parallel regions on the cores qkv would need (torch's do). Same results either way;
+ * process-wide. QKV_ERROR_INVALID_ARGUMENT when the library is not loaded or is not an OpenMP
+ * runtime (qkv never loads one); the choice is then unchanged. */
+qkv_status qkv_use_openmp_threads(const char* library);
 
 /* The element types of qkv::DType. BF16 and F16 are storage types (widened to float32 as read);
  * I32 and I64 serve sequence offsets only. QKV_DTYPE_DEFAULT is meaningful only in

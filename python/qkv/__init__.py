@@ -15,9 +15,10 @@ from ._io import *  # noqa: F401,F403
 from ._kv_cache import *  # noqa: F401,F403
 from ._bench import *  # noqa: F401,F403
 from ._ring import *  # noqa: F401,F403
-from . import _layer, _explain, _io, _kv_cache, _bench, _ring
+from ._threads import *  # noqa: F401,F403
+from . import _layer, _explain, _io, _kv_cache, _bench, _ring, _threads
 
 __all__ = ["Error", "FileError", "__version__", "alibi_slopes", "kernel_names", "attention",
            "AttentionResult", "attention_backward", "AttentionGradients", "backward_kernel_names"]
 __all__ += _layer.__all__ + _explain.__all__ + _io.__all__ + _kv_cache.__all__ + _bench.__all__
-__all__ += _ring.__all__
+__all__ += _ring.__all__ + _threads.__all__

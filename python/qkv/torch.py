@@ -5,7 +5,9 @@
     layer = qkv.torch.MultiheadAttention(64, 8)           # an nn.Module; its parameters train
     out = qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # torch's SDPA
 
-Importing this module imports torch; `import qkv` alone does not.
+Importing this module imports torch; `import qkv` alone does not. When torch runs its operators
+on OpenMP (PyPI's builds do), importing it also puts qkv's threads on torch's OpenMP pool
+(qkv.use_openmp_threads); qkv.transformers imports it.
 """
 
 import math
@@ -16,6 +18,17 @@ from . import _qkv
 from ._autograd import (Attention as _Attention, autocast_inputs as _autocast_inputs,
                         torch_dropout as _torch_dropout)
 from ._sdpa import scaled_dot_product_attention
+from ._threads import openmp_threads_library, torch_openmp_library, use_openmp_threads
+
+# qkv's threads on torch's OpenMP pool (qkv.use_openmp_threads says why), unless the process
+# already chose a runtime; qkv.use_openmp_threads(None) goes back to qkv's own.
+if openmp_threads_library() is None:
+    _torch_runtime = torch_openmp_library(torch)
+    if _torch_runtime is not None:
+        try:
+            use_openmp_threads(_torch_runtime)
+        except _qkv.Error:
+            pass  # not an OpenMP runtime qkv can call: qkv's own threads, as without torch
 
 __all__ = ["attention", "scaled_dot_product_attention", "MultiheadAttention"]
 

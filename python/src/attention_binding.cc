@@ -137,6 +137,10 @@ py::tuple attention_backward(const py::handle& q_in, const py::handle& k_in,
 
 void register_attention(py::module_& m) {
   m.def("attention", &attention, "See qkv.attention.");
+  m.def("use_openmp_threads", &qkv::use_openmp_threads, py::arg("library"),
+        "See qkv.use_openmp_threads.");
+  m.def("openmp_threads_library", &qkv::openmp_threads_library,
+        "See qkv.openmp_threads_library.");
   m.def("attention_backward", &attention_backward, "See qkv.attention_backward.");
   m.def("backward_kernel_names", &qkv::attention_backward_kernel_names,
         "The backward kernel list, fastest first, the reference last.");

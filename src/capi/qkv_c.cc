@@ -220,6 +220,10 @@ qkv_status qkv_layer_backward(const qkv_tensor* x, const qkv_layer_weights* weig
   });
 }
 
+qkv_status qkv_use_openmp_threads(const char* library) {
+  return guarded([&] { qkv::use_openmp_threads(library == nullptr ? "" : library); });
+}
+
 qkv_status qkv_read_npy(const char* path, qkv_result** result) {
   // Arguments first, as invalid arguments: only the reading itself is a file error.
   if (const qkv_status status = guarded([&] {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/floating_point.h"
+#include "core/openmp_team.h"
 #include "core/termination_signals.h"
 
 namespace qkv::core {
@@ -171,6 +172,7 @@ int run_team(int wanted, const std::function<void(int member, Team& team)>& body
     body(0, team);
     return 1;
   }
+  if (const int members = run_openmp_team(wanted, body); members > 0) return members;
   Pool* pool = Pool::for_this_process();
   if (!pool->try_acquire()) return run_fresh_team(wanted, body);
   struct Release {

@@ -11,6 +11,7 @@
 #include "core/floating_point.h"
 #include "core/memory_budget.h"
 #include "core/overlap.h"
+#include "core/openmp_team.h"
 #include "core/parallel_for.h"
 #include "core/progress.h"
 #include "core/validate.h"
@@ -214,6 +215,10 @@ std::string explain_kernel_choice(const TensorView& q, const TensorView& k, cons
 }
 
 std::int64_t threads_not_started() noexcept { return core::threads_not_started(); }
+
+void use_openmp_threads(const std::string& library) { core::use_openmp_threads(library); }
+
+std::string openmp_threads_library() { return core::openmp_threads_library(); }
 
 std::vector<std::string> attention_kernel_names() {
   std::vector<std::string> names;

@@ -339,6 +339,20 @@ static void test_names(void) {
   CHECK(strcmp(qkv_version(), QKV_EXPECTED_VERSION) == 0);
 }
 
+/* qkv_use_openmp_threads: a library that is not loaded, or is no OpenMP runtime, is refused in
+ * one line naming it; NULL and "" are qkv's own threads (the C++ suite runs a team on a loaded
+ * runtime: tests/core/openmp_team_test.cc). */
+static void test_openmp_threads(void) {
+  static const char not_loaded[] = "OpenMP library /nonexistent/libgomp.so.1: is not loaded";
+  CHECK(qkv_use_openmp_threads("/nonexistent/libgomp.so.1") == QKV_ERROR_INVALID_ARGUMENT);
+  CHECK(strncmp(qkv_last_error(), not_loaded, sizeof not_loaded - 1) == 0);
+  CHECK(qkv_use_openmp_threads("libc.so.6") == QKV_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(qkv_last_error(), "OpenMP library libc.so.6: has no GOMP_parallel") == 0);
+  CHECK(qkv_use_openmp_threads(NULL) == QKV_OK);
+  CHECK(strcmp(qkv_last_error(), "") == 0);
+  CHECK(qkv_use_openmp_threads("") == QKV_OK);
+}
+
 /* Dropout: with all-zero queries every weight is 1/64, so after dropout at p = 0.5 each is 0 or
  * exactly 1/32; the same seed draws the same mask, another seed another; p = 1 is refused; a
  * client of the version 2 struct (struct_size without the dropout fields) gets no dropout
@@ -397,6 +411,7 @@ static void test_dropout(void) {
 int main(int argc, char** argv) {
   const char* directory = argc > 1 ? argv[1] : ".";
   test_names();
+  test_openmp_threads();
   test_hand_computed();
   test_masks();
   test_gqa();

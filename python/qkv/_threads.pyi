@@ -1,0 +1,6 @@
+import os
+
+__all__ = ["use_openmp_threads", "openmp_threads_library"]
+
+def use_openmp_threads(library: str | os.PathLike[str] | None) -> None: ...
+def openmp_threads_library() -> str | None: ...
