@@ -63,6 +63,10 @@ core::MemoryEstimate backward_memory(const core::AttentionShape& s, int threads,
                    core::saturating_mul(2 * tile + 2 * std::max(u(s.nk), tile), u(s.d) + u(s.dv))));
   const auto members = static_cast<std::uint64_t>(std::max(threads, 1));
   workspace = core::saturating_add(workspace, core::saturating_mul(per_thread, members));
+  // The row-panel driver's dK/dV buffers of its query chunks (bwd_row_panel_driver.h); its
+  // per-thread panels are within per_thread's bound.
+  workspace = core::saturating_add(
+      workspace, static_cast<std::uint64_t>(bwd::row_panel_chunk_bytes_bound(s, element)));
   estimate.workspace = workspace;
   return estimate;
 }

@@ -380,6 +380,7 @@ core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& bp) noexc
   const bool f64 = bp.forward.compute == DType::kF64;
   const std::size_t element = f64 ? sizeof(double) : sizeof(float);
   bwd::TilePlan plan;
+  plan.row_panels = true;
   plan.query_tile = tile_for(bp.forward.shape, element);
   plan.key_tile = plan.query_tile;
   plan.chunks = bwd::chunks_for(bp.forward.shape, plan.key_tile, element);

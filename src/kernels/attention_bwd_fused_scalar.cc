@@ -81,6 +81,7 @@ std::string attention_bwd_fused_scalar_declines(const core::BackwardParams& bp) 
 
 core::KernelStatus attention_bwd_fused_scalar(const core::BackwardParams& bp) noexcept {
   bwd::TilePlan plan;
+  plan.row_panels = true;
   plan.query_tile = 64;
   plan.key_tile = 64;
   if (bp.forward.compute == DType::kF64) {

@@ -260,6 +260,7 @@ struct Bf16Products {
   const u16 *qa = nullptr, *doa = nullptr, *qb = nullptr, *dob = nullptr;
   const u16 *ktp = nullptr, *vtp = nullptr, *kp = nullptr;
   std::int64_t br = 0, bc = 0;
+  std::int64_t panel_b = 0, panel_hk = 0;
 
   Bf16Products(const Shared& shared, const core::BackwardParams& params,
                const bwd::TilePlan& plan, bwd::Tiles<float>& tiles)
@@ -279,6 +280,16 @@ struct Bf16Products {
     ktp = sh.ktp.data() + tile * sh.kt_words * 2;
     vtp = sh.vtp.data() + tile * sh.vt_words * 2;
     kp = sh.kp.data() + tile * sh.kp_words * 2;
+  }
+
+  // The key tiles are packed once per call (prepare): these only choose kv head (b, hk) and
+  // point at its tile (bwd_row_panel_driver.h).
+  void pack_keys(std::int64_t b, std::int64_t hk) noexcept {
+    panel_b = b;
+    panel_hk = hk;
+  }
+  void packed_key_tile(std::int64_t tile, std::int64_t count) noexcept {
+    key_tile(panel_b, panel_hk, tile * sh.key_tile, count, true);
   }
 
   void query_tile(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) noexcept {

@@ -3,7 +3,9 @@
 // and packing helpers it uses.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "core/backward_params.h"
 #include "core/score_modifiers.h"
@@ -40,19 +42,61 @@ struct FloatProducts {
   const bool bf16;
   const T* q = nullptr;
   const T* dout = nullptr;
+  const T* k = nullptr;   // the key tile's K rows (dp a row), Kᵀ and Vᵀ (bcp a row)
+  const T* kt = nullptr;
+  const T* vt = nullptr;
   std::int64_t ldq = 0, lddo = 0, br = 0, bc = 0;
+  // Every key tile of one kv head, packed once (pack_keys) for a driver that visits each tile
+  // many times (bwd_row_panel_driver.h): tile kt's K rows, Kᵀ and Vᵀ, laid out as t.k, t.kt
+  // and t.vt are.
+  std::vector<T> keys;
+  std::int64_t k_words = 0, kt_words = 0, vt_words = 0;
 
   FloatProducts(const Shared&, const core::BackwardParams& params, const TilePlan& tile_plan,
                 Tiles<T>& tiles) noexcept
       : bp(params), plan(tile_plan), t(tiles), bf16(params.forward.compute == DType::kBF16) {}
 
-  void key_tile(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t keys,
+  void key_tile(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t count,
                 bool rows) noexcept {
     const core::AttentionParams& p = bp.forward;
-    bc = keys;
+    bc = count;
     if (rows) pack_rows(p.k, b, hk, j0, bc, p.shape.d, t.k.data(), t.dp, plan.key_tile, p.compute);
     pack_transposed(p.k, b, hk, j0, bc, p.shape.d, t.kt.data(), t.bcp, t.bcp, p.compute);
     pack_transposed(p.v, b, hk, j0, bc, p.shape.dv, t.vt.data(), t.bcp, t.bcp, p.compute);
+    k = t.k.data();
+    kt = t.kt.data();
+    vt = t.vt.data();
+  }
+
+  // Packs every key tile of kv head (b, hk) into `keys` (may throw bad_alloc on first use).
+  void pack_keys(std::int64_t b, std::int64_t hk) {
+    const core::AttentionParams& p = bp.forward;
+    const core::AttentionShape& s = p.shape;
+    const std::int64_t tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
+    k_words = plan.key_tile * t.dp;
+    kt_words = s.d * t.bcp;
+    vt_words = s.dv * t.bcp;
+    const std::int64_t per_tile = k_words + kt_words + vt_words;
+    if (keys.size() < static_cast<std::size_t>(tiles * per_tile)) {
+      keys.resize(static_cast<std::size_t>(tiles * per_tile));
+    }
+    for (std::int64_t tile = 0; tile < tiles; ++tile) {
+      const std::int64_t j0 = tile * plan.key_tile;
+      const std::int64_t count = std::min(plan.key_tile, s.nk - j0);
+      T* at = keys.data() + tile * per_tile;
+      pack_rows(p.k, b, hk, j0, count, s.d, at, t.dp, plan.key_tile, p.compute);
+      pack_transposed(p.k, b, hk, j0, count, s.d, at + k_words, t.bcp, t.bcp, p.compute);
+      pack_transposed(p.v, b, hk, j0, count, s.dv, at + k_words + kt_words, t.bcp, t.bcp,
+                      p.compute);
+    }
+  }
+  // Key tile `tile` (count keys) from what pack_keys packed.
+  void packed_key_tile(std::int64_t tile, std::int64_t count) noexcept {
+    bc = count;
+    const T* at = keys.data() + tile * (k_words + kt_words + vt_words);
+    k = at;
+    kt = at + k_words;
+    vt = at + k_words + kt_words;
   }
   void query_tile(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) noexcept {
     const core::AttentionParams& p = bp.forward;
@@ -63,10 +107,10 @@ struct FloatProducts {
     dout = rows_in_place(bp.grad_out, b, h, i0, br, p.shape.dv, t.dout.data(), lddo, p.compute);
   }
   void scores(T* x) noexcept {
-    Ops::gemm(br, t.bcp, bp.forward.shape.d, q, ldq, 1, t.kt.data(), t.bcp, x, t.bcp, false);
+    Ops::gemm(br, t.bcp, bp.forward.shape.d, q, ldq, 1, kt, t.bcp, x, t.bcp, false);
   }
   void dp(T* x) noexcept {
-    Ops::gemm(br, t.bcp, bp.forward.shape.dv, dout, lddo, 1, t.vt.data(), t.bcp, x, t.bcp, false);
+    Ops::gemm(br, t.bcp, bp.forward.shape.dv, dout, lddo, 1, vt, t.bcp, x, t.bcp, false);
   }
   // dV_j += Pᵀ·dO_i: A(key, query) = P[query][key].
   void add_dv(const T* pv) noexcept {
@@ -80,7 +124,7 @@ struct FloatProducts {
   void add_dk_dq(T* ds) noexcept {
     if (bf16) round_to_bf16(ds, br * t.bcp, ds);
     Ops::gemm(bc, t.dp, br, ds, 1, t.bcp, q, ldq, t.dk.data(), t.dp, true);
-    Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, t.k.data(), t.dp, t.dq.data(), t.dp, false);
+    Ops::gemm(br, t.dp, bc, ds, t.bcp, 1, k, t.dp, t.dq.data(), t.dp, false);
   }
 };
 

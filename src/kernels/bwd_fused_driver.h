@@ -85,6 +85,10 @@ struct TilePlan {
   std::int64_t query_tile = 64;  // Br
   std::int64_t key_tile = 64;    // Bc
   std::int64_t chunks = 1;       // key chunks per (b, hk)
+  // Whether a call whose panels fit runs bwd_row_panel_driver.h's five-product loop (the fused
+  // kernels) rather than the stats pass and pass 1 below (the unfused kernel, whose one key
+  // tile is the whole row).
+  bool row_panels = false;
 };
 
 // Tasks the plan aims for, whatever the thread count (it must not depend on it), and the
@@ -388,6 +392,7 @@ void dropout_tile(const core::AttentionParams& p, std::int64_t b, std::int64_t h
 // statistics pass build on the tiles, packing and score helpers above.
 #include "kernels/bwd_float_products.h"
 #include "kernels/bwd_row_stats.h"
+#include "kernels/bwd_row_panel_driver.h"  // after bwd_row_stats.h: it calls tile_logits
 
 namespace qkv::kernels::bwd {
 
@@ -404,6 +409,9 @@ namespace qkv::kernels::bwd {
 //   ds_rows(ds, p, factor, rows, ld, scale, D)     dS = scale·P∘(dP - D_r)(∘ factor)
 template <class Ops, class T, class Products = FloatProducts<Ops, T>>
 core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& plan) noexcept {
+  if (const RowPanelPlan panels = row_panel_plan(bp, plan, sizeof(T)); panels.use) {
+    return run_backward_by_query_rows<Ops, T, Products>(bp, plan, panels);
+  }
   const core::AttentionParams& p = bp.forward;
   const core::AttentionShape& s = p.shape;
   const std::int64_t rows = s.b * s.h * s.nq;

@@ -228,8 +228,16 @@ LayerResult run_layer(const TensorView& x, const LayerWeights& weights, const La
   const DType compute = layer_shape.compute;
   const int threads = core::resolve_thread_count(options.attention.threads);
 
-  // Refused here, before the projections allocate anything, if the whole call cannot fit.
   const core::AttentionShape attention_shape{batch, heads, kv_heads, nq, nk, dk, dv};
+  // The attention's own options (softcap, ALiBi, sinks, dropout) checked now, as attention()
+  // will check them on the projected heads, so that a bad one is refused before the projections
+  // run rather than after (and before the budget: bad input before a limit).
+  {
+    core::AttentionParams heads_params;
+    heads_params.shape = attention_shape;
+    core::apply_score_modifiers(options.attention, heads_params);
+  }
+  // Refused here, before the projections allocate anything, if the whole call cannot fit.
   const std::uint64_t workspace =
       kernels::attention_workspace_bytes(attention_shape, threads, options.attention.kernel,
                                          options.attention.dtype.value_or(compute));

@@ -229,6 +229,12 @@ TEST(DropoutCliBench, ForwardAndBackwardRunWithDropout) {
     const CommandRun run = run_qkv(dir.path(), args);
     ASSERT_EQ(run.status, 0) << run.err;
     EXPECT_NE(run.out.find("\"dropout\": 0.1"), std::string::npos) << run.out;
+    // The layer's bench too: its heads' attention drops weights (forward and backward).
+    args.push_back("--layer");
+    const CommandRun layer_run = run_qkv(dir.path(), args);
+    ASSERT_EQ(layer_run.status, 0) << layer_run.err;
+    EXPECT_NE(layer_run.out.find("\"dropout\": 0.1"), std::string::npos) << layer_run.out;
+    EXPECT_NE(layer_run.out.find("\"layer\": true"), std::string::npos) << layer_run.out;
   }
   const CommandRun refused =
       run_qkv(dir.path(), {"bench", "--decode", "--nk", "64", "--d", "16", "--heads", "2",

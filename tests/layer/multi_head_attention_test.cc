@@ -339,6 +339,40 @@ TEST(MultiHeadAttentionDropout, ZeroIsNoDropoutAndTheBitsDoNotDependOnThreads) {
   }
 }
 
+// A bad dropout_p (or softcap, ALiBi, sinks) is the attention's refusal, word for word, and
+// comes before the memory budget's: the layer checks the heads' options before it projects.
+TEST(MultiHeadAttentionDropout, ABadRateIsRefusedBeforeTheProjectionsAndTheBudget) {
+  const DropoutLayer in;
+  LayerOptions o = in.options(2);
+  o.attention.dropout_p = 1.0;
+  o.attention.max_memory = 1;  // the budget would refuse too, later
+  try {
+    multi_head_attention(in.x.view(), in.weights(), o);
+    FAIL() << "dropout_p = 1 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "dropout_p: must be in [0, 1), got 1.000000");
+  }
+  o.attention.dropout_p = 0.3;
+  o.attention.softcap = -1.0;
+  try {
+    multi_head_attention(in.x.view(), in.weights(), o);
+    FAIL() << "softcap = -1 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.subject(), "softcap");
+  }
+  o.attention.softcap.reset();
+  EXPECT_THROW(
+      {
+        try {
+          multi_head_attention(in.x.view(), in.weights(), o);
+        } catch (const Error& e) {
+          EXPECT_EQ(e.subject(), "max_memory");
+          throw;
+        }
+      },
+      Error);
+}
+
 // Threads of this process now (Linux: /proc/self/task).
 int process_threads() {
   int count = 0;

@@ -1,6 +1,7 @@
 // qkv bench --layer [--backward]: times the multi-head layer in-process, X [B, n, H·d] with
 // W^Q [H·d, H·d], W^K [H·d, Hkv·d], W^V [H·d, Hkv·dv], W^O [H·dv, H·d] and their biases
-// (self-attention; n query and key rows), on the same deterministic pattern as the other benches.
+// (self-attention; n query and key rows), on the same deterministic pattern as the other benches;
+// --dropout P drops the heads' attention weights (the backward draws the same mask).
 // With --backward it times multi_head_attention_backward from the forward's state (nothing
 // computed twice) beside the forward in the same run. --kernel names the forward's kernel, or
 // with --backward the backward's (as for bench --backward; the forward then runs the default).
@@ -55,6 +56,10 @@ void run_layer_bench(const BenchCommand& c) {
   options.attention.causal = c.causal;
   options.attention.threads = c.threads;
   options.attention.out_dtype = dtype;
+  // Dropout in the heads' attention (forward and backward draw the same mask); counted as the
+  // same useful work as without it.
+  options.attention.dropout_p = c.dropout;
+  options.attention.seed = c.seed;
   LayerOptions backward_options = options;
   (c.backward ? backward_options : options).attention.kernel = c.kernel;
 
@@ -103,12 +108,13 @@ void run_layer_bench(const BenchCommand& c) {
     return;
   }
   std::printf(
-      "layer B=%lld n=%lld width=%lld H=%lld Hkv=%lld d=%lld dv=%lld%s, %s, %d thread(s), "
+      "layer B=%lld n=%lld width=%lld H=%lld Hkv=%lld d=%lld dv=%lld%s%s, %s, %d thread(s), "
       "SIMD %s\n",
       static_cast<long long>(c.batch), static_cast<long long>(c.n),
       static_cast<long long>(width), static_cast<long long>(c.heads),
       static_cast<long long>(c.kv_heads), static_cast<long long>(c.d),
-      static_cast<long long>(c.dv), c.causal ? " causal" : "", c.dtype.c_str(), c.threads,
+      static_cast<long long>(c.dv), c.causal ? " causal" : "", dropout_words(c).c_str(),
+      c.dtype.c_str(), c.threads,
       kernels::simd_target_name().c_str());
   std::printf("useful work: forward %.3f GFLOP (projections %.3f)", forward_flops * 1e-9,
               projections * 1e-9);

@@ -445,10 +445,7 @@ void register_bench_command(CLI::App& app) {
       ->excludes(peak_option)
       ->excludes(nk_option);
   add_dropout_flags(*sub, command->dropout, command->seed, nullptr);
-  sub->get_option("--dropout")
-      ->excludes(decode_option)
-      ->excludes(peak_option)
-      ->excludes(sub->get_option("--layer"));
+  sub->get_option("--dropout")->excludes(decode_option)->excludes(peak_option);
   decode_option->excludes(n_option)
       ->excludes(causal_option)
       ->excludes(peak_option)
