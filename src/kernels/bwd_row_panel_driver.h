@@ -25,8 +25,9 @@
 // one key chunk. The number of chunks depends on the shape alone, so no bit depends on the
 // thread count.
 //
-// Memory per thread: the panel, (2 or, with a softcap, 3)·Br·Nk' elements (Nk' = Nk rounded
-// up to whole key tiles), every key tile of one kv head packed (FloatProducts: Nk'·(dp + d +
+// Memory per thread: the panel, (2, plus 1 with a softcap, plus 1 with dropout)·Br·Nk'
+// elements (Nk' = Nk rounded up to whole key tiles; dropout's factors are drawn once, in
+// sweep 1), every key tile of one kv head packed (FloatProducts: Nk'·(dp + d +
 // dv) elements; bf16's products are packed for the call already), and with one chunk a dK/dV
 // buffer of Nk'·(dp + dvp) elements; with more chunks, chunks·B·Hkv such buffers in all.
 // row_panel_plan keeps these within the caps below, else the two-pass driver runs.
@@ -75,7 +76,8 @@ inline RowPanelPlan row_panel_plan(const core::BackwardParams& bp, const TilePla
     return std::ceil(static_cast<double>(n) / lanes) * lanes;
   };
   const double bcp = padded_width(plan.key_tile);
-  const double panels = bp.forward.modifiers.softcap > 0.0 ? 3.0 : 2.0;
+  const double panels = 2.0 + (bp.forward.modifiers.softcap > 0.0 ? 1.0 : 0.0) +
+                        (bp.forward.dropout.active() ? 1.0 : 0.0);
   const double panel = panels * static_cast<double>(plan.query_tile) * bcp *
                        static_cast<double>(key_tiles);
   const double packed_keys =
@@ -148,10 +150,14 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
         t.allocate(s, plan, p.dropout.active() || bf16);
         Products products(shared, bp, plan, t);
         const std::int64_t slot = plan.query_tile * bcp;  // one tile of the panel
-        std::vector<T> panel(static_cast<std::size_t>(key_tiles * slot * (softcap ? 3 : 2)));
+        const bool dropout = p.dropout.active();
+        std::vector<T> panel(static_cast<std::size_t>(key_tiles * slot *
+                                                      (2 + (softcap ? 1 : 0) + (dropout ? 1 : 0))));
         T* const xs = panel.data();
         T* const dps = xs + key_tiles * slot;
         T* const factors = softcap ? dps + key_tiles * slot : t.factor.data();
+        // Dropout's factors Z, drawn once in sweep 1 and kept for sweep 2's P∘Z.
+        T* const zs = dropout ? dps + key_tiles * slot * (softcap ? 2 : 1) : nullptr;
         std::vector<T> own_buffer(chunks == 1 ? static_cast<std::size_t>(buffer) : 0);
         const auto tile_rows = static_cast<std::size_t>(plan.query_tile);
         std::vector<T> tile_max(tile_rows), tile_shift(tile_rows), shift(tile_rows),
@@ -198,8 +204,8 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
                 tile_logits<Ops, T>(p, plain_scores, b, h, i0, br, j0, bc, products, bcp, x,
                                     factor);
                 products.dp(dpt);
-                if (p.dropout.active()) {
-                  T* const z = t.zd.data();
+                if (dropout) {
+                  T* const z = zs + kt * slot;
                   dropout_factors(p, b, h, i0, br, j0, bc, bcp, z);
                   for (std::int64_t e = 0; e < br * bcp; ++e) dpt[e] *= z[e];
                 }
@@ -254,9 +260,11 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
                 T* const ds = dps + kt * slot;
                 Ops::weigh_rows(pt, br, bcp, shift.data(), inv.data());
                 const T* pv = pt;
-                if (p.dropout.active()) {
-                  dropout_tile(p, b, h, i0, br, j0, bc, bcp, pt, t.zd.data(), t.pd.data());
-                  pv = t.pd.data();
+                if (dropout) {  // dV takes P∘Z (dropout_tile's product, Z as kept)
+                  const T* z = zs + kt * slot;
+                  T* const pd = t.pd.data();
+                  for (std::int64_t e = 0; e < br * bcp; ++e) pd[e] = pt[e] * z[e];
+                  pv = pd;
                 }
                 // The products accumulate into t.dk and t.dv: this key tile's rows of the
                 // task's buffers.
