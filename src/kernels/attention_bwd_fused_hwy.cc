@@ -277,6 +277,24 @@ void DropoutFactorsF32(const core::Dropout& d, std::uint32_t head_word, std::int
   }
 }
 
+void RoundToBf16F32(const float* src, std::int64_t count, float* dst) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto half = hn::Set(di, static_cast<std::int32_t>(0xffff0000u));
+  const auto infinity = hn::Set(di, 0x7f800000);
+  std::int64_t e = 0;
+  for (; e + lanes <= count; e += lanes) {
+    const auto bits = hn::BitCast(di, hn::LoadU(d, src + e));
+    const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(di, 1));
+    const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(di, 0x7fff), odd)), half);
+    const auto quiet_nan = hn::And(hn::Or(bits, hn::Set(di, 0x00400000)), half);
+    const auto nan = hn::Gt(hn::And(bits, hn::Set(di, 0x7fffffff)), infinity);
+    hn::StoreU(hn::BitCast(d, hn::IfThenElse(nan, quiet_nan, rounded)), d, dst + e);
+  }
+  for (; e < count; ++e) dst[e] = bwd::round_float_to_bf16(src[e]);
+}
+
 core::KernelStatus RunBackwardF32(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
   return bwd::run_backward<HwyOps<float>, float>(bp, plan);
 }
@@ -321,6 +339,7 @@ HWY_EXPORT(WeighRowsF32);
 HWY_EXPORT(WeighRowsF64);
 HWY_EXPORT(RunBackwardF32);
 HWY_EXPORT(DropoutFactorsF32);
+HWY_EXPORT(RoundToBf16F32);
 HWY_EXPORT(RunBackwardF64);
 HWY_EXPORT(RunBackwardBf16);
 HWY_EXPORT(BackwardBf16Dots);
@@ -348,6 +367,9 @@ void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::i
                          std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
                          float* z) noexcept {
   HWY_DYNAMIC_DISPATCH(DropoutFactorsF32)(d, head_word, i0, rows, j0, cols, ld, z);
+}
+void round_to_bf16_f32(const float* src, std::int64_t count, float* dst) noexcept {
+  HWY_DYNAMIC_DISPATCH(RoundToBf16F32)(src, count, dst);
 }
 }  // namespace bwd
 

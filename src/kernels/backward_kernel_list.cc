@@ -50,6 +50,9 @@ void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::i
                          float* z) noexcept {
   dropout_factors_portable(d, head_word, i0, rows, j0, cols, ld, z);
 }
+void round_to_bf16_f32(const float* src, std::int64_t count, float* dst) noexcept {
+  for (std::int64_t e = 0; e < count; ++e) dst[e] = round_float_to_bf16(src[e]);
+}
 }  // namespace bwd
 #endif
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/backward_params.h"
@@ -12,11 +14,30 @@
 
 namespace qkv::kernels::bwd {
 
+// One float rounded to bf16 (nearest even; a NaN stays a quiet NaN) and widened back: exactly
+// core::float_to_bf16 then bf16_to_float, on the bits.
+inline float round_float_to_bf16(float x) noexcept {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  const std::uint32_t quiet_nan = (bits | 0x00400000u) & 0xffff0000u;
+  return std::bit_cast<float>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+// round_float_to_bf16 over count floats, src == dst allowed: in SIMD where the build has it
+// (attention_bwd_fused_hwy.cc; backward_kernel_list.cc in a portable build). Every P and dS
+// tile of the widened bf16 backward passes here; per element through double it took more time
+// than the products it fed.
+void round_to_bf16_f32(const float* src, std::int64_t count, float* dst) noexcept;
+
 // dst[e] = src[e] rounded to bf16 (nearest even), for e < count; src == dst is fine.
 template <class T>
 void round_to_bf16(const T* src, std::int64_t count, T* dst) noexcept {
-  for (std::int64_t e = 0; e < count; ++e) {
-    dst[e] = static_cast<T>(core::round_to_storage(static_cast<double>(src[e]), DType::kBF16));
+  if constexpr (std::is_same_v<T, float>) {
+    round_to_bf16_f32(src, count, dst);
+  } else {
+    for (std::int64_t e = 0; e < count; ++e) {
+      dst[e] = static_cast<T>(core::round_to_storage(static_cast<double>(src[e]), DType::kBF16));
+    }
   }
 }
 

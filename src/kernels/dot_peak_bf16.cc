@@ -109,12 +109,12 @@ double best_rate(int threads, Probe probe) {
 }  // namespace
 
 double measure_bf16_dot_peak_gflops(int threads) {
-  if (!bf16_dots_supported()) return 0.0;
+  if (!cpu_has_bf16_dots()) return 0.0;
   return best_rate(threads, [](float* sink) { return bf16_dot_chains(20'000'000, sink); });
 }
 
 double measure_bf16_from_l1_gflops(int threads) {
-  if (!bf16_dots_supported()) return 0.0;
+  if (!cpu_has_bf16_dots()) return 0.0;
   return best_rate(threads, [](float* sink) { return bf16_dots_from_l1(400'000, sink); });
 }
 #else

@@ -88,6 +88,10 @@ std::string plain_only_declines(const core::AttentionParams& params);
 // and whether a bf16 call would take the path now (the CPU has it and dispatch picks an
 // AVX-512 target: QKV_SIMD_MAX may cap it away); false in a portable build. fused_hwy_path
 // names the path fused_hwy takes for a call computing in `compute` (QKV_VERBOSE, bench).
+// bf16_dots_supported is the kernels' choice: the CPU has the instruction, and it is not an
+// AMX CPU, where vdpbf16ps runs at half the FMA's flops (QKV_BF16_DOTS=1 or 0 overrides that
+// choice for the process); cpu_has_bf16_dots is the instruction alone (qkv bench --peak).
+bool cpu_has_bf16_dots() noexcept;
 bool bf16_dots_supported() noexcept;
 bool fused_bf16_dots_available() noexcept;
 std::string fused_hwy_path(DType compute);

@@ -47,6 +47,7 @@ double measure_fma_peak_gflops(int) { return 0.0; }
 double measure_fma_from_l1_gflops(int) { return 0.0; }
 double measure_bf16_dot_peak_gflops(int) { return 0.0; }
 double measure_bf16_from_l1_gflops(int) { return 0.0; }
+bool cpu_has_bf16_dots() noexcept { return false; }
 bool bf16_dots_supported() noexcept { return false; }
 bool fused_bf16_dots_available() noexcept { return false; }
 std::string fused_hwy_path(DType) { return "none (portable build)"; }
