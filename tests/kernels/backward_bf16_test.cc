@@ -100,7 +100,8 @@ TEST_P(Bf16Backward, WithinTwiceThePlainBf16Composition) {
         kernels::simd_force_target(0);
         if (!dots && target == kernels::simd_targets().front()) {
           std::cout << "[  NOTE    ] " << kernels::simd_target_name(target)
-                    << ": no vdpbf16ps here; the float32 loop nest on bf16-rounded operands\n";
+                    << ": vdpbf16ps not taken (no AVX512-BF16, or an AMX CPU: QKV_BF16_DOTS);"
+                       " the float32 loop nest on bf16-rounded operands\n";
         }
         expect_within_twice_naive(g, ref, naive, c.sinks);
       }

@@ -153,7 +153,10 @@ void run_backward_bench(const BenchCommand& c) {
   if (bf16) {
     std::printf("bf16 backward: %s\n",
                 bf16_dots ? "bf16 dot products (vdpbf16ps)"
-                          : "float32 products on bf16-rounded operands (no vdpbf16ps here)");
+                : kernels::cpu_has_bf16_dots()
+                    ? "float32 products on bf16-rounded operands (vdpbf16ps is half rate on this "
+                      "AMX CPU; QKV_BF16_DOTS=1 forces it)"
+                    : "float32 products on bf16-rounded operands (no vdpbf16ps here)");
   }
   print_timing_line("backward", chosen, peak);
   print_timing_line("forward", fwd, peak);
