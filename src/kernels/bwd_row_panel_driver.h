@@ -160,9 +160,8 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
         T* const zs = dropout ? dps + key_tiles * slot * (softcap ? 2 : 1) : nullptr;
         std::vector<T> own_buffer(chunks == 1 ? static_cast<std::size_t>(buffer) : 0);
         const auto tile_rows = static_cast<std::size_t>(plan.query_tile);
-        std::vector<T> tile_max(tile_rows), tile_shift(tile_rows), shift(tile_rows),
-            inv(tile_rows), delta(tile_rows);
-        std::vector<double> tile_sum(tile_rows), tile_dot(tile_rows);
+        TileStats<T> tile_stats(plan.query_tile);
+        std::vector<T> shift(tile_rows), inv(tile_rows), delta(tile_rows);
         for (std::int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) {
           const std::int64_t c = task / (s.b * s.hkv);
           const std::int64_t hk = task % s.hkv;
@@ -183,13 +182,7 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
               double* const m = row_max.data() + row0;
               double* const l = row_sum.data() + row0;
               double* const u = row_dot.data() + row0;
-              if (!p.modifiers.sinks.empty()) {
-                // As the stats pass: the sink's score is T's.
-                const auto sink = static_cast<double>(
-                    static_cast<T>(p.modifiers.sinks[static_cast<std::size_t>(h)]));
-                std::fill_n(m, br, sink);
-                std::fill_n(l, br, 1.0);
-              }
+              start_row_stats<T>(p, h, br, m, l);
               products.query_tile(b, h, i0, br);
 
               // Sweep 1: the scores and dP of every key tile, kept; the row statistics.
@@ -209,30 +202,8 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
                   dropout_factors(p, b, h, i0, br, j0, bc, bcp, z);
                   for (std::int64_t e = 0; e < br * bcp; ++e) dpt[e] *= z[e];
                 }
-                Ops::max_rows(x, br, bcp, tile_max.data());
-                for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
-                  const double after = std::max(m[r], static_cast<double>(tile_max[r]));
-                  if (after == -kInf) {
-                    tile_shift[r] = std::numeric_limits<T>::infinity();
-                    continue;
-                  }
-                  if (m[r] != after) {
-                    const double rescale = std::exp(m[r] - after);
-                    l[r] *= rescale;
-                    u[r] *= rescale;
-                  }
-                  m[r] = after;
-                  tile_shift[r] = static_cast<T>(after);
-                }
-                // exp_sum_rows exponentiates its x in place: a copy, the panel keeps x.
-                T* const scratch = t.p.data();
-                std::copy_n(x, br * bcp, scratch);
-                Ops::exp_sum_rows(scratch, dpt, br, bcp, tile_shift.data(), tile_sum.data(),
-                                  tile_dot.data());
-                for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
-                  l[r] += tile_sum[r];
-                  u[r] += tile_dot[r];
-                }
+                // The panel keeps x: exp(x - M) goes into the worker's P tile.
+                add_tile_to_row_stats<Ops, T>(x, t.p.data(), dpt, br, bcp, m, l, u, tile_stats);
               }
               // The tile's rows' M, 1/l and D, as compute_row_stats finishes them.
               for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {

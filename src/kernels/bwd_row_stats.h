@@ -84,6 +84,58 @@ void tile_logits(const core::AttentionParams& p, bool plain, std::int64_t b, std
   }
 }
 
+// Rows of head h starting their statistics (M = -inf, l = 0, u = 0 already): with a sink, M is
+// its score (a float64 parameter, as T weighs it) and l = 1 (its share).
+template <class T>
+void start_row_stats(const core::AttentionParams& p, std::int64_t h, std::int64_t rows,
+                     double* m, double* l) noexcept {
+  if (p.modifiers.sinks.empty()) return;
+  const auto sink =
+      static_cast<double>(static_cast<T>(p.modifiers.sinks[static_cast<std::size_t>(h)]));
+  std::fill_n(m, rows, sink);
+  std::fill_n(l, rows, 1.0);
+}
+
+// A worker's per-tile scratch for add_tile_to_row_stats.
+template <class T>
+struct TileStats {
+  explicit TileStats(std::int64_t rows)
+      : max(static_cast<std::size_t>(rows)), shift(static_cast<std::size_t>(rows)),
+        sum(static_cast<std::size_t>(rows)), dot(static_cast<std::size_t>(rows)) {}
+  std::vector<T> max, shift;
+  std::vector<double> sum, dot;
+};
+
+// One key tile into its rows' M, l and u (the recurrence above): x the tile's scores (rows x
+// ld), dp its dP. exp(x - M) is written into `scratch`, which may be x itself (the stats pass)
+// or a copy's place (the row panels, which keep x).
+template <class Ops, class T>
+void add_tile_to_row_stats(const T* x, T* scratch, T* dp, std::int64_t rows, std::int64_t ld,
+                           double* m, double* l, double* u, TileStats<T>& ts) noexcept {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  Ops::max_rows(x, rows, ld, ts.max.data());
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    const double next = std::max(m[r], static_cast<double>(ts.max[r]));
+    if (next == -kInf) {
+      ts.shift[r] = std::numeric_limits<T>::infinity();  // nothing allowed yet: skip
+      continue;
+    }
+    if (m[r] != next) {  // exp(-inf) = 0 for the first key
+      const double rescale = std::exp(m[r] - next);
+      l[r] *= rescale;
+      u[r] *= rescale;
+    }
+    m[r] = next;
+    ts.shift[r] = static_cast<T>(next);
+  }
+  if (scratch != x) std::copy_n(x, rows * ld, scratch);
+  Ops::exp_sum_rows(scratch, dp, rows, ld, ts.shift.data(), ts.sum.data(), ts.dot.data());
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    l[r] += ts.sum[r];
+    u[r] += ts.dot[r];
+  }
+}
+
 // The statistics of every row of the call (the pass described above), then `shift` and `inv`
 // from them, or from the caller's whole-row statistics when bp.row_max is bound. Parallel over
 // (b, h, query tile); each row's sums run over its key tiles in order, so no bit depends on the
@@ -109,9 +161,7 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
     Tiles<T> t;
     t.allocate(s, plan, p.dropout.active());
     Products products(shared, bp, plan, t);
-    const auto tile_rows = static_cast<std::size_t>(plan.query_tile);
-    std::vector<T> tile_max(tile_rows), tile_shift(tile_rows);
-    std::vector<double> tile_sum(tile_rows), tile_dot(tile_rows);
+    TileStats<T> tile_stats(plan.query_tile);
     for (std::int64_t task = begin; task < end; ++task) {
       const std::int64_t qt = task % query_tiles;
       const std::int64_t h = (task / query_tiles) % s.h;
@@ -123,13 +173,7 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
       double* const m = st.max.data() + row0;
       double* const l = st.sum.data() + row0;
       double* const u = st.dot.data() + row0;
-      if (!p.modifiers.sinks.empty()) {
-        // Sinks are float64 parameters; the kernel weighs in T, so the sink's score is T's.
-        const auto sink = static_cast<double>(
-            static_cast<T>(p.modifiers.sinks[static_cast<std::size_t>(h)]));
-        std::fill_n(m, br, sink);
-        std::fill_n(l, br, 1.0);
-      }
+      start_row_stats<T>(p, h, br, m, l);
       products.query_tile(b, h, i0, br);
       for (std::int64_t kt = 0; kt < key_tiles; ++kt) {
         const std::int64_t j0 = kt * plan.key_tile;
@@ -147,26 +191,7 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
           dropout_factors(p, b, h, i0, br, j0, bc, t.bcp, z);
           for (std::int64_t e = 0; e < br * t.bcp; ++e) dp[e] *= z[e];
         }
-        Ops::max_rows(x, br, t.bcp, tile_max.data());
-        for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
-          const double next = std::max(m[r], static_cast<double>(tile_max[r]));
-          if (next == -kInf) {
-            tile_shift[r] = std::numeric_limits<T>::infinity();  // nothing allowed yet: skip
-            continue;
-          }
-          if (m[r] != next) {  // exp(-inf) = 0 for the first key
-            const double rescale = std::exp(m[r] - next);
-            l[r] *= rescale;
-            u[r] *= rescale;
-          }
-          m[r] = next;
-          tile_shift[r] = static_cast<T>(next);
-        }
-        Ops::exp_sum_rows(x, dp, br, t.bcp, tile_shift.data(), tile_sum.data(), tile_dot.data());
-        for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
-          l[r] += tile_sum[r];
-          u[r] += tile_dot[r];
-        }
+        add_tile_to_row_stats<Ops, T>(x, x, dp, br, t.bcp, m, l, u, tile_stats);
       }
     }
   });
