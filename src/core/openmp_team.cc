@@ -5,8 +5,10 @@
 #include <atomic>
 #include <cfenv>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "core/parallel_for.h"
 #include "qkv/error.h"
@@ -14,8 +16,9 @@
 namespace qkv::core {
 namespace {
 
-// The entry points qkv calls, resolved once per use_openmp_threads. Never freed: a team may be
-// running on an older one while another thread switches (a few dozen bytes per switch).
+// The entry points qkv calls, resolved once per library. Kept for the life of the process (a
+// team may be running on one while another thread switches away from it), one per library
+// named, in a list that stays reachable (so leak checkers do not count them).
 struct OpenMpRuntime {
   std::string library;
   void (*parallel)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
@@ -24,7 +27,12 @@ struct OpenMpRuntime {
 };
 
 std::atomic<const OpenMpRuntime*> g_runtime{nullptr};
-std::mutex g_switching;
+std::mutex g_switching;  // guards runtimes() too
+
+std::vector<std::unique_ptr<OpenMpRuntime>>& runtimes() {
+  static auto* kept = new std::vector<std::unique_ptr<OpenMpRuntime>>();
+  return *kept;
+}
 
 // One run_openmp_team call, as every member of the OpenMP team sees it.
 struct Job {
@@ -83,12 +91,19 @@ void use_openmp_threads(const std::string& library) {
                 "is not loaded in this process (qkv uses a runtime already loaded, such as "
                 "torch's; it loads none)");
   }
-  auto* runtime = new OpenMpRuntime{
+  for (const auto& known : runtimes()) {
+    if (known->library == library) {
+      g_runtime.store(known.get(), std::memory_order_release);
+      return;
+    }
+  }
+  auto runtime = std::make_unique<OpenMpRuntime>(OpenMpRuntime{
       library,
       entry_point<decltype(OpenMpRuntime::parallel)>(handle, "GOMP_parallel", library),
       entry_point<decltype(OpenMpRuntime::thread_num)>(handle, "omp_get_thread_num", library),
-      entry_point<decltype(OpenMpRuntime::num_threads)>(handle, "omp_get_num_threads", library)};
-  g_runtime.store(runtime, std::memory_order_release);
+      entry_point<decltype(OpenMpRuntime::num_threads)>(handle, "omp_get_num_threads", library)});
+  runtimes().push_back(std::move(runtime));
+  g_runtime.store(runtimes().back().get(), std::memory_order_release);
 }
 
 std::string openmp_threads_library() {

@@ -138,8 +138,11 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
     std::vector<double> row_max(static_cast<std::size_t>(rows), -kInf);
     std::vector<double> row_sum(static_cast<std::size_t>(rows), 0.0);
     std::vector<double> row_dot(static_cast<std::size_t>(rows), 0.0);
-    std::vector<T> chunk_buffers(
-        chunks > 1 ? static_cast<std::size_t>(chunks * s.b * s.hkv * buffer) : 0);
+    // Never empty (at least one element), so that no pointer below is null + 0 when Nk = 0.
+    const std::int64_t chunk_elements = chunks > 1 ? std::max<std::int64_t>(
+                                                         chunks * s.b * s.hkv * buffer, 1)
+                                                   : 0;
+    std::vector<T> chunk_buffers(static_cast<std::size_t>(chunk_elements));
 
     const std::int64_t tasks = s.b * s.hkv * chunks;
     std::atomic<std::int64_t> next{0};
@@ -151,14 +154,15 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
         Products products(shared, bp, plan, t);
         const std::int64_t slot = plan.query_tile * bcp;  // one tile of the panel
         const bool dropout = p.dropout.active();
-        std::vector<T> panel(static_cast<std::size_t>(key_tiles * slot *
-                                                      (2 + (softcap ? 1 : 0) + (dropout ? 1 : 0))));
+        std::vector<T> panel(static_cast<std::size_t>(std::max<std::int64_t>(
+            key_tiles * slot * (2 + (softcap ? 1 : 0) + (dropout ? 1 : 0)), 1)));
         T* const xs = panel.data();
         T* const dps = xs + key_tiles * slot;
         T* const factors = softcap ? dps + key_tiles * slot : t.factor.data();
         // Dropout's factors Z, drawn once in sweep 1 and kept for sweep 2's P∘Z.
         T* const zs = dropout ? dps + key_tiles * slot * (softcap ? 2 : 1) : nullptr;
-        std::vector<T> own_buffer(chunks == 1 ? static_cast<std::size_t>(buffer) : 0);
+        std::vector<T> own_buffer(
+            chunks == 1 ? static_cast<std::size_t>(std::max<std::int64_t>(buffer, 1)) : 0);
         const auto tile_rows = static_cast<std::size_t>(plan.query_tile);
         TileStats<T> tile_stats(plan.query_tile);
         std::vector<T> shift(tile_rows), inv(tile_rows), delta(tile_rows);
