@@ -54,7 +54,7 @@ test-oracle: build
 # backward, bf16, dropout and ring tests.
 ASAN_SKIP := BackwardPrecisionMagnitudes|BackwardPrecisionFlashGrid|AttentionBackwardProgress
 ASAN_SKIP := $(ASAN_SKIP)|DropoutDeterminism|Bf16Backward.BitwiseIdenticalForThreads123
-ASAN_SKIP := $(ASAN_SKIP)|mpi.ring_precision|kernels.bf16_dot_products
+ASAN_SKIP := $(ASAN_SKIP)|mpi.ring_precision|kernels.bf16_dot_products|kernels.bf16_widened
 test-asan: deps
 	@cmake --preset asan >/dev/null
 	@cmake --build build/asan -j $(JOBS)

@@ -245,11 +245,14 @@ std::string explain_backward_kernel_choice(const TensorView& q, const TensorView
     text += std::string(kernel.name) + ": ";
     if (&kernel == &chosen) {
       text += options.kernel.empty() ? "chosen" : "chosen (--kernel)";
-      // How a bf16 call's products run: vdpbf16ps, or float32 FMAs on bf16-rounded operands.
+      // How a bf16 call's products run: AMX tiles, vdpbf16ps, or float32 FMAs on bf16-rounded
+      // operands.
       if (call.params.forward.compute == DType::kBF16) {
-        const bool dots = kernel.name == "fused_hwy" && kernels::backward_bf16_dots_available();
-        text += dots ? ", bf16 dot products (vdpbf16ps)"
-                     : ", bf16 operands in float32 products";
+        const bool hwy = kernel.name == "fused_hwy";
+        text += hwy && kernels::backward_bf16_amx_available() ? ", bf16 products on AMX tiles"
+                : hwy && kernels::backward_bf16_dots_available()
+                    ? ", bf16 dot products (vdpbf16ps)"
+                    : ", bf16 operands in float32 products";
       }
       after = true;
     } else if (after) {

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "hwy/highway.h"
+#include "kernels/amx_tiles.h"
 #include "kernels/backward_kernel.h"
 #include "kernels/blas_threads.h"
 #include "kernels/bwd_fused_driver.h"
@@ -302,25 +303,32 @@ core::KernelStatus RunBackwardF64(const core::BackwardParams& bp, const bwd::Til
   return bwd::run_backward<HwyOps<double>, double>(bp, plan);
 }
 
-// bf16 calls: vdpbf16ps products (bwd_bf16-inl.h) on the x86 AVX-512 targets of a CPU with
-// AVX512-BF16; elsewhere the float32 loop nest on bf16-rounded operands (FloatProducts, the
+// bf16 calls: AMX tiles (bwd_amx-inl.h) where amx_bf16_supported(), else vdpbf16ps products
+// (bwd_bf16-inl.h), both on the x86 AVX-512 targets (of a CPU with AVX512-BF16 for the
+// latter: bf16_dots_supported()); elsewhere the float32 loop nest on bf16-rounded operands (FloatProducts, the
 // widened path: the same products, each exact in float32, summed in float32). GCC only, as
 // the forward's bf16 path (attention_fwd_fused_hwy.cc says why).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && !defined(__clang__)
 #include "kernels/bwd_bf16-inl.h"
+#include "kernels/bwd_amx-inl.h"
 
 core::KernelStatus RunBackwardBf16(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
+  if (amx_bf16_supported()) {
+    return bwd::run_backward<HwyOps<float>, float, AmxProducts>(bp, plan);
+  }
   if (bf16_dots_supported()) {
     return bwd::run_backward<HwyOps<float>, float, Bf16Products>(bp, plan);
   }
   return bwd::run_backward<HwyOps<float>, float>(bp, plan);
 }
-bool BackwardBf16Dots() { return bf16_dots_supported(); }
+bool BackwardBf16Dots() { return !amx_bf16_supported() && bf16_dots_supported(); }
+bool BackwardBf16Amx() { return amx_bf16_supported(); }
 #else
 core::KernelStatus RunBackwardBf16(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
   return bwd::run_backward<HwyOps<float>, float>(bp, plan);
 }
 bool BackwardBf16Dots() { return false; }
+bool BackwardBf16Amx() { return false; }
 #endif
 
 }  // namespace qkv::kernels::HWY_NAMESPACE
@@ -343,6 +351,7 @@ HWY_EXPORT(RoundToBf16F32);
 HWY_EXPORT(RunBackwardF64);
 HWY_EXPORT(RunBackwardBf16);
 HWY_EXPORT(BackwardBf16Dots);
+HWY_EXPORT(BackwardBf16Amx);
 
 namespace bwd {
 #define QKV_ROWS_DISPATCH(T, N)                                                                \
@@ -395,6 +404,11 @@ std::string attention_bwd_fused_hwy_declines(const core::BackwardParams& bp) {
 bool backward_bf16_dots_available() noexcept {
   apply_simd_cap();
   return HWY_DYNAMIC_DISPATCH(BackwardBf16Dots)();
+}
+
+bool backward_bf16_amx_available() noexcept {
+  apply_simd_cap();
+  return HWY_DYNAMIC_DISPATCH(BackwardBf16Amx)();
 }
 
 core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& bp) noexcept {

@@ -40,6 +40,9 @@ std::string attention_bwd_fused_hwy_declines(const core::BackwardParams& params)
 // loop nest on bf16-rounded operands (the same products, exact in float32). False in a
 // portable build.
 bool backward_bf16_dots_available() noexcept;
+// Whether it computes them on AMX tiles instead (amx_tiles.h, bwd_amx-inl.h: an x86 AVX-512
+// target of a CPU with AMX bf16, amx_bf16_supported()); when true, dots above are false.
+bool backward_bf16_amx_available() noexcept;
 core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& params) noexcept;
 std::string attention_bwd_fused_scalar_declines(const core::BackwardParams& params);
 core::KernelStatus attention_bwd_fused_scalar(const core::BackwardParams& params) noexcept;

@@ -26,6 +26,7 @@ std::span<const BackwardKernel> backward_kernels() {
 
 #if !QKV_HAVE_HWY
 bool backward_bf16_dots_available() noexcept { return false; }
+bool backward_bf16_amx_available() noexcept { return false; }
 namespace bwd {
 #define QKV_SCALAR_ROWS(T)                                                                      \
   void simd_scale_rows(T* x, std::int64_t rows, std::int64_t cols, T scale) noexcept {         \

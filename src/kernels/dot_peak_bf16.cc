@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 #include "core/parallel_for.h"
+#include "kernels/amx_tiles.h"
 #include "kernels/blas_threads.h"
 #include "kernels/kernel.h"
 
@@ -106,7 +108,50 @@ double best_rate(int threads, Probe probe) {
   return best;
 }
 
+#if !defined(__clang__)  // as amx_tiles.cc: the AMX paths are GCC's
+// `iterations` rounds of 6 tdpbf16ps into 6 tiles of float32 accumulators (16 x 16 each) from
+// one A and one B tile held in tile registers (16 rows x 32 bf16): 16·16·32·2 = 16384 flops an
+// instruction. The ceiling of the AMX products (amx_tiles.h); needs the tile state granted.
+__attribute__((target("amx-tile,amx-bf16"))) double amx_chains(std::int64_t iterations,
+                                                                float* sink) {
+  const AmxTileSession session;
+  alignas(64) std::uint16_t operand[16 * 32];
+  std::fill(std::begin(operand), std::end(operand), std::uint16_t{0x3a80});  // 2^-10
+  alignas(64) float out[16 * 16];
+  asm volatile("" : : : "memory");  // the fill above, before the tile loads (amx_tiles.cc)
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_zero(5);
+  for (std::int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_dpbf16ps(3, 6, 7);
+    _tile_dpbf16ps(4, 6, 7);
+    _tile_dpbf16ps(5, 6, 7);
+  }
+  _tile_stored(0, out, 64);
+  *sink = out[0];
+  return 16384.0 * 6 * static_cast<double>(iterations);
+}
+#endif
+
 }  // namespace
+
+double measure_amx_bf16_peak_gflops(int threads) {
+#if !defined(__clang__)
+  if (!amx_bf16_supported()) return 0.0;
+  return best_rate(threads, [](float* sink) { return amx_chains(200'000, sink); });
+#else
+  (void)threads;
+  return 0.0;
+#endif
+}
 
 double measure_bf16_dot_peak_gflops(int threads) {
   if (!cpu_has_bf16_dots()) return 0.0;
@@ -118,6 +163,7 @@ double measure_bf16_from_l1_gflops(int threads) {
   return best_rate(threads, [](float* sink) { return bf16_dots_from_l1(400'000, sink); });
 }
 #else
+double measure_amx_bf16_peak_gflops(int) { return 0.0; }
 double measure_bf16_dot_peak_gflops(int) { return 0.0; }
 double measure_bf16_from_l1_gflops(int) { return 0.0; }
 #endif

@@ -120,6 +120,10 @@ double measure_bf16_dot_peak_gflops(int threads);
 // The same vdpbf16ps fed from L1 as the bf16 q·K^T micro-kernel feeds them (6 x 4 block, 4
 // vector loads and 6 pair broadcasts per 24 instructions, 32 steps): that path's ceiling.
 double measure_bf16_from_l1_gflops(int threads);
+// The AMX bf16 peak in GFLOP/s on `threads` threads: chains of tdpbf16ps on tiles held in
+// registers, 16384 flops each (16 x 16 x 32 products, a multiply and an add each); 0 where
+// amx_bf16_supported() is false (no AMX, QKV_BF16_AMX=0, a clang or portable build).
+double measure_amx_bf16_peak_gflops(int threads);
 // The memory bandwidth in GB/s on `threads` threads: STREAM's triad over 3 x 128 MiB
 // (bandwidth_probe.cc), 12 bytes per element, best of 5; 0 when the arrays cannot be allocated.
 // Compiled in every build.

@@ -46,6 +46,7 @@ std::string simd_target_name(std::int64_t) { return "none"; }
 double measure_fma_peak_gflops(int) { return 0.0; }
 double measure_fma_from_l1_gflops(int) { return 0.0; }
 double measure_bf16_dot_peak_gflops(int) { return 0.0; }
+double measure_amx_bf16_peak_gflops(int) { return 0.0; }
 double measure_bf16_from_l1_gflops(int) { return 0.0; }
 bool cpu_has_bf16_dots() noexcept { return false; }
 bool bf16_dots_supported() noexcept { return false; }

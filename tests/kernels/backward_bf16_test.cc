@@ -2,8 +2,8 @@
 // bf16-rounded Q, K, V and dO, within twice the error of the plain bf16 composition
 // (naive_bf16_backward.h) plus a tiny floor, over the float32 backward's cases (causal, window,
 // masks, rows with no allowed key, GQA, softcap, ALiBi, sinks, strided views) and dropout;
-// fused_hwy on every compiled SIMD target (vdpbf16ps where the CPU has AVX512-BF16, the float32
-// loop nest on rounded operands elsewhere); bf16-stored inputs; bf16 gradients by default and
+// fused_hwy on every compiled SIMD target (AMX tiles where the CPU has AMX bf16, else vdpbf16ps
+// where it has AVX512-BF16, the float32 loop nest on rounded operands elsewhere); bf16-stored inputs; bf16 gradients by default and
 // float32 on request; bitwise identical gradients for threads 1, 2 and 3; refusals.
 #include <gtest/gtest.h>
 
@@ -96,11 +96,12 @@ TEST_P(Bf16Backward, WithinTwiceThePlainBf16Composition) {
         SCOPED_TRACE(kernels::simd_target_name(target));
         kernels::simd_force_target(target);
         const bool dots = kernels::backward_bf16_dots_available();
+        const bool amx = kernels::backward_bf16_amx_available();
         const AttentionGradients g = backward_bf16(in, run, kernel, 2);
         kernels::simd_force_target(0);
-        if (!dots && target == kernels::simd_targets().front()) {
+        if (!dots && !amx && target == kernels::simd_targets().front()) {
           std::cout << "[  NOTE    ] " << kernels::simd_target_name(target)
-                    << ": vdpbf16ps not taken (no AVX512-BF16, or an AMX CPU: QKV_BF16_DOTS);"
+                    << ": neither AMX tiles nor vdpbf16ps taken (QKV_BF16_AMX, QKV_BF16_DOTS);"
                        " the float32 loop nest on bf16-rounded operands\n";
         }
         expect_within_twice_naive(g, ref, naive, c.sinks);
@@ -192,10 +193,12 @@ TEST(Bf16BackwardApi, Bf16StorageAndGradientDtypes) {
   // QKV_VERBOSE's line says how the products ran.
   const std::string choice = explain_backward_kernel_choice(
       in.qv(), in.kv(), in.vv(), fwd.out.view(), fwd.lse.view(), in.dov(), options);
-  const bool dots = g.kernel == "fused_hwy" && kernels::backward_bf16_dots_available();
+  const bool hwy = g.kernel == "fused_hwy";
   EXPECT_NE(choice.find(g.kernel + ": chosen, " +
-                        (dots ? "bf16 dot products (vdpbf16ps)"
-                              : "bf16 operands in float32 products")),
+                        (hwy && kernels::backward_bf16_amx_available() ? "bf16 products on AMX tiles"
+                         : hwy && kernels::backward_bf16_dots_available()
+                             ? "bf16 dot products (vdpbf16ps)"
+                             : "bf16 operands in float32 products")),
             std::string::npos)
       << choice;
   // The memory estimate counts both sets.

@@ -108,10 +108,14 @@ void run_backward_bench(const BenchCommand& c) {
   }
   bench_peak.measure_again();
   const double fma_peak = bench_peak.fma();
-  // The relevant peak: the bf16 dot-product peak where the bf16 backward runs vdpbf16ps, the
-  // fp64 FMA peak for float64, the FMA peak otherwise.
+  // The relevant peak: the AMX peak where the bf16 backward runs on AMX tiles, the bf16
+  // dot-product peak where it runs vdpbf16ps, the fp64 FMA peak for float64, the FMA peak
+  // otherwise.
+  const bool bf16_amx = bf16 && kernels::backward_bf16_amx_available();
   const bool bf16_dots = bf16 && kernels::backward_bf16_dots_available();
-  const double peak = bf16_dots && c.peak_gflops <= 0
+  const double peak = bf16_amx && c.peak_gflops <= 0
+                          ? kernels::measure_amx_bf16_peak_gflops(c.threads)
+                      : bf16_dots && c.peak_gflops <= 0
                           ? kernels::measure_bf16_dot_peak_gflops(c.threads)
                           : bench_peak.of_dtype();
   if (c.json) {
@@ -123,7 +127,10 @@ void run_backward_bench(const BenchCommand& c) {
         ",\n  \"forward_ms\": %.4f, \"forward_kernel\": \"%s\", "
         "\"backward_forward_ratio\": %.4f",
         fwd.ms, fwd.kernel.c_str(), chosen.ms / fwd.ms);
-    if (bf16) std::printf(",\n  \"bf16_dot_products\": %s", bf16_dots ? "true" : "false");
+    if (bf16) {
+      std::printf(",\n  \"bf16_dot_products\": %s, \"bf16_amx_tiles\": %s",
+                  bf16_dots ? "true" : "false", bf16_amx ? "true" : "false");
+    }
     if (f32_backward) {
       std::printf(",\n");
       print_json_timing("f32_backward", *f32_backward, fma_peak);
@@ -147,14 +154,16 @@ void run_backward_bench(const BenchCommand& c) {
   std::printf("useful work %.3f GFLOP (2.5x the forward's); %s peak %.1f GFLOP/s\n",
               flops * 1e-9,
               dtype == DType::kF64 ? "fp64 FMA"
+              : bf16_amx           ? "AMX bf16 (tdpbf16ps)"
               : bf16_dots          ? "bf16 dot-product (vdpbf16ps)"
                                    : "fp32 FMA",
               peak);
   if (bf16) {
     std::printf("bf16 backward: %s\n",
-                bf16_dots ? "bf16 dot products (vdpbf16ps)"
+                bf16_amx    ? "bf16 products on AMX tiles (QKV_BF16_AMX=0 turns them off)"
+                : bf16_dots ? "bf16 dot products (vdpbf16ps)"
                 : kernels::cpu_has_bf16_dots()
-                    ? "float32 products on bf16-rounded operands (vdpbf16ps is half rate on this "
+                    ? "float32 products on bf16-rounded operands (vdpbf16ps is half rate on an "
                       "AMX CPU; QKV_BF16_DOTS=1 forces it)"
                     : "float32 products on bf16-rounded operands (no vdpbf16ps here)");
   }

@@ -145,6 +145,7 @@ void run_bench(BenchCommand c) {
     const double peak = kernels::measure_fma_peak_gflops(threads);
     const double bf16_peak = kernels::measure_bf16_dot_peak_gflops(threads);
     const double bf16_l1_fed = kernels::measure_bf16_from_l1_gflops(threads);
+    const double amx_peak = kernels::measure_amx_bf16_peak_gflops(threads);
     const double l1_fed = kernels::measure_fma_from_l1_gflops(threads);
     const double share = peak > 0 ? 100.0 * l1_fed / peak : 0.0;
     const double triad = kernels::measure_triad_gbs(threads);
@@ -152,9 +153,9 @@ void run_bench(BenchCommand c) {
       std::printf(
           "{\"threads\": %d, \"simd_target\": \"%s\", \"peak_gflops\": %.2f, "
           "\"bf16_dot_peak_gflops\": %.2f, \"l1_fed_gflops\": %.2f, \"bf16_l1_fed_gflops\": %.2f, "
-          "\"triad_gbs\": %.2f, \"openblas_core\": \"%s\"}\n",
-          threads, kernels::simd_target_name().c_str(), peak, bf16_peak, l1_fed, bf16_l1_fed, triad,
-          kernels::blas_core_name().c_str());
+          "\"amx_bf16_peak_gflops\": %.2f, \"triad_gbs\": %.2f, \"openblas_core\": \"%s\"}\n",
+          threads, kernels::simd_target_name().c_str(), peak, bf16_peak, l1_fed, bf16_l1_fed,
+          amx_peak, triad, kernels::blas_core_name().c_str());
     } else {
       std::printf("fp32 FMA peak: %.1f GFLOP/s on %d thread(s) (%s)\n", peak, threads,
                   kernels::simd_target_name().c_str());
@@ -169,6 +170,12 @@ void run_bench(BenchCommand c) {
             bf16_l1_fed, 100.0 * bf16_l1_fed / bf16_peak);
       } else {
         std::printf("bf16 dot-product peak: none (no AVX512-BF16 on this CPU)\n");
+      }
+      if (amx_peak > 0) {
+        std::printf(
+            "AMX bf16 peak (tdpbf16ps, 16384 flops per tile instruction): %.1f GFLOP/s (%.2fx the "
+            "FMA peak)\n",
+            amx_peak, peak > 0 ? amx_peak / peak : 0.0);
       }
       std::printf(
           "FMAs fed from L1 as in the fused micro-kernels: %.1f GFLOP/s (%.1f %% of the peak, "
