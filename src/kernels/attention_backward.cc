@@ -97,15 +97,18 @@ std::uint64_t converted_gradient_bytes(const core::AttentionShape& s, DType grad
   return kernels::backward_memory(s, 1, grad, sinks).outputs;
 }
 
-// The bf16 products' workspace (attention_bwd_fused_hwy.cc, bwd_bf16-inl.h): Q and dO as bf16
-// rows and pairs of rows, K and V packed per key tile, and each thread's P and dS pairs; an
-// upper bound (head dims padded to 16, keys to whole 128-key tiles).
+// The bf16 products' workspace (attention_bwd_fused_hwy.cc, bwd_bf16-inl.h, bwd_amx-inl.h): Q
+// and dO as bf16 rows and pairs of rows, K and V packed per key tile, and each thread's P and
+// dS pairs; an upper bound for both (head dims padded to 32 values, AMX's whole tiles of 16
+// pairs; query rows to whole tiles of 16 pairs, and a tile's spare rows; keys to whole
+// 128-key tiles).
 std::uint64_t bf16_workspace(const core::AttentionShape& s, int threads) {
   const auto u = [](std::int64_t x) {
     return static_cast<std::uint64_t>(std::max<std::int64_t>(x, 0));
   };
-  const auto padded = [&](std::int64_t x) { return (u(x) + 16) / 16 * 16; };
-  const std::uint64_t query_rows = core::saturating_mul(u(s.b) * u(s.h), u(s.nq) + 1);
+  const auto padded = [&](std::int64_t x) { return (u(x) + 32) / 32 * 32; };
+  const std::uint64_t query_rows =
+      core::saturating_add(core::saturating_mul(u(s.b) * u(s.h), u(s.nq) + 32), 16);
   const std::uint64_t key_rows = core::saturating_mul(u(s.b) * u(s.hkv), u(s.nk) + 128);
   const std::uint64_t dims = 2 * padded(s.d) + 2 * padded(s.dv);
   std::uint64_t bytes = core::saturating_mul(core::saturating_mul(query_rows, dims), 2);
