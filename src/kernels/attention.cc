@@ -196,7 +196,7 @@ std::string explain_kernel_choice(const TensorView& q, const TensorView& k, cons
       if (kernel.name.ends_with("_hwy")) {
         text += " (SIMD target " + kernels::simd_target_name();
         // Which products the fused kernel runs: bf16 dot products or float32.
-        if (kernel.name == "fused_hwy") text += ", " + kernels::fused_hwy_path(call.params.compute);
+        if (kernel.name == "fused_hwy") text += ", " + kernels::fused_hwy_path(call.params.compute, call.params.shape.d);
         text += ")";
       }
       after = true;

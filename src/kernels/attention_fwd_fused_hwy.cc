@@ -47,6 +47,7 @@
 #include "kernels/exp_hwy-inl.h"
 #include "kernels/fused_common.h"
 #include "kernels/fused_tiles.h"
+#include "kernels/amx_tiles.h"
 #include "kernels/score_modifiers_hwy-inl.h"
 #include "kernels/kernel.h"
 
@@ -64,6 +65,10 @@ struct HwyMicro {
   static_assert(kTile % kLanes == 0, "the key tile must be a whole number of vectors");
   static constexpr std::int64_t kTileVectors = kTile / kLanes;
   static constexpr F kInf = std::numeric_limits<F>::infinity();
+  // What a worker holds while it computes (AmxMicro's tile configuration; nothing here), and the
+  // rows past the last one that scores() may read from the packed Q (none here).
+  struct Session {};
+  static constexpr std::int64_t kSpareRows = 0;
 #if HWY_TARGET <= HWY_AVX3
   // 32 vector registers: 6 x 4 accumulators, 4 operand vectors and a broadcast. Six rows
   // rather than four cut the loads per FMA from 1/2 to 5/12; measured in isolation on L1-resident
@@ -280,19 +285,27 @@ struct HwyMicro {
 // leaves the path out and bf16 calls take the float32 kernel on rounded tiles.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && !defined(__clang__)
 #include "kernels/fused_bf16-inl.h"
+#include "kernels/fused_amx-inl.h"
+
+bool AmxForward(const core::AttentionParams& p) {
+  return p.compute == DType::kBF16 && p.shape.d % 32 == 0 && amx_bf16_supported();
+}
 
 core::KernelStatus FusedForward(const core::AttentionParams& p) {
   if (p.compute == DType::kF64) return run_fused<HwyMicro<double>, fused::F64Tiles>(p);
+  if (AmxForward(p)) return run_fused<AmxMicro, Bf16Tiles>(p);
   if (p.compute == DType::kBF16 && bf16_dots_supported()) {
     return run_fused<Bf16Micro, Bf16Tiles>(p);
   }
   return run_fused<HwyMicro<float>>(p);
 }
+bool FusedBf16Amx() { return amx_bf16_supported(); }
 #else
 core::KernelStatus FusedForward(const core::AttentionParams& p) {
   if (p.compute == DType::kF64) return run_fused<HwyMicro<double>, fused::F64Tiles>(p);
   return run_fused<HwyMicro<float>>(p);
 }
+bool FusedBf16Amx() { return false; }
 #endif
 
 }  // namespace qkv::kernels::HWY_NAMESPACE
@@ -302,6 +315,7 @@ HWY_AFTER_NAMESPACE();
 namespace qkv::kernels {
 
 HWY_EXPORT(FusedForward);
+HWY_EXPORT(FusedBf16Amx);
 
 bool cpu_has_bf16_dots() noexcept {
 #if HWY_ARCH_X86 && !defined(__clang__)
@@ -346,11 +360,18 @@ bool fused_bf16_dots_available() noexcept {
 #endif
 }
 
-std::string fused_hwy_path(DType compute) {
+bool fused_bf16_amx_available(std::int64_t d) noexcept {
+  if (d % 32 != 0) return false;
+  apply_simd_cap();
+  return HWY_DYNAMIC_DISPATCH(FusedBf16Amx)();
+}
+
+std::string fused_hwy_path(DType compute, std::int64_t d) {
   switch (compute) {
     case DType::kBF16:
-      return fused_bf16_dots_available() ? "bf16 dot products (vdpbf16ps)"
-                                         : "float32 on bf16-rounded tiles";
+      return fused_bf16_amx_available(d) ? "bf16 products on AMX tiles"
+             : fused_bf16_dots_available() ? "bf16 dot products (vdpbf16ps)"
+                                           : "float32 on bf16-rounded tiles";
     case DType::kF16:
       return "float32 on f16-rounded tiles";
     case DType::kF64:

@@ -33,6 +33,8 @@ struct ScalarMicro {
   static constexpr std::int64_t kRows = 4;
   static constexpr std::int64_t kTile = fused::kKeyTile;
   static constexpr F kInf = std::numeric_limits<F>::infinity();
+  struct Session {};  // nothing held per worker (fused_driver-inl.h; AmxMicro holds tiles)
+  static constexpr std::int64_t kSpareRows = 0;
 
   static void scores(const F* q, std::int64_t rows, std::int64_t d, const F* kt, std::int64_t keys,
                      F scale, F* s, F* row_max) noexcept {

@@ -114,7 +114,7 @@ class FusedWorker {
                     p.q.strides.col == 1 && p.q.strides.row == p.shape.d &&
                     !core::operand_rounds(p.q, p.compute)),
         modified_(p.modifiers.softcap > 0 || !p.modifiers.alibi_slopes.empty()),
-        q_(Tiles::make(q_in_place_ ? 0 : plan.max_rows * q_stride_)),
+        q_(Tiles::make(q_in_place_ ? 0 : (plan.max_rows + Micro::kSpareRows) * q_stride_)),
         s_(fused::make_buffer<F>(plan.max_rows * fused::kKeyTile)),
         o_(fused::make_buffer<F>(plan.max_rows * dvp_)),
         // One vector of slack: softmax_rows reads these a vector of rows at a time, and
@@ -367,6 +367,8 @@ class FusedWorker {
   // running sum in kLanes lanes (lsum_) and its final total (sum_).
   decltype(Tiles::make(0)) q_;
   fused::BufferOf<F> s_, o_, alpha_, max_, m_, sum_, lsum_;
+  // Held while the worker lives, on its thread (AmxMicro: the tile configuration).
+  typename Micro::Session session_;
 };
 
 // Whether `count` elements of `op` from `at`, `step` apart, hold a NaN, an infinity or (but

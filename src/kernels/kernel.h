@@ -94,7 +94,12 @@ std::string plain_only_declines(const core::AttentionParams& params);
 bool cpu_has_bf16_dots() noexcept;
 bool bf16_dots_supported() noexcept;
 bool fused_bf16_dots_available() noexcept;
-std::string fused_hwy_path(DType compute);
+// Whether a bf16 call of head dim d runs on AMX tiles instead (fused_amx-inl.h: an AVX-512
+// target of a CPU with AMX bf16, amx_bf16_supported(), and d a multiple of 32); that path
+// comes before vdpbf16ps. fused_hwy_path's d is the call's head dim (-1: not known, and the
+// AMX path is not named).
+bool fused_bf16_amx_available(std::int64_t d) noexcept;
+std::string fused_hwy_path(DType compute, std::int64_t d = -1);
 
 // The SIMD targets compiled into the fused kernel that this CPU supports, best first (empty in
 // a portable build); forcing one (0 restores the CPU's best) is for tests, which run every

@@ -51,7 +51,8 @@ double measure_bf16_from_l1_gflops(int) { return 0.0; }
 bool cpu_has_bf16_dots() noexcept { return false; }
 bool bf16_dots_supported() noexcept { return false; }
 bool fused_bf16_dots_available() noexcept { return false; }
-std::string fused_hwy_path(DType) { return "none (portable build)"; }
+bool fused_bf16_amx_available(std::int64_t) noexcept { return false; }
+std::string fused_hwy_path(DType, std::int64_t) { return "none (portable build)"; }
 #endif
 
 }  // namespace qkv::kernels

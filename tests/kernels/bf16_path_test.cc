@@ -4,7 +4,8 @@
 // padded with zero), key counts across the 64-key tile edge, GQA, causal/window/masks, fully
 // masked rows and the weights/lse outputs, with Q, K, V stored as f32, f64, f16 or bf16. Every
 // compiled SIMD target is tried; the path runs only on the AVX-512 ones of a CPU with
-// AVX512-BF16, and the test says which targets it skipped.
+// AVX512-BF16 (its products on AMX tiles where the CPU has AMX and d is a multiple of 32,
+// fused_amx-inl.h), and the test says which targets it skipped.
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -28,7 +29,7 @@ std::vector<Bf16Case> bf16_cases() {
   std::vector<Bf16Case> cases;
   const DType storage[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16};
   int index = 0;
-  for (std::int64_t d : {1, 2, 7, 63, 64, 128}) {
+  for (std::int64_t d : {1, 2, 7, 63, 64, 96, 128}) {
     for (std::int64_t nk : {63, 64, 65, 200}) {
       Bf16Case b;
       KernelCase& c = b.c;
@@ -130,14 +131,17 @@ TEST_P(Bf16Path, WithinTwiceThePlainBf16Composition) {
   for (std::int64_t target : kernels::simd_targets()) {
     SCOPED_TRACE(kernels::simd_target_name(target));
     kernels::simd_force_target(target);
-    if (!kernels::fused_bf16_dots_available()) {
+    const bool amx = kernels::fused_bf16_amx_available(c.d);
+    if (!amx && !kernels::fused_bf16_dots_available()) {
       kernels::simd_force_target(0);
       std::cout << "[  SKIP    ] bf16 path on " << kernels::simd_target_name(target)
-                << ": not this target, or no AVX512-BF16 on this CPU\n";
+                << ": not this target, or neither AMX (for this d) nor AVX512-BF16 at full rate"
+                   " on this CPU\n";
       continue;
     }
     options.kernel = "fused_hwy";
-    EXPECT_NE(explain_kernel_choice(in.q, in.k, in.v, options).find("vdpbf16ps"),
+    EXPECT_NE(explain_kernel_choice(in.q, in.k, in.v, options)
+                  .find(amx ? "AMX tiles" : "vdpbf16ps"),
               std::string::npos);
     AttentionResult got;
     if (c.strided) {

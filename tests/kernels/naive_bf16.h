@@ -85,8 +85,10 @@ inline NaiveResult naive_bf16(const TensorView& q, const TensorView& k, const Te
 // picks now: the bf16 criterion applies to it, the float32 one to every other run.
 inline bool runs_bf16_dots(const std::string& kernel, const TensorView& q, const TensorView& k,
                            const TensorView& v, const AttentionOptions& options) {
-  if (kernel != "fused_hwy" || !kernels::fused_bf16_dots_available()) return false;
-  return core::validate_attention(q, k, v, options).params.compute == DType::kBF16;
+  if (kernel != "fused_hwy") return false;
+  const core::AttentionParams params = core::validate_attention(q, k, v, options).params;
+  if (params.compute != DType::kBF16) return false;
+  return kernels::fused_bf16_amx_available(params.shape.d) || kernels::fused_bf16_dots_available();
 }
 
 }  // namespace qkv::testing

@@ -1,7 +1,7 @@
-// The bf16 path of fused_hwy (vdpbf16ps) gives bitwise identical results for 1, 2, 3 and 8
-// threads: grouped-query heads, ragged key tiles, causal with a float mask, float32 inputs
-// rounded to bf16 while packed, the weights and lse outputs. Skipped, saying so, on a CPU
-// without AVX512-BF16.
+// The bf16 paths of fused_hwy (vdpbf16ps, and AMX tiles) give bitwise identical results for 1,
+// 2, 3 and 8 threads: grouped-query heads, ragged key tiles, causal with a float mask, float32
+// inputs rounded to bf16 while packed, the weights and lse outputs. Each skipped, saying so,
+// on a CPU without it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -19,12 +19,10 @@ bool same_bits(const Tensor& a, const Tensor& b) {
          (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
 }
 
-TEST(ThreadsBf16, Bf16PathIsBitwiseIdenticalForOneTwoThreeAndEightThreads) {
-  if (!kernels::fused_bf16_dots_available()) {
-    GTEST_SKIP() << "no AVX512-BF16 on this CPU (or QKV_SIMD_MAX caps AVX-512): no bf16 path";
-  }
-  const Tensor q = testing::random_tensor(DType::kF32, {2, 6, 300, 72}, 1);
-  const Tensor k = testing::random_tensor(DType::kF32, {2, 2, 333, 72}, 2);
+// The bf16 path on inputs of head dim d: the same bits for threads 1, 2, 3 and 8.
+void expect_bitwise_for_threads(std::int64_t d) {
+  const Tensor q = testing::random_tensor(DType::kF32, {2, 6, 300, d}, 1);
+  const Tensor k = testing::random_tensor(DType::kF32, {2, 2, 333, d}, 2);
   const Tensor v = testing::random_tensor(DType::kF32, {2, 2, 333, 40}, 3);
   Tensor mask = testing::random_tensor(DType::kF32, {1, 6, 1, 333}, 4, -1.0, 1.0);
   for (std::int64_t i = 0; i < mask.numel(); i += 7) {
@@ -45,6 +43,21 @@ TEST(ThreadsBf16, Bf16PathIsBitwiseIdenticalForOneTwoThreeAndEightThreads) {
     ASSERT_TRUE(same_bits(again.weights, first.weights)) << "threads " << threads;
     ASSERT_TRUE(same_bits(again.lse, first.lse)) << "threads " << threads;
   }
+}
+
+TEST(ThreadsBf16, Bf16PathIsBitwiseIdenticalForOneTwoThreeAndEightThreads) {
+  if (!kernels::fused_bf16_dots_available()) {
+    GTEST_SKIP() << "no AVX512-BF16 at full rate on this CPU (an AMX CPU takes AMX tiles, "
+                    "or QKV_SIMD_MAX caps AVX-512): no vdpbf16ps path";
+  }
+  expect_bitwise_for_threads(72);  // not a multiple of 32: never the AMX path
+}
+
+TEST(ThreadsBf16, AmxPathIsBitwiseIdenticalForOneTwoThreeAndEightThreads) {
+  if (!kernels::fused_bf16_amx_available(64)) {
+    GTEST_SKIP() << "no AMX bf16 on this CPU (or QKV_BF16_AMX=0, or QKV_SIMD_MAX caps AVX-512)";
+  }
+  expect_bitwise_for_threads(64);
 }
 
 }  // namespace

@@ -235,18 +235,22 @@ void run_bench(BenchCommand c) {
   // The peaks are measured before the timed calls and again after them, keeping the larger: on
   // a shared host a measurement can only come out low (a fraction of peak above 1 was seen).
   double fma_peak = c.peak_gflops > 0 ? c.peak_gflops : kernels::measure_fma_peak_gflops(threads);
-  // The relevant peak: the bf16 dot-product peak for the bf16 path, the fp64 FMA peak (half the
-  // fp32 one: the same FMAs on half as many lanes) for float64, the FMA peak otherwise.
-  const std::string path = kernels::fused_hwy_path(dtype);
-  const bool bf16_dots = dtype == DType::kBF16 && kernels::fused_bf16_dots_available();
+  // The relevant peak: the AMX peak or the bf16 dot-product peak for the bf16 paths, the fp64
+  // FMA peak (half the fp32 one: the same FMAs on half as many lanes) for float64, the FMA peak
+  // otherwise.
+  const std::string path = kernels::fused_hwy_path(dtype, c.d);
+  const bool bf16_amx = dtype == DType::kBF16 && kernels::fused_bf16_amx_available(c.d);
+  const bool bf16_dots =
+      dtype == DType::kBF16 && !bf16_amx && kernels::fused_bf16_dots_available();
   const bool f64 = dtype == DType::kF64;
   const auto relevant_peak = [&] {
-    return bf16_dots ? kernels::measure_bf16_dot_peak_gflops(threads)
-           : f64     ? fma_peak / 2
-                     : fma_peak;
+    return bf16_amx    ? kernels::measure_amx_bf16_peak_gflops(threads)
+           : bf16_dots ? kernels::measure_bf16_dot_peak_gflops(threads)
+           : f64       ? fma_peak / 2
+                       : fma_peak;
   };
   double peak = relevant_peak();
-  const char* peak_name = bf16_dots ? "bf16 dot" : f64 ? "fp64 FMA" : "FMA";
+  const char* peak_name = bf16_amx ? "AMX bf16" : bf16_dots ? "bf16 dot" : f64 ? "fp64 FMA" : "FMA";
 
   if (const char* verbose = std::getenv("QKV_VERBOSE"); verbose != nullptr && verbose[0] == '1') {
     AttentionOptions options;
