@@ -4,23 +4,19 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
 #include "core/backward_params.h"
+#include "core/half.h"
 #include "core/score_modifiers.h"
 
 namespace qkv::kernels::bwd {
 
-// One float rounded to bf16 (nearest even; a NaN stays a quiet NaN) and widened back: exactly
-// core::float_to_bf16 then bf16_to_float, on the bits.
+// One float rounded to bf16 (nearest even; a NaN stays a quiet NaN) and widened back.
 inline float round_float_to_bf16(float x) noexcept {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
-  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  const std::uint32_t quiet_nan = (bits | 0x00400000u) & 0xffff0000u;
-  return std::bit_cast<float>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  return core::bf16_to_float(core::float_to_bf16(x));
 }
 
 // round_float_to_bf16 over count floats, src == dst allowed: in SIMD where the build has it

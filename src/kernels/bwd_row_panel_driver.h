@@ -211,15 +211,7 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
               }
               // The tile's rows' M, 1/l and D, as compute_row_stats finishes them.
               for (std::size_t r = 0; r < static_cast<std::size_t>(br); ++r) {
-                if (m[r] == -kInf) {  // no allowed key: P = 0
-                  shift[r] = std::numeric_limits<T>::infinity();
-                  inv[r] = T(0);
-                  delta[r] = T(0);
-                  continue;
-                }
-                shift[r] = static_cast<T>(m[r]);
-                delta[r] = static_cast<T>(u[r] / l[r]);
-                inv[r] = static_cast<T>(1.0 / l[r]);
+                finish_row_stats(m[r], l[r], u[r], shift[r], inv[r], delta[r]);
               }
 
               // Sweep 2: the gradients from the kept tiles.

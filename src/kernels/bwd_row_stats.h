@@ -136,6 +136,22 @@ void add_tile_to_row_stats(const T* x, T* scratch, T* dp, std::int64_t rows, std
   }
 }
 
+// A row's weighing from its statistics M, l and u: shift = M, inv = 1/l and D = u/l in T; a row
+// with no allowed key (M = -inf) gets shift +inf and inv 0 (P = 0 everywhere) and D 0. Both
+// drivers finish their rows with it: compute_row_stats and the row panels.
+template <class T>
+void finish_row_stats(double m, double l, double u, T& shift, T& inv, T& delta) noexcept {
+  if (m == -std::numeric_limits<double>::infinity()) {
+    shift = std::numeric_limits<T>::infinity();
+    inv = T(0);
+    delta = T(0);
+    return;
+  }
+  shift = static_cast<T>(m);
+  delta = static_cast<T>(u / l);
+  inv = static_cast<T>(1.0 / l);
+}
+
 // The statistics of every row of the call (the pass described above), then `shift` and `inv`
 // from them, or from the caller's whole-row statistics when bp.row_max is bound. Parallel over
 // (b, h, query tile); each row's sums run over its key tiles in order, so no bit depends on the
@@ -201,21 +217,14 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
       for (std::int64_t i = 0; i < s.nq; ++i) {
         const auto row = static_cast<std::size_t>((b * s.h + h) * s.nq + i);
         const double own = st.max[row];
-        if (own == -kInf) {  // no allowed key: P = 0
-          st.shift[row] = std::numeric_limits<T>::infinity();
-          st.inv[row] = T(0);
-          continue;
-        }
-        st.shift[row] = static_cast<T>(own);
-        st.delta[row] = static_cast<T>(st.dot[row] / st.sum[row]);
-        if (given) {
+        finish_row_stats(own, st.sum[row], st.dot[row], st.shift[row], st.inv[row],
+                         st.delta[row]);
+        if (given && own != -kInf) {  // weighed by the caller's whole-row M and l instead
           const double whole_max =
               core::load_real(bp.row_max.data, bp.row_max.dtype, bp.row_max.strides.at(b, h, i, 0));
           const double whole_sum =
               core::load_real(bp.row_sum.data, bp.row_sum.dtype, bp.row_sum.strides.at(b, h, i, 0));
           st.inv[row] = static_cast<T>(std::exp(std::min(own - whole_max, 0.0)) / whole_sum);
-        } else {
-          st.inv[row] = static_cast<T>(1.0 / st.sum[row]);
         }
       }
     }
