@@ -2,10 +2,10 @@
 // (bwd_fused_driver.h; FloatProducts says what each step computes) that attention_bwd_fused_hwy
 // runs for bf16 calls where amx_bf16_supported(). Included by attention_bwd_fused_hwy.cc after
 // bwd_bf16-inl.h, inside its per-target namespace on the x86 AVX-512 targets only (no include
-// guard). The operands are Bf16Products's, rounded the same way (Q, K, V and dO once per call,
-// P and dS per tile, to nearest even); what changes is their layout, the one tdpbf16ps reads:
-// A in pairs along each of its rows, B as pairs of rows, the reduction padded with zero words
-// to whole tiles of 16 pairs:
+// guard). The operands are Bf16Products's (Bf16Operands, bwd_bf16-inl.h), rounded the same way
+// (Q, K, V and dO once per call, P and dS per tile, to nearest even), and already in the layout
+// tdpbf16ps reads, A in pairs along each of its rows and B as pairs of rows, once every
+// reduction is padded with zero words to whole tiles of 16 pairs:
 //
 //   S  = Q·Kᵀ     A: Q rows (pairs over d)           B: Kᵀ pairs over d      (qw x bcp words)
 //   dP = dO·Vᵀ    A: dO rows (pairs over dv)         B: Vᵀ pairs over dv     (dow x bcp)
@@ -22,9 +22,9 @@
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")
 
-struct AmxProducts {
-  using u16 = std::uint16_t;
+struct AmxProducts : Bf16Cursor {
   using u32 = std::uint32_t;
+  using Shared = Bf16Operands;
 
   // Rows of a tile, and pairs (32-bit words) in a tile's row.
   static constexpr std::int64_t kTile = 16;
@@ -32,90 +32,14 @@ struct AmxProducts {
     return (n + kTile - 1) / kTile * kTile;
   }
 
-  // Packed once per call: Q and dO rows (qr, dor: qw / dow words a row, a whole number of
-  // tiles, and kTile spare rows at the end that the last query tile's A tiles may read) and
-  // pairs of rows per (b, h) (qp, dop: `pairs` rows of dp / dvp words, zero rows to a whole
-  // tile); per (b, hk, key tile): Kᵀ and Vᵀ pairs over the head dim (ktp, vtp: qw / dow rows
-  // of bcp words) and K as pairs of keys (kp: kp_rows rows of dp words).
-  struct Shared {
-    std::int64_t qw = 0, dow = 0, dp = 0, dvp = 0, pairs = 0, bcp = 0, kp_rows = 0;
-    std::int64_t key_tile = 1, key_tiles = 0, kt_words = 0, vt_words = 0, kp_words = 0;
-    std::vector<u16> qr, dor, qp, dop, ktp, vtp, kp;
-  };
-
+  // Bf16Products' operands with every reduction padded to whole tiles, and kTile spare Q and dO
+  // rows that the last query tile's A tiles may read.
   static Shared prepare(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
-    const core::AttentionParams& p = bp.forward;
-    const core::AttentionShape& s = p.shape;
-    Shared sh;
-    sh.qw = whole((s.d + 1) / 2);
-    sh.dow = whole((s.dv + 1) / 2);
-    sh.dp = bwd::padded<float>(s.d);
-    sh.dvp = bwd::padded<float>(s.dv);
-    sh.pairs = whole((s.nq + 1) / 2);
-    sh.bcp = bwd::padded<float>(plan.key_tile);
-    sh.kp_rows = whole((plan.key_tile + 1) / 2);
-    sh.key_tile = plan.key_tile;
-    sh.key_tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
-    sh.kt_words = sh.qw * sh.bcp;
-    sh.vt_words = sh.dow * sh.bcp;
-    sh.kp_words = sh.kp_rows * sh.dp;
-    const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
-    const std::int64_t kv_tiles = s.b * s.hkv * sh.key_tiles;
-    sh.ktp.assign(z(kv_tiles * sh.kt_words * 2), 0);
-    sh.vtp.assign(z(kv_tiles * sh.vt_words * 2), 0);
-    sh.kp.assign(z(kv_tiles * sh.kp_words * 2), 0);
-    core::parallel_for(kv_tiles, p.threads, [&](std::int64_t begin, std::int64_t end) {
-      // Zeros past d and dv stay: they are the reduction's padding.
-      std::vector<u16> krow(z(plan.key_tile * sh.qw * 2), 0), vrow(z(plan.key_tile * sh.dow * 2), 0);
-      for (std::int64_t task = begin; task < end; ++task) {
-        const std::int64_t kt = task % sh.key_tiles;
-        const std::int64_t hk = (task / sh.key_tiles) % s.hkv;
-        const std::int64_t b = task / (sh.key_tiles * s.hkv);
-        const std::int64_t j0 = kt * plan.key_tile;
-        const std::int64_t bc = std::min(plan.key_tile, s.nk - j0);
-        for (std::int64_t j = 0; j < bc; ++j) {
-          bf16::round_row(p.k, p.k.strides.at(b, hk, j0 + j, 0), p.k.strides.col, s.d,
-                          krow.data() + j * sh.qw * 2);
-          bf16::round_row(p.v, p.v.strides.at(b, hk, j0 + j, 0), p.v.strides.col, s.dv,
-                          vrow.data() + j * sh.dow * 2);
-        }
-        Bf16Products::transpose_pairs(krow.data(), bc, sh.qw, s.d, sh.bcp,
-                                      sh.ktp.data() + task * sh.kt_words * 2);
-        Bf16Products::transpose_pairs(vrow.data(), bc, sh.dow, s.dv, sh.bcp,
-                                      sh.vtp.data() + task * sh.vt_words * 2);
-        bwd_bf16::pair_rows(krow.data(), bc, s.d, sh.qw * 2,
-                            sh.kp.data() + task * sh.kp_words * 2, sh.dp);
-      }
-    });
-    const std::int64_t heads = s.b * s.h;
-    sh.qr.assign(z((heads * s.nq + kTile) * sh.qw * 2), 0);
-    sh.dor.assign(z((heads * s.nq + kTile) * sh.dow * 2), 0);
-    sh.qp.assign(z(heads * sh.pairs * sh.dp * 2), 0);
-    sh.dop.assign(z(heads * sh.pairs * sh.dvp * 2), 0);
-    core::parallel_for(heads, p.threads, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t bh = begin; bh < end; ++bh) {
-        const std::int64_t b = bh / s.h, h = bh % s.h;
-        u16* qr = sh.qr.data() + bh * s.nq * sh.qw * 2;
-        u16* dor = sh.dor.data() + bh * s.nq * sh.dow * 2;
-        for (std::int64_t i = 0; i < s.nq; ++i) {
-          bf16::round_row(p.q, p.q.strides.at(b, h, i, 0), p.q.strides.col, s.d,
-                          qr + i * sh.qw * 2);
-          bf16::round_row(bp.grad_out, bp.grad_out.strides.at(b, h, i, 0),
-                          bp.grad_out.strides.col, s.dv, dor + i * sh.dow * 2);
-        }
-        bwd_bf16::pair_rows(qr, s.nq, s.d, sh.qw * 2, sh.qp.data() + bh * sh.pairs * sh.dp * 2,
-                            sh.dp);
-        bwd_bf16::pair_rows(dor, s.nq, s.dv, sh.dow * 2,
-                            sh.dop.data() + bh * sh.pairs * sh.dvp * 2, sh.dvp);
-      }
-    });
-    return sh;
+    return Bf16Operands::pack(bp, plan, kTile, kTile);
   }
 
   static const u32* words(const u16* p) noexcept { return reinterpret_cast<const u32*>(p); }
 
-  const Shared& sh;
-  const core::BackwardParams& bp;
   bwd::Tiles<float>& t;
   AmxTileSession session;  // this worker's tiles, configured while the products live
   // Per query tile: P or dS in pairs of query rows, transposed (rows_t: word (j, i2), aw
@@ -123,47 +47,13 @@ struct AmxProducts {
   std::int64_t aw = 0;
   std::vector<u32> rows_t;
   std::vector<u16> dsr;
-  const u16 *qa = nullptr, *doa = nullptr, *qb = nullptr, *dob = nullptr;
-  const u16 *ktp = nullptr, *vtp = nullptr, *kp = nullptr;
-  std::int64_t br = 0, bc = 0;
-  std::int64_t panel_b = 0, panel_hk = 0;
 
   AmxProducts(const Shared& shared, const core::BackwardParams& params, const bwd::TilePlan& plan,
               bwd::Tiles<float>& tiles)
-      : sh(shared), bp(params), t(tiles), aw(whole((plan.query_tile + 1) / 2)) {
+      : Bf16Cursor(shared, params), t(tiles), aw(whole((plan.query_tile + 1) / 2)) {
     const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
     rows_t.assign(z(whole(plan.key_tile) * aw), 0);
     dsr.assign(z(whole(plan.query_tile) * t.bcp), 0);
-  }
-
-  void key_tile(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t keys,
-                bool /*rows*/) noexcept {
-    const core::AttentionShape& s = bp.forward.shape;
-    bc = keys;
-    const std::int64_t tile = (b * s.hkv + hk) * sh.key_tiles + j0 / sh.key_tile;
-    ktp = sh.ktp.data() + tile * sh.kt_words * 2;
-    vtp = sh.vtp.data() + tile * sh.vt_words * 2;
-    kp = sh.kp.data() + tile * sh.kp_words * 2;
-  }
-
-  // The key tiles are packed once per call (prepare): these only choose kv head (b, hk) and
-  // point at its tile (bwd_row_panel_driver.h).
-  void pack_keys(std::int64_t b, std::int64_t hk) noexcept {
-    panel_b = b;
-    panel_hk = hk;
-  }
-  void packed_key_tile(std::int64_t tile, std::int64_t count) noexcept {
-    key_tile(panel_b, panel_hk, tile * sh.key_tile, count, true);
-  }
-
-  void query_tile(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) noexcept {
-    const core::AttentionShape& s = bp.forward.shape;
-    br = rows;
-    const std::int64_t bh = b * s.h + h;
-    qa = sh.qr.data() + (bh * s.nq + i0) * sh.qw * 2;
-    doa = sh.dor.data() + (bh * s.nq + i0) * sh.dow * 2;
-    qb = sh.qp.data() + (bh * sh.pairs + i0 / 2) * sh.dp * 2;
-    dob = sh.dop.data() + (bh * sh.pairs + i0 / 2) * sh.dvp * 2;
   }
 
   void scores(float* x) noexcept {

@@ -156,20 +156,20 @@ struct Gemm {
 
 }  // namespace bwd_bf16
 
-struct Bf16Products {
+// The whole call's operands in bf16, packed once (both products policies on bf16 pairs read
+// them, Bf16Products and AmxProducts, for every tile): Q and dO as rows (qr, dor: row (b, h, i)
+// of `qw` / `dow` words) and as pairs of rows per (b, h) (qp, dop: `pairs` rows per (b, h) of
+// `dp` / `dvp` words, c the padded head dim: the float32 tiles' widths, so the products write
+// whole vectors); per (b, hk, key tile): Kᵀ and Vᵀ pairs over the head dim (ktp, vtp: word
+// (c2, j), qw / dow rows of bcp words) and K as pairs of keys (kp: word (j2, c), dp words a row).
+// pack's `tile` pads every reduction to whole tiles of that many pairs (AMX: 16; vdpbf16ps: 1,
+// none) with zero words: the words of a Q or dO row, the pairs of query rows per (b, h), the
+// pairs of keys per key tile; `spare_rows` more Q and dO rows at the end (zeros) may be read.
+struct Bf16Operands {
   using u16 = std::uint16_t;
-
-  // The whole call's operands in bf16, packed once (both passes read them for every tile):
-  // Q and dO as rows (qr, dor: row (b, h, i) of `qw` / `dow` words) and as pairs of rows per
-  // (b, h) (qp, dop: word (i2, c) of `dp` / `dvp` words a pair, c the padded head dim: the
-  // float32 tiles' widths, so the products write whole vectors); per (b, hk, key tile): Kᵀ
-  // and Vᵀ pairs over the head dim (ktp, vtp: word (c2, j), bcp words a row) and K as pairs of
-  // keys (kp: word (j2, c), dp words a row).
-  struct Shared {
-    std::int64_t qw = 0, dow = 0, dp = 0, dvp = 0, pairs = 0, bcp = 0, key_tile = 1, key_tiles = 0;
-    std::int64_t kt_words = 0, vt_words = 0, kp_words = 0;  // per key tile
-    std::vector<u16> qr, dor, qp, dop, ktp, vtp, kp;
-  };
+  std::int64_t qw = 0, dow = 0, dp = 0, dvp = 0, pairs = 0, bcp = 0, key_tile = 1, key_tiles = 0;
+  std::int64_t kt_words = 0, vt_words = 0, kp_words = 0;  // per key tile
+  std::vector<u16> qr, dor, qp, dop, ktp, vtp, kp;
 
   // Word (c2, j) of `to` (bcp words a row) = (row_j[2c2], row_j[2c2 + 1]) of `rows` (`words`
   // words each); an odd `dim`'s last pair takes a zero, keys [keys, bcp) are zeros.
@@ -185,27 +185,30 @@ struct Bf16Products {
     }
   }
 
-  static Shared prepare(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
+  static Bf16Operands pack(const core::BackwardParams& bp, const bwd::TilePlan& plan,
+                           std::int64_t tile, std::int64_t spare_rows) {
     const core::AttentionParams& p = bp.forward;
     const core::AttentionShape& s = p.shape;
-    Shared sh;
-    sh.qw = (s.d + 1) / 2;
-    sh.dow = (s.dv + 1) / 2;
+    const auto whole = [tile](std::int64_t n) { return (n + tile - 1) / tile * tile; };
+    Bf16Operands sh;
+    sh.qw = whole((s.d + 1) / 2);
+    sh.dow = whole((s.dv + 1) / 2);
     sh.dp = bwd::padded<float>(s.d);
     sh.dvp = bwd::padded<float>(s.dv);
-    sh.pairs = (s.nq + 1) / 2;
+    sh.pairs = whole((s.nq + 1) / 2);
     sh.bcp = bwd::padded<float>(plan.key_tile);
     sh.key_tile = plan.key_tile;
     sh.key_tiles = (s.nk + plan.key_tile - 1) / plan.key_tile;
     sh.kt_words = sh.qw * sh.bcp;
     sh.vt_words = sh.dow * sh.bcp;
-    sh.kp_words = (plan.key_tile + 1) / 2 * sh.dp;
+    sh.kp_words = whole((plan.key_tile + 1) / 2) * sh.dp;
     const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
     const std::int64_t kv_tiles = s.b * s.hkv * sh.key_tiles;
     sh.ktp.assign(z(kv_tiles * sh.kt_words * 2), 0);
     sh.vtp.assign(z(kv_tiles * sh.vt_words * 2), 0);
     sh.kp.assign(z(kv_tiles * sh.kp_words * 2), 0);
     core::parallel_for(kv_tiles, p.threads, [&](std::int64_t begin, std::int64_t end) {
+      // Zeros past d and dv stay: the reductions' padding.
       std::vector<u16> krow(z(plan.key_tile * sh.qw * 2), 0), vrow(z(plan.key_tile * sh.dow * 2), 0);
       for (std::int64_t task = begin; task < end; ++task) {
         const std::int64_t kt = task % sh.key_tiles;
@@ -227,8 +230,8 @@ struct Bf16Products {
       }
     });
     const std::int64_t heads = s.b * s.h;
-    sh.qr.assign(z(heads * s.nq * sh.qw * 2), 0);
-    sh.dor.assign(z(heads * s.nq * sh.dow * 2), 0);
+    sh.qr.assign(z((heads * s.nq + spare_rows) * sh.qw * 2), 0);
+    sh.dor.assign(z((heads * s.nq + spare_rows) * sh.dow * 2), 0);
     sh.qp.assign(z(heads * sh.pairs * sh.dp * 2), 0);
     sh.dop.assign(z(heads * sh.pairs * sh.dvp * 2), 0);
     core::parallel_for(heads, p.threads, [&](std::int64_t begin, std::int64_t end) {
@@ -250,27 +253,21 @@ struct Bf16Products {
     });
     return sh;
   }
+};
 
-  const Shared& sh;
+// Where the current query tile's and key tile's operands are in a Bf16Operands: the part of
+// the Products interface (FloatProducts says what each call means) that only moves pointers.
+struct Bf16Cursor {
+  using u16 = std::uint16_t;
+  const Bf16Operands& sh;
   const core::BackwardParams& bp;
-  bwd::Tiles<float>& t;
-  // Per query tile: P and dS as pairs of query rows (word (i2, j), t.bcp words a row), dS
-  // rows (t.bcp / 2 words).
-  std::vector<u16> pp, dsp, dsr;
   const u16 *qa = nullptr, *doa = nullptr, *qb = nullptr, *dob = nullptr;
   const u16 *ktp = nullptr, *vtp = nullptr, *kp = nullptr;
   std::int64_t br = 0, bc = 0;
   std::int64_t panel_b = 0, panel_hk = 0;
 
-  Bf16Products(const Shared& shared, const core::BackwardParams& params,
-               const bwd::TilePlan& plan, bwd::Tiles<float>& tiles)
-      : sh(shared), bp(params), t(tiles) {
-    const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
-    const std::int64_t queries = plan.query_tile;
-    pp.assign(z((queries + 1) / 2 * t.bcp * 2), 0);
-    dsp.assign(z((queries + 1) / 2 * t.bcp * 2), 0);
-    dsr.assign(z(queries * t.bcp), 0);
-  }
+  Bf16Cursor(const Bf16Operands& shared, const core::BackwardParams& params) noexcept
+      : sh(shared), bp(params) {}
 
   void key_tile(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t keys,
                 bool /*rows*/) noexcept {
@@ -282,8 +279,8 @@ struct Bf16Products {
     kp = sh.kp.data() + tile * sh.kp_words * 2;
   }
 
-  // The key tiles are packed once per call (prepare): these only choose kv head (b, hk) and
-  // point at its tile (bwd_row_panel_driver.h).
+  // The key tiles are packed once per call: these only choose kv head (b, hk) and point at its
+  // tile (bwd_row_panel_driver.h).
   void pack_keys(std::int64_t b, std::int64_t hk) noexcept {
     panel_b = b;
     panel_hk = hk;
@@ -300,6 +297,28 @@ struct Bf16Products {
     doa = sh.dor.data() + (bh * s.nq + i0) * sh.dow * 2;
     qb = sh.qp.data() + (bh * sh.pairs + i0 / 2) * sh.dp * 2;
     dob = sh.dop.data() + (bh * sh.pairs + i0 / 2) * sh.dvp * 2;
+  }
+};
+
+struct Bf16Products : Bf16Cursor {
+  using Shared = Bf16Operands;
+  static Shared prepare(const core::BackwardParams& bp, const bwd::TilePlan& plan) {
+    return Bf16Operands::pack(bp, plan, 1, 0);
+  }
+
+  bwd::Tiles<float>& t;
+  // Per query tile: P and dS as pairs of query rows (word (i2, j), t.bcp words a row), dS
+  // rows (t.bcp / 2 words).
+  std::vector<u16> pp, dsp, dsr;
+
+  Bf16Products(const Shared& shared, const core::BackwardParams& params,
+               const bwd::TilePlan& plan, bwd::Tiles<float>& tiles)
+      : Bf16Cursor(shared, params), t(tiles) {
+    const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+    const std::int64_t queries = plan.query_tile;
+    pp.assign(z((queries + 1) / 2 * t.bcp * 2), 0);
+    dsp.assign(z((queries + 1) / 2 * t.bcp * 2), 0);
+    dsr.assign(z(queries * t.bcp), 0);
   }
 
   void scores(float* x) {
