@@ -42,10 +42,6 @@ float bf16_high(std::uint32_t word) noexcept {
   return f;
 }
 
-void fill_rows(std::int64_t m, std::int64_t n, float* c, std::int64_t ldc, float value) {
-  for (std::int64_t r = 0; r < m; ++r) std::fill_n(c + r * ldc, n, value);
-}
-
 }  // namespace
 
 void amx_gemm_bf16_reference(std::int64_t m, std::int64_t n, std::int64_t k2,
@@ -79,6 +75,10 @@ struct alignas(64) TileConfig {
 };
 
 constexpr std::int64_t kTile = 16;  // rows of a tile, and pairs (words) a row
+
+void fill_rows(std::int64_t m, std::int64_t n, float* c, std::int64_t ldc, float value) {
+  for (std::int64_t r = 0; r < m; ++r) std::fill_n(c + r * ldc, n, value);
+}
 
 // The C block of R x C tiles at c (ld `ldc` floats) (+)= A·B over k2 pairs.
 template <int R, int C>
