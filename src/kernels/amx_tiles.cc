@@ -16,6 +16,8 @@
 #include <cstring>
 #include <iterator>
 
+#include "core/half.h"
+
 #if defined(__x86_64__) && !defined(__clang__) && defined(QKV_HAVE_HWY)
 #define QKV_AMX_TILES 1
 #include <immintrin.h>
@@ -29,17 +31,12 @@ namespace qkv::kernels {
 
 namespace {
 
+// The two bf16 values of a pair word, low half first.
 float bf16_low(std::uint32_t word) noexcept {
-  const std::uint32_t bits = word << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return core::bf16_to_float(static_cast<std::uint16_t>(word));
 }
 float bf16_high(std::uint32_t word) noexcept {
-  const std::uint32_t bits = word & 0xffff0000u;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return core::bf16_to_float(static_cast<std::uint16_t>(word >> 16));
 }
 
 }  // namespace
@@ -74,7 +71,7 @@ struct alignas(64) TileConfig {
   std::uint8_t rows[16] = {};
 };
 
-constexpr std::int64_t kTile = 16;  // rows of a tile, and pairs (words) a row
+constexpr std::int64_t kTile = kAmxTile;
 
 void fill_rows(std::int64_t m, std::int64_t n, float* c, std::int64_t ldc, float value) {
   for (std::int64_t r = 0; r < m; ++r) std::fill_n(c + r * ldc, n, value);
@@ -148,7 +145,6 @@ __attribute__((target("amx-tile"))) void load_tile_config() noexcept {
 }
 
 __attribute__((target("amx-tile"))) void release_tiles() noexcept { _tile_release(); }
-
 
 }  // namespace
 

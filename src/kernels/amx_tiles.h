@@ -17,6 +17,19 @@
 
 namespace qkv::kernels {
 
+// Rows of a tile, and bf16 pairs (32-bit words) in a tile's row: the reduction of every
+// amx_gemm_bf16 call runs in whole tiles of kAmxTile pairs.
+constexpr std::int64_t kAmxTile = 16;
+constexpr std::int64_t amx_whole_tiles(std::int64_t n) noexcept {
+  return (n + kAmxTile - 1) / kAmxTile * kAmxTile;
+}
+// Whether the forward's packed Q rows and K^T tiles (d/2 pairs, no padding) are whole tiles.
+constexpr bool amx_forward_head_dim(std::int64_t d) noexcept { return d % (2 * kAmxTile) == 0; }
+// bf16 pairs packed as 16-bit halves, read as the 32-bit words amx_gemm_bf16 takes.
+inline const std::uint32_t* amx_words(const std::uint16_t* pairs) noexcept {
+  return reinterpret_cast<const std::uint32_t*>(pairs);
+}
+
 // The CPU has AMX tiles with bf16 (amx-tile and amx-bf16). Read once.
 bool cpu_has_amx_bf16() noexcept;
 

@@ -288,7 +288,7 @@ struct HwyMicro {
 #include "kernels/fused_amx-inl.h"
 
 bool AmxForward(const core::AttentionParams& p) {
-  return p.compute == DType::kBF16 && p.shape.d % 32 == 0 && amx_bf16_supported();
+  return p.compute == DType::kBF16 && amx_forward_head_dim(p.shape.d) && amx_bf16_supported();
 }
 
 core::KernelStatus FusedForward(const core::AttentionParams& p) {
@@ -361,7 +361,7 @@ bool fused_bf16_dots_available() noexcept {
 }
 
 bool fused_bf16_amx_available(std::int64_t d) noexcept {
-  if (d % 32 != 0) return false;
+  if (!amx_forward_head_dim(d)) return false;
   apply_simd_cap();
   return HWY_DYNAMIC_DISPATCH(FusedBf16Amx)();
 }

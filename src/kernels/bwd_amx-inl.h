@@ -26,11 +26,8 @@ struct AmxProducts : Bf16Cursor {
   using u32 = std::uint32_t;
   using Shared = Bf16Operands;
 
-  // Rows of a tile, and pairs (32-bit words) in a tile's row.
-  static constexpr std::int64_t kTile = 16;
-  static constexpr std::int64_t whole(std::int64_t n) noexcept {
-    return (n + kTile - 1) / kTile * kTile;
-  }
+  static constexpr std::int64_t kTile = kAmxTile;
+  static constexpr std::int64_t whole(std::int64_t n) noexcept { return amx_whole_tiles(n); }
 
   // Bf16Products' operands with every reduction padded to whole tiles, and kTile spare Q and dO
   // rows that the last query tile's A tiles may read.
@@ -38,7 +35,7 @@ struct AmxProducts : Bf16Cursor {
     return Bf16Operands::pack(bp, plan, kTile, kTile);
   }
 
-  static const u32* words(const u16* p) noexcept { return reinterpret_cast<const u32*>(p); }
+  static const u32* words(const u16* p) noexcept { return amx_words(p); }
 
   bwd::Tiles<float>& t;
   AmxTileSession session;  // this worker's tiles, configured while the products live

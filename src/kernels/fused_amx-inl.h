@@ -28,13 +28,10 @@ struct AmxMicro : Bf16Micro {
   static constexpr std::int64_t kGroupRows = 4 * kRows;
   // Q rows past the last group's that its A tiles may read (amx_gemm_bf16 reads whole tiles
   // of 16 rows and drops what the spare ones give): the worker's packed Q has this many more.
-  static constexpr std::int64_t kSpareRows = 16;
+  static constexpr std::int64_t kSpareRows = kAmxTile;
   using Session = AmxTileSession;  // each worker's tiles, configured while it lives
 
-  static constexpr std::int64_t whole_tiles(std::int64_t n) noexcept { return (n + 15) / 16 * 16; }
-  static const std::uint32_t* words(const std::uint16_t* p) noexcept {
-    return reinterpret_cast<const std::uint32_t*>(p);
-  }
+  static const std::uint32_t* words(const std::uint16_t* p) noexcept { return amx_words(p); }
 
   static void scores(const std::uint16_t* q, std::int64_t rows, std::int64_t d,
                      const std::uint16_t* kt, std::int64_t keys, float scale, float* s,
@@ -61,7 +58,7 @@ struct AmxMicro : Bf16Micro {
                             const std::uint16_t* v, std::int64_t ldv, std::int64_t dvp,
                             const float* alpha, float* o) noexcept {
     alignas(64) std::uint16_t pb[kGroupRows * kTile];
-    const std::int64_t k2 = whole_tiles((bk + 1) / 2);
+    const std::int64_t k2 = amx_whole_tiles((bk + 1) / 2);
     const auto live = [&](std::int64_t j) -> __mmask16 {
       const std::int64_t left = bk - j;
       return left >= kLanes ? __mmask16{0xffff}
