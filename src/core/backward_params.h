@@ -12,7 +12,8 @@ struct BackwardParams {
   InputOperand out;         // O, [b, h, nq, dv], as the forward returned it
   // [b, h, nq] (col stride 0); -inf for a row with no allowed key. Validated, but the kernels
   // weigh with row statistics of their own (kernels/bwd_row_stats.h): exp(s - lse) loses the
-  // weights' precision as scores grow.
+  // weights' precision as scores grow. Except fused_hwy on a bf16 call whose scores are bounded
+  // (bwd::forward_stats_suit): it weighs with this lse and takes D = dO·O from `out`.
   InputOperand lse;
   InputOperand grad_out;    // dO, [b, h, nq, dv]
   // D_i of each query row, [b, h, nq] in float64 (col stride 0), when the caller has it for

@@ -89,6 +89,10 @@ struct TilePlan {
   // kernels) rather than the stats pass and pass 1 below (the unfused kernel, whose one key
   // tile is the whole row).
   bool row_panels = false;
+  // Whether the rows' statistics come from the forward (forward_row_stats: the lse and D =
+  // dO·O, FlashAttention's backward) rather than from the stats pass. Only when the call sees
+  // all of its rows' keys and is given none of their statistics (uses_forward_stats).
+  bool forward_stats = false;
 };
 
 // Tasks the plan aims for, whatever the thread count (it must not depend on it), and the
@@ -409,7 +413,8 @@ namespace qkv::kernels::bwd {
 //   ds_rows(ds, p, factor, rows, ld, scale, D)     dS = scale·P∘(dP - D_r)(∘ factor)
 template <class Ops, class T, class Products = FloatProducts<Ops, T>>
 core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& plan) noexcept {
-  if (const RowPanelPlan panels = row_panel_plan(bp, plan, sizeof(T)); panels.use) {
+  if (const RowPanelPlan panels = row_panel_plan(bp, plan, sizeof(T));
+      panels.use && !plan.forward_stats) {
     return run_backward_by_query_rows<Ops, T, Products>(bp, plan, panels);
   }
   const core::AttentionParams& p = bp.forward;
@@ -429,7 +434,11 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
     const typename Products::Shared shared = Products::prepare(bp, plan);
     // Pass "stats": each row's max and sum over the call's keys (bwd_row_stats.h).
     RowStats<T> stats;
-    compute_row_stats<Ops, T, Products>(bp, plan, plain_scores, shared, stats);
+    if (plan.forward_stats) {
+      forward_row_stats(bp, stats);
+    } else {
+      compute_row_stats<Ops, T, Products>(bp, plan, plain_scores, shared, stats);
+    }
     if (bp.stats_max != nullptr) {
       std::copy(stats.max.begin(), stats.max.end(), bp.stats_max);
       std::copy(stats.sum.begin(), stats.sum.end(), bp.stats_sum);

@@ -1,5 +1,7 @@
 // The softmax's row statistics the tiled backward weighs with (bwd_fused_driver.h), computed
-// by the backward itself from the scores it recomputes, never from the saved lse.
+// by the backward itself from the scores it recomputes, not from the saved lse; the one
+// exception is a bf16 call with bounded scores (forward_row_stats below), whose weights are
+// rounded to bf16 anyway.
 //
 // Why: a weight recomputed as exp(x - lse) subtracts two large numbers. The lse of a row whose
 // scores are near 4e4 carries a rounding error of about 4e4·2^-24 ≈ 2e-3 in float32 (the
@@ -150,6 +152,109 @@ void finish_row_stats(double m, double l, double u, T& shift, T& inv, T& delta) 
   shift = static_cast<T>(m);
   delta = static_cast<T>(u / l);
   inv = static_cast<T>(1.0 / l);
+}
+
+// The rows' statistics from the forward instead (TilePlan::forward_stats, FlashAttention's
+// backward): M = the call's lse, l = 1, and D = dO·O from the saved O, with dO as the products
+// read it (rounded to bf16 in a bf16 call), summed in float64. No stats pass: the two products
+// and the exponential it spends per score are saved. Only for bf16 calls whose scores are
+// bounded (forward_stats_suit): the header's precision argument is about x - lse when scores
+// are large; below kForwardStatsScoreBound, x - lse errs by at most about 2^-24·2^8 per weight
+// (the lse's rounding and the other summation order of the forward's score), some 2^-7 of the
+// bf16 rounding every weight then takes. D = dO·O differs from Σ P·dP by dP's float32
+// rounding, far below the bf16 rounding of dS. Parallel over rows.
+template <class T>
+void forward_row_stats(const core::BackwardParams& bp, RowStats<T>& st) {
+  const core::AttentionParams& p = bp.forward;
+  const core::AttentionShape& s = p.shape;
+  const auto rows = static_cast<std::size_t>(s.b * s.h * s.nq);
+  st.shift.assign(rows, T(0));
+  st.inv.assign(rows, T(0));
+  st.max.assign(rows, 0.0);
+  st.sum.assign(rows, 1.0);
+  st.dot.assign(rows, 0.0);
+  st.delta.assign(rows, T(0));
+  const bool round = rounds_to_bf16(bp.grad_out, p.compute);
+  core::parallel_for(s.b * s.h, p.threads, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t bh = begin; bh < end; ++bh) {
+      const std::int64_t b = bh / s.h, h = bh % s.h;
+      for (std::int64_t i = 0; i < s.nq; ++i) {
+        const auto row = static_cast<std::size_t>(bh * s.nq + i);
+        const double lse = core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
+        double dot = 0.0;
+        const std::int64_t o = bp.out.strides.at(b, h, i, 0);
+        const std::int64_t g = bp.grad_out.strides.at(b, h, i, 0);
+        for (std::int64_t c = 0; c < s.dv; ++c) {
+          dot += core::load_real(bp.out.data, bp.out.dtype, o + c * bp.out.strides.col) *
+                 operand_value(bp.grad_out, g + c * bp.grad_out.strides.col, round);
+        }
+        st.max[row] = lse;
+        st.dot[row] = dot;
+        finish_row_stats(lse, 1.0, dot, st.shift[row], st.inv[row], st.delta[row]);
+      }
+    }
+  });
+}
+
+// Scores bounded by this (|scale·q·k| + |ALiBi|) let a bf16 call weigh with the forward's lse
+// (forward_row_stats).
+inline constexpr double kForwardStatsScoreBound = 256.0;
+
+// The largest Euclidean norm of a row of `op` ([b, heads, rows, cols]), from the values as
+// stored; float32 rows with unit column stride read directly.
+inline double max_row_norm(const core::InputOperand& op, std::int64_t b, std::int64_t heads,
+                           std::int64_t rows, std::int64_t cols, int threads) {
+  const std::int64_t count = b * heads * rows;
+  std::vector<double> squares(static_cast<std::size_t>(count), 0.0);
+  core::parallel_for(count, threads, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin; r < end; ++r) {
+      const std::int64_t at = op.strides.at(r / (heads * rows), (r / rows) % heads, r % rows, 0);
+      double sum = 0.0;
+      if (op.dtype == DType::kF32 && op.strides.col == 1) {
+        const float* x = static_cast<const float*>(op.data) + at;
+        float f = 0.0f;  // a float32 sum of squares (vectorised), widened by the margin below
+        for (std::int64_t c = 0; c < cols; ++c) f += x[c] * x[c];
+        sum = static_cast<double>(f) * (1.0 + 1e-3);
+      } else {
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const double x = core::load_real(op.data, op.dtype, at + c * op.strides.col);
+          sum += x * x;
+        }
+      }
+      squares[static_cast<std::size_t>(r)] = sum;
+    }
+  });
+  return count == 0 ? 0.0 : std::sqrt(*std::max_element(squares.begin(), squares.end()));
+}
+
+// Whether a bf16 call's rows may be weighed with its lse (forward_row_stats): it sees all of
+// its rows' keys and is given none of their statistics, its lse is stored in float32 or
+// float64, a bound on every score (Cauchy-Schwarz for scale·q·k, plus the largest ALiBi bias)
+// is at most kForwardStatsScoreBound, and none of these hold:
+//   - sinks: dsinks = -Σ_i P_sink·D_i cancels, and D from the bf16-stored O erred 1e3x the
+//     composition's there;
+//   - an explicit mask (a float mask's values are not bounded here; a bool mask may leave
+//     rows a single key) or a window of one key (left = right = 0): where every weight is 1
+//     the composition's dS is exactly 0, while dP - dO·O is dP's float32 rounding (dQ and dK
+//     erred 9e-8 against an exact 0).
+inline bool forward_stats_suit(const core::BackwardParams& bp) {
+  const core::AttentionParams& p = bp.forward;
+  const core::AttentionShape& s = p.shape;
+  if (p.compute != DType::kBF16 || bp.row_max.data != nullptr || bp.stats_max != nullptr ||
+      (bp.lse.dtype != DType::kF32 && bp.lse.dtype != DType::kF64) ||
+      !p.modifiers.sinks.empty() || p.masking.mask != nullptr ||
+      (p.masking.window_left == 0 && p.masking.window_right == 0)) {
+    return false;
+  }
+  double bound = 0.0;
+  double alibi = 0.0;
+  for (const double slope : p.modifiers.alibi_slopes) alibi = std::max(alibi, std::abs(slope));
+  bound += alibi * static_cast<double>(s.nq + s.nk);
+  if (bound > kForwardStatsScoreBound) return false;
+  double scores = std::abs(p.scale) * max_row_norm(p.q, s.b, s.h, s.nq, s.d, p.threads) *
+                  max_row_norm(p.k, s.b, s.hkv, s.nk, s.d, p.threads);
+  if (p.modifiers.softcap > 0.0) scores = std::min(scores, p.modifiers.softcap);
+  return bound + scores * (1.0 + 1e-2) <= kForwardStatsScoreBound;  // bf16 rounding's margin
 }
 
 // The statistics of every row of the call (the pass described above), then `shift` and `inv`

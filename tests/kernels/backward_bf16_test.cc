@@ -156,6 +156,61 @@ TEST(Bf16BackwardShapes, OddAndWideDims) {
   }
 }
 
+// Scores from 1 to 1e4 (Q and K scaled up): below a bound of 256 fused_hwy weighs a bf16 call
+// with the forward's lse and D = dO·O (bwd::forward_stats_suit), above it with row statistics
+// of its own; either way within twice the plain bf16 composition. Also a window of one key
+// per row, where every weight is 1 and the composition's dS is exactly 0.
+TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
+  GradCase plain;
+  plain.name = "plain";
+  plain.nq = 150;
+  plain.nk = 290;
+  plain.d = 64;
+  plain.dv = 48;
+  GradCase causal = plain;
+  causal.name = "causal_gqa_sinks";
+  causal.causal = true;
+  causal.h = 4;
+  causal.hkv = 2;
+  causal.sinks = true;
+  for (const GradCase& c : {plain, causal}) {
+    for (const double score : {1.0, 30.0, 200.0, 300.0, 1e3, 1e4}) {
+      GradInputs in = make_grad_inputs(c, 97);
+      double largest = 0.0;  // |q|·|k| bounds every score
+      const auto row_norms = [](const Tensor& t, std::int64_t width) {
+        double m = 0.0;
+        const float* x = t.data_as<float>();
+        for (std::int64_t r = 0; r < t.numel() / width; ++r) {
+          double sum = 0.0;
+          for (std::int64_t c2 = 0; c2 < width; ++c2) sum += double(x[r * width + c2]) * x[r * width + c2];
+          m = std::max(m, std::sqrt(sum));
+        }
+        return m;
+      };
+      largest = row_norms(in.q, c.d) * row_norms(in.k, c.d) / std::sqrt(double(c.d));
+      const double f = std::sqrt(score / largest);
+      for (Tensor* t : {&in.q, &in.k}) {
+        float* x = t->data_as<float>();
+        for (std::int64_t e = 0; e < t->numel(); ++e) x[e] = static_cast<float>(x[e] * f);
+      }
+      SCOPED_TRACE(c.name + ", scores up to " + std::to_string(score));
+      const Bf16Run run = forward_bf16(c, in);
+      const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
+      const NaiveGradients naive = naive_backward_bf16(in, run.options);
+      expect_within_twice_naive(backward_bf16(in, run, "fused_hwy", 2), ref, naive, c.sinks);
+    }
+  }
+  GradCase one = plain;
+  one.name = "one_key_per_row";
+  one.window = Window{0, 0};
+  const GradInputs in = make_grad_inputs(one, 98);
+  const Bf16Run run = forward_bf16(one, in);
+  const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
+  const NaiveGradients naive = naive_backward_bf16(in, run.options);
+  SCOPED_TRACE(one.name);
+  expect_within_twice_naive(backward_bf16(in, run, "fused_hwy", 2), ref, naive, false);
+}
+
 // Q, K, V and dO stored in bf16: the default compute type is bf16, the gradients bf16 (the
 // float32 ones rounded once), or float32 on request.
 TEST(Bf16BackwardApi, Bf16StorageAndGradientDtypes) {

@@ -162,7 +162,9 @@ def test_torch_attention_runs_the_bf16_backward_for_bf16_tensors():
     out = qt.attention(*leaves, is_causal=True)
     assert out.dtype == torch.bfloat16
     (out * dout).sum().backward()
-    fwd = qkv.attention(q, k, v, is_causal=True, return_lse=True)
+    # qkv.torch keeps the forward's float32 output for the backward (whose D = dO·O reads it):
+    # the same call here.
+    fwd = qkv.attention(q, k, v, is_causal=True, return_lse=True, out_dtype="float32")
     want = qkv.attention_backward(q, k, v, fwd.out, fwd.lse, dout, is_causal=True)
     for leaf, expected in zip(leaves, want):
         assert leaf.grad.dtype == torch.bfloat16
@@ -188,7 +190,7 @@ def test_autocast_runs_the_bf16_forward_and_backward(entry):
     assert all(leaf.grad.dtype == torch.float32 for leaf in leaves)
 
     qb, kb, vb = (bf16(t) for t in (q32, k32, v32))
-    fwd = qkv.attention(qb, kb, vb, is_causal=True, return_lse=True)
+    fwd = qkv.attention(qb, kb, vb, is_causal=True, return_lse=True, out_dtype="float32")
     want = qkv.attention_backward(qb, kb, vb, fwd.out, fwd.lse, bf16(dout), is_causal=True)
     for leaf, expected in zip(leaves, want):
         assert torch.equal(leaf.grad, expected.float())
