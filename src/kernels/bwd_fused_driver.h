@@ -434,9 +434,7 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
     const typename Products::Shared shared = Products::prepare(bp, plan);
     // Pass "stats": each row's max and sum over the call's keys (bwd_row_stats.h).
     RowStats<T> stats;
-    if (plan.forward_stats) {
-      forward_row_stats(bp, stats);
-    } else {
+    if (!plan.forward_stats || !forward_row_stats(bp, stats)) {
       compute_row_stats<Ops, T, Products>(bp, plan, plain_scores, shared, stats);
     }
     if (bp.stats_max != nullptr) {

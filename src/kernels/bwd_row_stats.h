@@ -55,6 +55,8 @@
 #include <vector>
 
 #include "core/backward_params.h"
+#include "core/half.h"
+#include "core/mask_rule.h"
 #include "core/parallel_for.h"
 
 namespace qkv::kernels::bwd {
@@ -154,46 +156,25 @@ void finish_row_stats(double m, double l, double u, T& shift, T& inv, T& delta) 
   inv = static_cast<T>(1.0 / l);
 }
 
-// The rows' statistics from the forward instead (TilePlan::forward_stats, FlashAttention's
-// backward): M = the call's lse, l = 1, and D = dO·O from the saved O, with dO as the products
-// read it (rounded to bf16 in a bf16 call), summed in float64. No stats pass: the two products
-// and the exponential it spends per score are saved. Only for bf16 calls whose scores are
-// bounded (forward_stats_suit): the header's precision argument is about x - lse when scores
-// are large; below kForwardStatsScoreBound, x - lse errs by at most about 2^-24·2^8 per weight
-// (the lse's rounding and the other summation order of the forward's score), some 2^-7 of the
-// bf16 rounding every weight then takes. D = dO·O differs from Σ P·dP by dP's float32
-// rounding, far below the bf16 rounding of dS. Parallel over rows.
-template <class T>
-void forward_row_stats(const core::BackwardParams& bp, RowStats<T>& st) {
-  const core::AttentionParams& p = bp.forward;
-  const core::AttentionShape& s = p.shape;
-  const auto rows = static_cast<std::size_t>(s.b * s.h * s.nq);
-  st.shift.assign(rows, T(0));
-  st.inv.assign(rows, T(0));
-  st.max.assign(rows, 0.0);
-  st.sum.assign(rows, 1.0);
-  st.dot.assign(rows, 0.0);
-  st.delta.assign(rows, T(0));
-  const bool round = rounds_to_bf16(bp.grad_out, p.compute);
-  core::parallel_for(s.b * s.h, p.threads, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t bh = begin; bh < end; ++bh) {
-      const std::int64_t b = bh / s.h, h = bh % s.h;
-      for (std::int64_t i = 0; i < s.nq; ++i) {
-        const auto row = static_cast<std::size_t>(bh * s.nq + i);
-        const double lse = core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
-        double dot = 0.0;
-        const std::int64_t o = bp.out.strides.at(b, h, i, 0);
-        const std::int64_t g = bp.grad_out.strides.at(b, h, i, 0);
-        for (std::int64_t c = 0; c < s.dv; ++c) {
-          dot += core::load_real(bp.out.data, bp.out.dtype, o + c * bp.out.strides.col) *
-                 operand_value(bp.grad_out, g + c * bp.grad_out.strides.col, round);
-        }
-        st.max[row] = lse;
-        st.dot[row] = dot;
-        finish_row_stats(lse, 1.0, dot, st.shift[row], st.inv[row], st.delta[row]);
-      }
+// Row `at` of `op` (cols values, the operand's column stride) widened to double: one switch
+// on the storage type per row rather than per element.
+inline void read_row(const core::InputOperand& op, std::int64_t at, std::int64_t cols,
+                     double* to) noexcept {
+  const std::int64_t step = op.strides.col;
+  switch (op.dtype) {
+    case DType::kF32: {
+      const float* x = static_cast<const float*>(op.data) + at;
+      for (std::int64_t c = 0; c < cols; ++c) to[c] = static_cast<double>(x[c * step]);
+      return;
     }
-  });
+    case DType::kBF16: {
+      const auto* x = static_cast<const std::uint16_t*>(op.data) + at;
+      for (std::int64_t c = 0; c < cols; ++c) to[c] = core::bf16_to_float(x[c * step]);
+      return;
+    }
+    default:
+      for (std::int64_t c = 0; c < cols; ++c) to[c] = core::load_real(op.data, op.dtype, at + c * step);
+  }
 }
 
 // Scores bounded by this (|scale·q·k| + |ALiBi|) let a bf16 call weigh with the forward's lse
@@ -201,26 +182,18 @@ void forward_row_stats(const core::BackwardParams& bp, RowStats<T>& st) {
 inline constexpr double kForwardStatsScoreBound = 256.0;
 
 // The largest Euclidean norm of a row of `op` ([b, heads, rows, cols]), from the values as
-// stored; float32 rows with unit column stride read directly.
+// stored.
 inline double max_row_norm(const core::InputOperand& op, std::int64_t b, std::int64_t heads,
                            std::int64_t rows, std::int64_t cols, int threads) {
   const std::int64_t count = b * heads * rows;
   std::vector<double> squares(static_cast<std::size_t>(count), 0.0);
   core::parallel_for(count, threads, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<double> x(static_cast<std::size_t>(cols));
     for (std::int64_t r = begin; r < end; ++r) {
-      const std::int64_t at = op.strides.at(r / (heads * rows), (r / rows) % heads, r % rows, 0);
+      read_row(op, op.strides.at(r / (heads * rows), (r / rows) % heads, r % rows, 0), cols,
+               x.data());
       double sum = 0.0;
-      if (op.dtype == DType::kF32 && op.strides.col == 1) {
-        const float* x = static_cast<const float*>(op.data) + at;
-        float f = 0.0f;  // a float32 sum of squares (vectorised), widened by the margin below
-        for (std::int64_t c = 0; c < cols; ++c) f += x[c] * x[c];
-        sum = static_cast<double>(f) * (1.0 + 1e-3);
-      } else {
-        for (std::int64_t c = 0; c < cols; ++c) {
-          const double x = core::load_real(op.data, op.dtype, at + c * op.strides.col);
-          sum += x * x;
-        }
-      }
+      for (const double e : x) sum += e * e;
       squares[static_cast<std::size_t>(r)] = sum;
     }
   });
@@ -255,6 +228,61 @@ inline bool forward_stats_suit(const core::BackwardParams& bp) {
                   max_row_norm(p.k, s.b, s.hkv, s.nk, s.d, p.threads);
   if (p.modifiers.softcap > 0.0) scores = std::min(scores, p.modifiers.softcap);
   return bound + scores * (1.0 + 1e-2) <= kForwardStatsScoreBound;  // bf16 rounding's margin
+}
+
+// The rows' statistics from the forward instead (TilePlan::forward_stats, FlashAttention's
+// backward): M = the call's lse, l = 1, and D = dO·O from the saved O, with dO as the products
+// read it (rounded to bf16 in a bf16 call), summed in float64. No stats pass: the two products
+// and the exponential it spends per score are saved. Only for bf16 calls whose scores are
+// bounded (forward_stats_suit): the header's precision argument is about x - lse when scores
+// are large; below kForwardStatsScoreBound, x - lse errs by at most about 2^-24·2^8 per weight
+// (the lse's rounding and the other summation order of the forward's score), some 2^-7 of the
+// bf16 rounding every weight then takes. D = dO·O differs from Σ P·dP by dP's float32
+// rounding, far below the bf16 rounding of dS. Parallel over rows.
+//
+// Returns false, and the caller computes the statistics itself, when the saved O cannot be
+// the forward's: a row of O is a weighted mean of V's rows (times dropout's 1/(1 - p) at
+// most), so its norm is at most the largest of theirs; a larger one (beyond bf16 rounding)
+// would make D, and every gradient with it, as wrong as O is, or overflow.
+template <class T>
+bool forward_row_stats(const core::BackwardParams& bp, RowStats<T>& st) {
+  const core::AttentionParams& p = bp.forward;
+  const core::AttentionShape& s = p.shape;
+  const auto rows = static_cast<std::size_t>(s.b * s.h * s.nq);
+  st.shift.assign(rows, T(0));
+  st.inv.assign(rows, T(0));
+  st.max.assign(rows, 0.0);
+  st.sum.assign(rows, 1.0);
+  st.dot.assign(rows, 0.0);
+  st.delta.assign(rows, T(0));
+  const bool round = rounds_to_bf16(bp.grad_out, p.compute);
+  const double v_norm =
+      max_row_norm(p.v, s.b, s.hkv, s.nk, s.dv, p.threads) * p.dropout.keep_scale;
+  const double o_limit = v_norm * v_norm * (1.0 + 1e-2);  // of |O|², bf16's rounding of O
+  std::vector<char> consistent(static_cast<std::size_t>(s.b * s.h), 1);
+  core::parallel_for(s.b * s.h, p.threads, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<double> o(static_cast<std::size_t>(s.dv)), g(static_cast<std::size_t>(s.dv));
+    for (std::int64_t bh = begin; bh < end; ++bh) {
+      const std::int64_t b = bh / s.h, h = bh % s.h;
+      for (std::int64_t i = 0; i < s.nq; ++i) {
+        const auto row = static_cast<std::size_t>(bh * s.nq + i);
+        const double lse = core::load_real(bp.lse.data, bp.lse.dtype, bp.lse.strides.at(b, h, i, 0));
+        read_row(bp.out, bp.out.strides.at(b, h, i, 0), s.dv, o.data());
+        read_row(bp.grad_out, bp.grad_out.strides.at(b, h, i, 0), s.dv, g.data());
+        double dot = 0.0, squares = 0.0;
+        for (std::int64_t c = 0; c < s.dv; ++c) {
+          const auto at = static_cast<std::size_t>(c);
+          dot += o[at] * (round ? core::round_to_storage(g[at], DType::kBF16) : g[at]);
+          squares += o[at] * o[at];
+        }
+        if (!(squares <= o_limit)) consistent[static_cast<std::size_t>(bh)] = 0;
+        st.max[row] = lse;
+        st.dot[row] = dot;
+        finish_row_stats(lse, 1.0, dot, st.shift[row], st.inv[row], st.delta[row]);
+      }
+    }
+  });
+  return std::all_of(consistent.begin(), consistent.end(), [](char c) { return c != 0; });
 }
 
 // The statistics of every row of the call (the pass described above), then `shift` and `inv`

@@ -211,6 +211,28 @@ TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
   expect_within_twice_naive(backward_bf16(in, run, "fused_hwy", 2), ref, naive, false);
 }
 
+// An O that no forward of these Q, K and V can give (its rows 1000 times as long as V's
+// longest): the bf16 backward does not take D = dO·O from it but computes the rows' statistics
+// itself, so the gradients stay within twice the composition (with D from this O they are
+// off by about their own size).
+TEST(Bf16BackwardScores, AnOutputNoForwardGivesIsNotTrusted) {
+  GradCase c;
+  c.name = "plain";
+  c.nq = 150;
+  c.nk = 290;
+  c.d = 64;
+  c.dv = 48;
+  const GradInputs in = make_grad_inputs(c, 99);
+  Bf16Run run = forward_bf16(c, in);
+  Tensor out = contiguous_copy(run.forward.out.view(), DType::kF32);
+  float* o = out.data_as<float>();
+  for (std::int64_t e = 0; e < out.numel(); ++e) o[e] *= 1000.0f;
+  run.forward.out = std::move(out);
+  const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
+  const NaiveGradients naive = naive_backward_bf16(in, run.options);
+  expect_within_twice_naive(backward_bf16(in, run, "fused_hwy", 2), ref, naive, false);
+}
+
 // Q, K, V and dO stored in bf16: the default compute type is bf16, the gradients bf16 (the
 // float32 ones rounded once), or float32 on request.
 TEST(Bf16BackwardApi, Bf16StorageAndGradientDtypes) {
