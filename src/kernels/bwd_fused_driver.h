@@ -90,8 +90,8 @@ struct TilePlan {
   // tile is the whole row).
   bool row_panels = false;
   // Whether the rows' statistics come from the forward (forward_row_stats: the lse and D =
-  // dO·O, FlashAttention's backward) rather than from the stats pass. Only when the call sees
-  // all of its rows' keys and is given none of their statistics (uses_forward_stats).
+  // dO·O, FlashAttention's backward) rather than from the stats pass, for the calls
+  // forward_stats_suit admits; run_backward then takes no row panels.
   bool forward_stats = false;
 };
 
