@@ -156,59 +156,74 @@ TEST(Bf16BackwardShapes, OddAndWideDims) {
   }
 }
 
+// The case the score tests below start from: 150 query rows, 290 keys, d = 64, dv = 48.
+GradCase scores_case(const std::string& name) {
+  GradCase c;
+  c.name = name;
+  c.nq = 150;
+  c.nk = 290;
+  c.d = 64;
+  c.dv = 48;
+  return c;
+}
+
+// Q and K scaled so that |q|·|k|·scale, the bound on every score, is `largest`.
+void scale_scores_to(GradInputs& in, const GradCase& c, double largest) {
+  const auto max_row_norm = [](const Tensor& t, std::int64_t width) {
+    double m = 0.0;
+    const float* x = t.data_as<float>();
+    for (std::int64_t r = 0; r < t.numel() / width; ++r) {
+      double sum = 0.0;
+      for (std::int64_t e = 0; e < width; ++e) sum += double(x[r * width + e]) * x[r * width + e];
+      m = std::max(m, std::sqrt(sum));
+    }
+    return m;
+  };
+  const double now =
+      max_row_norm(in.q, c.d) * max_row_norm(in.k, c.d) / std::sqrt(static_cast<double>(c.d));
+  const double f = std::sqrt(largest / now);
+  for (Tensor* t : {&in.q, &in.k}) {
+    float* x = t->data_as<float>();
+    for (std::int64_t e = 0; e < t->numel(); ++e) x[e] = static_cast<float>(x[e] * f);
+  }
+}
+
+void expect_fused_within_twice_naive(const GradCase& c, const GradInputs& in) {
+  const Bf16Run run = forward_bf16(c, in);
+  const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
+  const NaiveGradients naive = naive_backward_bf16(in, run.options);
+  expect_within_twice_naive(backward_bf16(in, run, "fused_hwy", 2), ref, naive, c.sinks);
+}
+
 // Scores from 1 to 1e4 (Q and K scaled up): below a bound of 256 fused_hwy weighs a bf16 call
 // with the forward's lse and D = dO·O (bwd::forward_stats_suit), above it with row statistics
-// of its own; either way within twice the plain bf16 composition. Also a window of one key
-// per row, where every weight is 1 and the composition's dS is exactly 0.
+// of its own; either way within twice the plain bf16 composition. Then the two calls it keeps
+// to its own statistics at any score because D = dO·O would err past that: sinks (dsinks
+// cancels) and a window of one key per row (every weight is 1, the composition's dS exactly 0).
 TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
-  GradCase plain;
-  plain.name = "plain";
-  plain.nq = 150;
-  plain.nk = 290;
-  plain.d = 64;
-  plain.dv = 48;
-  GradCase causal = plain;
-  causal.name = "causal_gqa_sinks";
+  GradCase causal = scores_case("causal_gqa");
   causal.causal = true;
   causal.h = 4;
   causal.hkv = 2;
-  causal.sinks = true;
-  for (const GradCase& c : {plain, causal}) {
+  for (const GradCase& c : {scores_case("plain"), causal}) {
     for (const double score : {1.0, 30.0, 200.0, 300.0, 1e3, 1e4}) {
       GradInputs in = make_grad_inputs(c, 97);
-      double largest = 0.0;  // |q|·|k| bounds every score
-      const auto row_norms = [](const Tensor& t, std::int64_t width) {
-        double m = 0.0;
-        const float* x = t.data_as<float>();
-        for (std::int64_t r = 0; r < t.numel() / width; ++r) {
-          double sum = 0.0;
-          for (std::int64_t c2 = 0; c2 < width; ++c2) sum += double(x[r * width + c2]) * x[r * width + c2];
-          m = std::max(m, std::sqrt(sum));
-        }
-        return m;
-      };
-      largest = row_norms(in.q, c.d) * row_norms(in.k, c.d) / std::sqrt(double(c.d));
-      const double f = std::sqrt(score / largest);
-      for (Tensor* t : {&in.q, &in.k}) {
-        float* x = t->data_as<float>();
-        for (std::int64_t e = 0; e < t->numel(); ++e) x[e] = static_cast<float>(x[e] * f);
-      }
+      scale_scores_to(in, c, score);
       SCOPED_TRACE(c.name + ", scores up to " + std::to_string(score));
-      const Bf16Run run = forward_bf16(c, in);
-      const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
-      const NaiveGradients naive = naive_backward_bf16(in, run.options);
-      expect_within_twice_naive(backward_bf16(in, run, "fused_hwy", 2), ref, naive, c.sinks);
+      expect_fused_within_twice_naive(c, in);
     }
   }
-  GradCase one = plain;
-  one.name = "one_key_per_row";
+  GradCase sinks = causal;
+  sinks.name = "causal_gqa_sinks";
+  sinks.sinks = true;
+  GradCase one = scores_case("one_key_per_row");
   one.window = Window{0, 0};
-  const GradInputs in = make_grad_inputs(one, 98);
-  const Bf16Run run = forward_bf16(one, in);
-  const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
-  const NaiveGradients naive = naive_backward_bf16(in, run.options);
-  SCOPED_TRACE(one.name);
-  expect_within_twice_naive(backward_bf16(in, run, "fused_hwy", 2), ref, naive, false);
+  for (const GradCase& c : {sinks, one}) {
+    GradInputs in = make_grad_inputs(c, 98);
+    scale_scores_to(in, c, 30.0);
+    SCOPED_TRACE(c.name);
+    expect_fused_within_twice_naive(c, in);
+  }
 }
 
 // An O that no forward of these Q, K and V can give (its rows 1000 times as long as V's
@@ -216,12 +231,7 @@ TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
 // itself, so the gradients stay within twice the composition (with D from this O they are
 // off by about their own size).
 TEST(Bf16BackwardScores, AnOutputNoForwardGivesIsNotTrusted) {
-  GradCase c;
-  c.name = "plain";
-  c.nq = 150;
-  c.nk = 290;
-  c.d = 64;
-  c.dv = 48;
+  const GradCase c = scores_case("plain");
   const GradInputs in = make_grad_inputs(c, 99);
   Bf16Run run = forward_bf16(c, in);
   Tensor out = contiguous_copy(run.forward.out.view(), DType::kF32);
