@@ -7,6 +7,7 @@
 // float32 on request; bitwise identical gradients for threads 1, 2 and 3; refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <iostream>
 #include <optional>
@@ -188,6 +189,12 @@ void scale_scores_to(GradInputs& in, const GradCase& c, double largest) {
   }
 }
 
+// Whether this build has fused_hwy (a portable build has no SIMD kernels).
+bool has_fused_hwy() {
+  const std::vector<std::string> names = attention_backward_kernel_names();
+  return std::find(names.begin(), names.end(), "fused_hwy") != names.end();
+}
+
 void expect_fused_within_twice_naive(const GradCase& c, const GradInputs& in) {
   const Bf16Run run = forward_bf16(c, in);
   const AttentionGradients ref = backward_bf16(in, run, "reference", 2);
@@ -201,6 +208,7 @@ void expect_fused_within_twice_naive(const GradCase& c, const GradInputs& in) {
 // to its own statistics at any score because D = dO·O would err past that: sinks (dsinks
 // cancels) and a window of one key per row (every weight is 1, the composition's dS exactly 0).
 TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
+  if (!has_fused_hwy()) GTEST_SKIP() << "no fused_hwy in this build";
   GradCase causal = scores_case("causal_gqa");
   causal.causal = true;
   causal.h = 4;
@@ -231,6 +239,7 @@ TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
 // itself, so the gradients stay within twice the composition (with D from this O they are
 // off by about their own size).
 TEST(Bf16BackwardScores, AnOutputNoForwardGivesIsNotTrusted) {
+  if (!has_fused_hwy()) GTEST_SKIP() << "no fused_hwy in this build";
   const GradCase c = scores_case("plain");
   const GradInputs in = make_grad_inputs(c, 99);
   Bf16Run run = forward_bf16(c, in);
