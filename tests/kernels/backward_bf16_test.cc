@@ -157,17 +157,6 @@ TEST(Bf16BackwardShapes, OddAndWideDims) {
   }
 }
 
-// The case the score tests below start from: 150 query rows, 290 keys, d = 64, dv = 48.
-GradCase scores_case(const std::string& name) {
-  GradCase c;
-  c.name = name;
-  c.nq = 150;
-  c.nk = 290;
-  c.d = 64;
-  c.dv = 48;
-  return c;
-}
-
 // Q and K scaled so that |q|·|k|·scale, the bound on every score, is `largest`.
 void scale_scores_to(GradInputs& in, const GradCase& c, double largest) {
   const auto max_row_norm = [](const Tensor& t, std::int64_t width) {
@@ -209,11 +198,11 @@ void expect_fused_within_twice_naive(const GradCase& c, const GradInputs& in) {
 // cancels) and a window of one key per row (every weight is 1, the composition's dS exactly 0).
 TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
   if (!has_fused_hwy()) GTEST_SKIP() << "no fused_hwy in this build";
-  GradCase causal = scores_case("causal_gqa");
+  GradCase causal = magnitude_case("causal_gqa");
   causal.causal = true;
   causal.h = 4;
   causal.hkv = 2;
-  for (const GradCase& c : {scores_case("plain"), causal}) {
+  for (const GradCase& c : {magnitude_case("plain"), causal}) {
     for (const double score : {1.0, 30.0, 200.0, 300.0, 1e3, 1e4}) {
       GradInputs in = make_grad_inputs(c, 97);
       scale_scores_to(in, c, score);
@@ -224,7 +213,7 @@ TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
   GradCase sinks = causal;
   sinks.name = "causal_gqa_sinks";
   sinks.sinks = true;
-  GradCase one = scores_case("one_key_per_row");
+  GradCase one = magnitude_case("one_key_per_row");
   one.window = Window{0, 0};
   for (const GradCase& c : {sinks, one}) {
     GradInputs in = make_grad_inputs(c, 98);
@@ -240,7 +229,7 @@ TEST(Bf16BackwardScores, WithinTwiceThePlainBf16CompositionFromScores1To1e4) {
 // off by about their own size).
 TEST(Bf16BackwardScores, AnOutputNoForwardGivesIsNotTrusted) {
   if (!has_fused_hwy()) GTEST_SKIP() << "no fused_hwy in this build";
-  const GradCase c = scores_case("plain");
+  const GradCase c = magnitude_case("plain");
   const GradInputs in = make_grad_inputs(c, 99);
   Bf16Run run = forward_bf16(c, in);
   Tensor out = contiguous_copy(run.forward.out.view(), DType::kF32);

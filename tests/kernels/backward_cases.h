@@ -207,6 +207,18 @@ inline std::vector<GradCase> small_cases() {
   return cases;
 }
 
+// The shape the score-magnitude tests start from (float32's and bf16's): 150 query rows, 290
+// keys, d = 64, dv = 48.
+inline GradCase magnitude_case(const std::string& name) {
+  GradCase c;
+  c.name = name;
+  c.nq = 150;
+  c.nk = 290;
+  c.d = 64;
+  c.dv = 48;
+  return c;
+}
+
 // Larger shapes for the kernels: several tiles each way, ragged edges, every option.
 inline std::vector<GradCase> kernel_cases() {
   std::vector<GradCase> cases;

@@ -180,12 +180,7 @@ TEST_P(BackwardPrecisionMagnitudes, WithinTwiceThePlainFloat32CompositionFromSco
 std::vector<GradCase> magnitude_cases() {
   std::vector<GradCase> cases;
   const auto add = [&](const std::string& name, auto change) {
-    GradCase c;
-    c.name = name;
-    c.nq = 150;
-    c.nk = 290;
-    c.d = 64;
-    c.dv = 48;
+    GradCase c = magnitude_case(name);
     change(c);
     cases.push_back(c);
   };
