@@ -420,7 +420,7 @@ core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& bp) noexc
   // A bf16 call with bounded scores weighs with its lse (bwd::forward_stats_suit): no stats
   // pass, no row panels, and tiles sized for bf16 rows (128 x 128 up to d = 128 ran 1.1-1.2x
   // faster than 64 x 64 at d = 128 on a Xeon with AMX).
-  plan.forward_stats = bp.forward.compute == DType::kBF16 && bwd::forward_stats_suit(bp);
+  plan.forward_stats = bwd::forward_stats_suit(bp);
   plan.query_tile = tile_for(bp.forward.shape, plan.forward_stats ? 2 : element);
   plan.key_tile = plan.query_tile;
   plan.chunks = bwd::chunks_for(bp.forward.shape, plan.key_tile, element);

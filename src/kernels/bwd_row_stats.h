@@ -219,10 +219,9 @@ inline bool forward_stats_suit(const core::BackwardParams& bp) {
       (p.masking.window_left == 0 && p.masking.window_right == 0)) {
     return false;
   }
-  double bound = 0.0;
   double alibi = 0.0;
   for (const double slope : p.modifiers.alibi_slopes) alibi = std::max(alibi, std::abs(slope));
-  bound += alibi * static_cast<double>(s.nq + s.nk);
+  const double bound = alibi * static_cast<double>(s.nq + s.nk);
   if (bound > kForwardStatsScoreBound) return false;
   double scores = std::abs(p.scale) * max_row_norm(p.q, s.b, s.h, s.nq, s.d, p.threads) *
                   max_row_norm(p.k, s.b, s.hkv, s.nk, s.d, p.threads);
