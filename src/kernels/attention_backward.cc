@@ -256,6 +256,10 @@ std::string explain_backward_kernel_choice(const TensorView& q, const TensorView
                 : hwy && kernels::backward_bf16_dots_available()
                     ? ", bf16 dot products (vdpbf16ps)"
                     : ", bf16 operands in float32 products";
+        // Where the weights' row statistics come from (bwd_row_stats.h says why).
+        text += hwy && kernels::backward_bf16_forward_stats(call.params)
+                    ? "; weighs with the forward's lse and D = dO·O (scores bounded)"
+                    : "; computes the rows' max, sum and D again";
       }
       after = true;
     } else if (after) {

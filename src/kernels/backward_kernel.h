@@ -43,6 +43,11 @@ bool backward_bf16_dots_available() noexcept;
 // Whether it computes them on AMX tiles instead (amx_tiles.h, bwd_amx-inl.h: an x86 AVX-512
 // target of a CPU with AMX bf16, amx_bf16_supported()); when true, dots above are false.
 bool backward_bf16_amx_available() noexcept;
+// Whether fused_hwy weighs this bf16 call with the forward's lse and D = dO·O rather than the
+// rows' statistics computed again (bwd::forward_stats_suit, bwd_row_stats.h: scores bounded,
+// no sinks, explicit mask or one-key window). Such a call still computes its own statistics
+// when its O fails forward_row_stats's check. False in a portable build.
+bool backward_bf16_forward_stats(const core::BackwardParams& params);
 core::KernelStatus attention_bwd_fused_hwy(const core::BackwardParams& params) noexcept;
 std::string attention_bwd_fused_scalar_declines(const core::BackwardParams& params);
 core::KernelStatus attention_bwd_fused_scalar(const core::BackwardParams& params) noexcept;

@@ -24,6 +24,15 @@ std::span<const BackwardKernel> backward_kernels() {
   return kKernels;
 }
 
+bool backward_bf16_forward_stats(const core::BackwardParams& params) {
+#if QKV_HAVE_HWY
+  return bwd::forward_stats_suit(params);
+#else
+  static_cast<void>(params);
+  return false;
+#endif
+}
+
 #if !QKV_HAVE_HWY
 bool backward_bf16_dots_available() noexcept { return false; }
 bool backward_bf16_amx_available() noexcept { return false; }

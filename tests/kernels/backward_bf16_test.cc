@@ -241,6 +241,26 @@ TEST(Bf16BackwardScores, AnOutputNoForwardGivesIsNotTrusted) {
   expect_within_twice_naive(backward_bf16(in, run, "fused_hwy", 2), ref, naive, false);
 }
 
+// QKV_VERBOSE's backward line says where the weights' row statistics came from: the forward's
+// lse while the scores are bounded, the call's own above the bound.
+TEST(Bf16BackwardScores, TheChoiceSaysWhereTheRowStatisticsCameFrom) {
+  if (!has_fused_hwy()) GTEST_SKIP() << "no fused_hwy in this build";
+  const GradCase c = magnitude_case("plain");
+  for (const double score : {30.0, 1e3}) {
+    GradInputs in = make_grad_inputs(c, 101);
+    scale_scores_to(in, c, score);
+    const Bf16Run run = forward_bf16(c, in);
+    const std::string choice =
+        explain_backward_kernel_choice(in.qv(), in.kv(), in.vv(), run.forward.out.view(),
+                                       run.forward.lse.view(), in.dov(), run.options);
+    SCOPED_TRACE("scores up to " + std::to_string(score));
+    EXPECT_NE(choice.find(score < 256.0 ? "; weighs with the forward's lse and D = dO·O"
+                                        : "; computes the rows' max, sum and D again"),
+              std::string::npos)
+        << choice;
+  }
+}
+
 // Q, K, V and dO stored in bf16: the default compute type is bf16, the gradients bf16 (the
 // float32 ones rounded once), or float32 on request.
 TEST(Bf16BackwardApi, Bf16StorageAndGradientDtypes) {
@@ -284,6 +304,10 @@ TEST(Bf16BackwardApi, Bf16StorageAndGradientDtypes) {
                          : hwy && kernels::backward_bf16_dots_available()
                              ? "bf16 dot products (vdpbf16ps)"
                              : "bf16 operands in float32 products")),
+            std::string::npos)
+      << choice;
+  // ... and where the rows' statistics came from: this case has sinks, so from the call itself.
+  EXPECT_NE(choice.find(hwy ? "; computes the rows' max, sum and D again" : g.kernel + ": chosen, "),
             std::string::npos)
       << choice;
   // The memory estimate counts both sets.
