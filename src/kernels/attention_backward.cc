@@ -140,6 +140,9 @@ std::uint64_t bf16_workspace(const core::AttentionShape& s, int threads) {
   bytes = core::saturating_add(
       bytes, core::saturating_mul(core::saturating_mul(key_rows, 2 * padded(s.d) + padded(s.dv)),
                                   2));
+  // The packed operands are one block, rounded up to whole 2 MiB huge pages when 4 MiB or
+  // more (fused::make_buffer).
+  bytes = core::saturating_add(bytes, std::uint64_t{2} << 20);
   const std::uint64_t per_thread = 4 * 128 * 128 * 2;
   return core::saturating_add(
       bytes, core::saturating_mul(per_thread, static_cast<std::uint64_t>(std::max(threads, 1))));

@@ -26,7 +26,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <limits>
+#include <new>
 #include <string>
 
 #include "hwy/highway.h"
@@ -37,6 +40,7 @@
 #include "kernels/bwd_ops.h"
 #include "kernels/dropout_hwy-inl.h"
 #include "kernels/exp_hwy-inl.h"
+#include "kernels/fused_common.h"
 #include "kernels/kernel.h"
 
 HWY_BEFORE_NAMESPACE();

@@ -1,11 +1,13 @@
-// The fused kernel's packed K^T/V slots outlive their call in a small cache, so that the next
-// call of the same shape packs into memory already mapped. Freed, a slot of several MiB goes
+// The fused kernel's packed K^T/V slots (and the bf16 backward's packed operands,
+// bwd_bf16-inl.h) outlive their call in a small cache, so that the next call of the same shape
+// packs into memory already mapped. Freed, a slot of several MiB goes
 // back to the system (glibc serves it with mmap), and the next call's first touch of each page
 // is a page fault the kernel must zero: with many small calls of one shape (a transformers
 // model's layers, batch 32 by 128 rows) that was 5-7 % of the time.
 //
-// At most kSlots blocks are kept (a call takes one slot, or two alternating slots when all
-// heads do not fit the pack budget), each at most the budget's size: the cache holds some tens
+// At most kSlots blocks are kept (a forward takes one slot, or two alternating slots when all
+// heads do not fit the pack budget; a bf16 backward one), each at most the budget's size
+// (larger ones go back to the system): the cache holds some tens
 // of MiB at most, from the first call that packs that much until the process ends. A block a
 // call gives back replaces the smallest cached one when it is larger.
 #include <array>
