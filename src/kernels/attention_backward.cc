@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "kernels/backward_kernel.h"
 #include "kernels/blas_threads.h"
 #include "kernels/bwd_fused_driver.h"
+#include "kernels/fused_common.h"
 #include "kernels/kernel_choice.h"
 #include "qkv/error.h"
 
@@ -28,26 +32,58 @@ const kernels::BackwardKernel& choose_backward_kernel(const core::BackwardParams
   return kernels::choose_from(kernels::backward_kernels(), params, requested, "backward kernel");
 }
 
-// The kernels' float32 gradients rounded once to bf16, as Tensor::to rounds them (to nearest
-// even, element by element: the same bits), in parallel blocks. Tensor::to, element by element
-// through double and serial, took ~7 % of a 1-thread bf16 backward (n = 2048, d = 128, H = 8)
-// and limited what a second thread gained.
-Tensor rounded_to_bf16(const Tensor& sums, int threads) {
-  const TensorView from = sums.view();
-  Tensor rounded(DType::kBF16, from.shape, from.name);
-  const float* src = sums.data_as<float>();
+// The kernels' float32 gradient sums (`count` of them from `sums`) rounded once to bf16, as
+// Tensor::to rounds them (to nearest even, element by element: the same bits), in parallel
+// blocks. Tensor::to, element by element through double and serial, took ~7 % of a 1-thread
+// bf16 backward (n = 2048, d = 128, H = 8) and limited what a second thread gained.
+Tensor rounded_to_bf16(const float* sums, const Shape& shape, const std::string& name,
+                       int threads) {
+  Tensor rounded(DType::kBF16, shape, name);
   auto* dst = static_cast<std::uint16_t*>(rounded.data());
   constexpr std::int64_t kBlock = std::int64_t{1} << 16;
-  const std::int64_t count = sums.numel();
+  const std::int64_t count = rounded.numel();
   core::parallel_for((count + kBlock - 1) / kBlock, threads,
                      [&](std::int64_t begin, std::int64_t end) {
                        const std::int64_t last = std::min(count, end * kBlock);
                        for (std::int64_t e = begin * kBlock; e < last; ++e) {
-                         dst[e] = core::float_to_bf16(src[e]);
+                         dst[e] = core::float_to_bf16(sums[e]);
                        }
                      });
   return rounded;
 }
+
+// Where the kernels' float32 sums of bf16 gradients go: one block for dQ, dK and dV from the
+// huge-buffer cache (fused::make_buffer; blocks of 4 MiB or more are kept between calls), so
+// that the next call of the shape writes into mapped pages. Fresh tensors, touched first by
+// the kernel, cost ~3 % of a 2-thread bf16 backward (n = 2048, d = 128, H = 8) in page faults
+// and the system's zeroing. Zeroed in parallel, as a new Tensor is.
+struct GradientSums {
+  kernels::fused::BufferOf<float> block;
+  float* part[3] = {};
+  GradientSums(const Shape* const (&shapes)[3], int threads) {
+    std::int64_t sizes[3];
+    std::int64_t total = 0;
+    for (int g = 0; g < 3; ++g) {
+      sizes[g] = (shape_numel(*shapes[g]) + 15) / 16 * 16;  // whole 64-byte lines
+      total += sizes[g];
+    }
+    block = kernels::fused::make_buffer<float>(total, false);
+    if (block == nullptr) throw std::bad_alloc();
+    constexpr std::int64_t kChunk = std::int64_t{1} << 18;  // floats: 1 MiB
+    core::parallel_for((total + kChunk - 1) / kChunk, threads,
+                       [&](std::int64_t begin, std::int64_t end) {
+                         const std::int64_t first = begin * kChunk;
+                         const std::int64_t last = std::min(total, end * kChunk);
+                         std::memset(block.get() + first, 0,
+                                     static_cast<std::size_t>(last - first) * sizeof(float));
+                       });
+    float* at = block.get();
+    for (int g = 0; g < 3; ++g) {
+      part[g] = at;
+      at += sizes[g];
+    }
+  }
+};
 
 }  // namespace
 
@@ -193,12 +229,27 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
   }
   core::check_memory_budget(needed, options.max_memory, "attention_backward");
   AttentionGradients result;
-  result.dq = Tensor(grad, q.shape, "dq");
-  result.dk = Tensor(grad, k.shape, "dk");
-  result.dv = Tensor(grad, v.shape, "dv");
-  bp.dq = slot_of(result.dq);
-  bp.dk = slot_of(result.dk);
-  bp.dv = slot_of(result.dv);
+  // bf16 gradients: the float32 sums in a kept block (GradientSums), rounded at the end.
+  const bool rounded = call.grad_dtype == DType::kBF16 && grad == DType::kF32;
+  std::optional<GradientSums> sums;
+  if (rounded) {
+    const Shape* const shapes[3] = {&q.shape, &k.shape, &v.shape};
+    sums.emplace(shapes, bp.forward.threads);
+    const auto slot = [&](const Shape& shape, float* data) {
+      return core::OutputOperand{data, DType::kF32,
+                                 core::canonical_strides(contiguous_strides(shape))};
+    };
+    bp.dq = slot(q.shape, sums->part[0]);
+    bp.dk = slot(k.shape, sums->part[1]);
+    bp.dv = slot(v.shape, sums->part[2]);
+  } else {
+    result.dq = Tensor(grad, q.shape, "dq");
+    result.dk = Tensor(grad, k.shape, "dk");
+    result.dv = Tensor(grad, v.shape, "dv");
+    bp.dq = slot_of(result.dq);
+    bp.dk = slot_of(result.dk);
+    bp.dv = slot_of(result.dv);
+  }
   const core::AttentionShape& s = bp.forward.shape;
   std::vector<double> dsinks;
   const bool has_sinks = options.sinks.has_value();
@@ -238,12 +289,13 @@ AttentionGradients attention_backward(const TensorView& q, const TensorView& k, 
     }
   }
   // bf16 gradients: the kernels' float32 sums rounded to nearest even, once.
-  if (call.grad_dtype != grad) {
-    for (Tensor* t : {&result.dq, &result.dk, &result.dv}) {
-      *t = call.grad_dtype == DType::kBF16 && grad == DType::kF32
-               ? rounded_to_bf16(*t, bp.forward.threads)
-               : t->to(call.grad_dtype);
-    }
+  if (rounded) {
+    result.dq = rounded_to_bf16(sums->part[0], q.shape, "dq", bp.forward.threads);
+    result.dk = rounded_to_bf16(sums->part[1], k.shape, "dk", bp.forward.threads);
+    result.dv = rounded_to_bf16(sums->part[2], v.shape, "dv", bp.forward.threads);
+    if (has_sinks) result.dsinks = result.dsinks.to(call.grad_dtype);
+  } else if (call.grad_dtype != grad) {
+    for (Tensor* t : {&result.dq, &result.dk, &result.dv}) *t = t->to(call.grad_dtype);
     if (has_sinks) result.dsinks = result.dsinks.to(call.grad_dtype);
   }
   result.kernel = std::string(kernel.name);

@@ -1,15 +1,17 @@
 // The fused kernel's packed K^T/V slots (and the bf16 backward's packed operands,
-// bwd_bf16-inl.h) outlive their call in a small cache, so that the next call of the same shape
-// packs into memory already mapped. Freed, a slot of several MiB goes
-// back to the system (glibc serves it with mmap), and the next call's first touch of each page
-// is a page fault the kernel must zero: with many small calls of one shape (a transformers
-// model's layers, batch 32 by 128 rows) that was 5-7 % of the time.
+// bwd_bf16-inl.h, and its float32 gradient sums, attention_backward.cc) outlive their call in
+// a small cache, so that the next call of the same shape packs into memory already mapped.
+// Freed, a slot of several MiB goes back to the system (glibc serves it with mmap), and the
+// next call's first touch of each page is a page fault the kernel must zero: with many small
+// calls of one shape (a transformers model's layers, batch 32 by 128 rows) that was 5-7 % of
+// the time.
 //
 // At most kSlots blocks are kept (a forward takes one slot, or two alternating slots when all
-// heads do not fit the pack budget; a bf16 backward one), each at most the budget's size
-// (larger ones go back to the system): the cache holds some tens
-// of MiB at most, from the first call that packs that much until the process ends. A block a
-// call gives back replaces the smallest cached one when it is larger.
+// heads do not fit the pack budget; a bf16 backward two: three slots keep a training step's
+// forward and backward), each at most the budget's size (larger ones go back to the system):
+// the cache holds some tens of MiB (at most ~110), from the first call that packs that much
+// until the process ends. A block a call gives back replaces the smallest cached one when it
+// is larger.
 #include <array>
 #include <cstdlib>
 #include <mutex>
@@ -21,7 +23,7 @@
 namespace qkv::kernels::fused {
 namespace {
 
-constexpr std::size_t kSlots = 2;
+constexpr std::size_t kSlots = 3;
 
 struct Block {
   void* p = nullptr;
