@@ -267,14 +267,15 @@ struct HwyMicro {
                       std::int64_t j0, std::int64_t count, F* s) noexcept {
     dropout_hwy::span<F>(d, head_word, i, j0, count, s);
   }
-  // The same on two rows of 64 float32 keys at once (dropout_hwy::rows64<2>: two Philox
-  // chains side by side); float64 takes the rows one by one.
-  static void dropout_two_rows(const core::Dropout& d, const std::uint32_t* head_word,
-                               const std::int64_t* i, std::int64_t j0, F* const* s) noexcept {
+  // The same on R rows of 64 float32 keys at once (dropout_hwy::rows64<R>: R Philox chains
+  // side by side); float64 takes the rows one by one.
+  template <int R>
+  static void dropout_rows(const core::Dropout& d, const std::uint32_t* head_word,
+                           const std::int64_t* i, std::int64_t j0, F* const* s) noexcept {
     if constexpr (std::is_same_v<F, float>) {
-      dropout_hwy::rows64<2>(d, head_word, i, j0, s);
+      dropout_hwy::rows64<R>(d, head_word, i, j0, s);
     } else {
-      for (int r = 0; r < 2; ++r) dropout(d, head_word[r], i[r], j0, core::kDropoutKeys, s[r]);
+      for (int r = 0; r < R; ++r) dropout(d, head_word[r], i[r], j0, core::kDropoutKeys, s[r]);
     }
   }
 
