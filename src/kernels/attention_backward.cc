@@ -5,16 +5,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <new>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/floating_point.h"
-#include "core/half.h"
-#include "core/parallel_for.h"
 #include "core/format_bytes.h"
+#include "core/half.h"
 #include "core/memory_budget.h"
+#include "core/out_of_memory.h"
+#include "core/parallel_for.h"
 #include "core/progress.h"
 #include "core/validate_backward.h"
 #include "kernels/backward_kernel.h"
@@ -32,10 +32,10 @@ const kernels::BackwardKernel& choose_backward_kernel(const core::BackwardParams
   return kernels::choose_from(kernels::backward_kernels(), params, requested, "backward kernel");
 }
 
-// The kernels' float32 gradient sums (`count` of them from `sums`) rounded once to bf16, as
-// Tensor::to rounds them (to nearest even, element by element: the same bits), in parallel
-// blocks. Tensor::to, element by element through double and serial, took ~7 % of a 1-thread
-// bf16 backward (n = 2048, d = 128, H = 8) and limited what a second thread gained.
+// One gradient's float32 sums (`shape`, from `sums`) rounded once to bf16 as Tensor::to rounds
+// them (to nearest even, element by element: the same bits), in parallel blocks. Tensor::to,
+// element by element through double and serial, took ~7 % of a 1-thread bf16 backward
+// (n = 2048, d = 128, H = 8) and limited what a second thread gained.
 Tensor rounded_to_bf16(const float* sums, const Shape& shape, const std::string& name,
                        int threads) {
   Tensor rounded(DType::kBF16, shape, name);
@@ -56,7 +56,7 @@ Tensor rounded_to_bf16(const float* sums, const Shape& shape, const std::string&
 // huge-buffer cache (fused::make_buffer; blocks of 4 MiB or more are kept between calls), so
 // that the next call of the shape writes into mapped pages. Fresh tensors, touched first by
 // the kernel, cost ~3 % of a 2-thread bf16 backward (n = 2048, d = 128, H = 8) in page faults
-// and the system's zeroing. Zeroed in parallel, as a new Tensor is.
+// and the system's zeroing. Zeroed, as a new Tensor is, in parallel.
 struct GradientSums {
   kernels::fused::BufferOf<float> block;
   float* part[3] = {};
@@ -68,7 +68,13 @@ struct GradientSums {
       total += sizes[g];
     }
     block = kernels::fused::make_buffer<float>(total, false);
-    if (block == nullptr) throw std::bad_alloc();
+    if (block == nullptr) {
+      const auto bytes = static_cast<std::uint64_t>(total) * sizeof(float);
+      throw core::OutOfMemory("attention_backward",
+                              core::format_bytes_exact(bytes) +
+                                  " for the float32 sums of the bf16 gradients",
+                              bytes);
+    }
     constexpr std::int64_t kChunk = std::int64_t{1} << 18;  // floats: 1 MiB
     core::parallel_for((total + kChunk - 1) / kChunk, threads,
                        [&](std::int64_t begin, std::int64_t end) {

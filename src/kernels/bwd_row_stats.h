@@ -203,7 +203,10 @@ inline double max_row_norm(const core::InputOperand& op, std::int64_t b, std::in
           part[l] += e * e;
         }
       }
-      for (; c < cols; ++c) part[0] += x[static_cast<std::size_t>(c)] * x[static_cast<std::size_t>(c)];
+      for (; c < cols; ++c) {
+        const double e = x[static_cast<std::size_t>(c)];
+        part[0] += e * e;
+      }
       double sum = 0.0;
       for (const double e : part) sum += e;
       squares[static_cast<std::size_t>(r)] = sum;
