@@ -268,15 +268,11 @@ struct HwyMicro {
     dropout_hwy::span<F>(d, head_word, i, j0, count, s);
   }
   // The same on R rows of 64 float32 keys at once (dropout_hwy::rows64<R>: R Philox chains
-  // side by side); float64 takes the rows one by one.
+  // side by side); the driver calls it for float32 tiles only.
   template <int R>
   static void dropout_rows(const core::Dropout& d, const std::uint32_t* head_word,
-                           const std::int64_t* i, std::int64_t j0, F* const* s) noexcept {
-    if constexpr (std::is_same_v<F, float>) {
-      dropout_hwy::rows64<R>(d, head_word, i, j0, s);
-    } else {
-      for (int r = 0; r < R; ++r) dropout(d, head_word[r], i[r], j0, core::kDropoutKeys, s[r]);
-    }
+                           const std::int64_t* i, std::int64_t j0, float* const* s) noexcept {
+    dropout_hwy::rows64<R>(d, head_word, i, j0, s);
   }
 
   static void accumulate_pv(const F* p, std::int64_t rows, std::int64_t bk, const F* v,

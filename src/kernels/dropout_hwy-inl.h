@@ -31,9 +31,9 @@ namespace qkv::kernels::HWY_NAMESPACE::dropout_hwy {
 
 // s_r[k] := keep ? s_r[k]·scale : 0 for the keys [j0, j0 + 64) of rows i[r] of the heads
 // head_word[r], r < R (j0 a multiple of 64, each s_r 64 floats; all 64 are written, whatever
-// the row's count). A row's Philox rounds are one chain of dependent products (about 80 cycles
-// of latency for ~90 ops on AVX-512): R = 2 runs two rows' chains side by side, so each hides
-// the other's latency.
+// the row's count). A row's Philox rounds are one chain of dependent products (ten rounds of a
+// multiply, a shift and a three-way xor): R = 2 runs two rows' chains side by side, so each
+// hides the other's latency.
 template <int R>
 HWY_INLINE void rows64(const core::Dropout& d, const std::uint32_t* head_word,
                        const std::int64_t* i, std::int64_t j0, float* const* s) {

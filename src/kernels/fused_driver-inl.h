@@ -293,13 +293,14 @@ class FusedWorker {
     return Micro::row_max(s);
   }
 
+  // Float32 rows whose dropout draws run side by side: 4 ran slower than 2 (1.21x against
+  // 1.13x the forward without dropout, n = 2048, d = 64, the Xeon; register pressure).
+  static constexpr int kDropRows = 2;
+
   // Dropout on the rows [r0, r0 + nr) of the tile at key j0, after their exponentials entered
   // the running sums (l is the softmax's, before dropout) and before P·V: kept weights times
   // 1/(1 - p), dropped ones 0, drawn for (b, h, i, j) whatever the tile plan
   // (core/dropout.h). All 64 columns: those past the tile's keys are never read.
-  // Rows whose dropout draws run side by side: 4 ran slower than 2 (1.21x against 1.13x the
-  // forward without dropout, n = 2048, d = 64, the Xeon; register pressure).
-  static constexpr int kDropRows = 2;
   void drop_rows(const fused::Task& t, std::int64_t r0, std::int64_t nr,
                  std::int64_t j0) noexcept {
     const std::int64_t per_head = t.i1 - t.i0;
@@ -310,7 +311,8 @@ class FusedWorker {
     // kDropRows rows at a time where the micro-kernel draws several at once (their Philox
     // chains hide each other's latency: the forward's cost of dropout fell from ~1.25x to
     // ~1.13x).
-    if constexpr (requires { &Micro::template dropout_rows<kDropRows>; }) {
+    if constexpr (std::is_same_v<F, float> &&
+                  requires { &Micro::template dropout_rows<kDropRows>; }) {
       static_assert(fused::kKeyTile == core::kDropoutKeys);
       for (; r + kDropRows <= r0 + nr; r += kDropRows) {
         std::uint32_t words[kDropRows];
