@@ -67,8 +67,8 @@ test-tsan: deps
 	ctest --preset tsan -L threads -j $(JOBS)
 
 # libFuzzer targets (fuzz/): built with clang, AddressSanitizer and UBSan in build/libfuzzer, then
-# each run for FUZZ_SECONDS under -malloc_limit_mb=256 (fuzz/run.sh; a crash is kept in
-# fuzz/regressions/, which ctest replays in every build).
+# each run for FUZZ_SECONDS under -malloc_limit_mb=256, FUZZ_JOBS targets at once (default: one per
+# core; fuzz/run.sh; a crash is kept in fuzz/regressions/, which ctest replays in every build).
 FUZZ_SECONDS ?= 60
 FUZZ_SANITIZE = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
 	-fno-omit-frame-pointer
