@@ -274,12 +274,43 @@ struct HwyOps {
 void DropoutFactorsF32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
                        std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
                        float* z) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* zr = z + r * ld;
-    std::fill_n(zr, cols, 1.0f);
-    std::fill(zr + cols, zr + ld, 0.0f);
-    dropout_hwy::span<float>(d, head_word, i0 + r, j0, cols, zr);
+  // Whole aligned blocks of 64 keys for all the rows at once (dropout_hwy::rows64 writes the
+  // factors themselves); a ragged block row by row; the padding [cols, ld) 0.
+  constexpr std::int64_t kChunk = 64;  // rows a call of rows64 takes
+  std::uint32_t words[kChunk];
+  std::int64_t row_index[kChunk];
+  std::fill_n(words, kChunk, head_word);
+  std::int64_t c = 0;
+  while (c < cols) {
+    const std::int64_t j = j0 + c;
+    const std::int64_t n = std::min(cols - c, core::kDropoutKeys - j % core::kDropoutKeys);
+    if (n == core::kDropoutKeys) {
+      for (std::int64_t r0 = 0; r0 < rows; r0 += kChunk) {
+        const std::int64_t count = std::min(kChunk, rows - r0);
+        for (std::int64_t r = 0; r < count; ++r) row_index[r] = i0 + r0 + r;
+        dropout_hwy::rows64<dropout_hwy::DropWrite::kFactors>(d, count, words, row_index, j,
+                                                              z + r0 * ld + c, ld);
+      }
+    } else {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* zr = z + r * ld + c;
+        std::fill_n(zr, n, 1.0f);
+        dropout_hwy::span<float>(d, head_word, i0 + r, j, n, zr);
+      }
+    }
+    c += n;
   }
+  for (std::int64_t r = 0; r < rows; ++r) std::fill(z + r * ld + cols, z + (r + 1) * ld, 0.0f);
+}
+
+void MultiplyF32(const float* a, const float* b, std::int64_t count, float* dst) {
+  const hn::ScalableTag<float> d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t e = 0;
+  for (; e + lanes <= count; e += lanes) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, a + e), hn::LoadU(d, b + e)), d, dst + e);
+  }
+  for (; e < count; ++e) dst[e] = a[e] * b[e];
 }
 
 void RoundToBf16F32(const float* src, std::int64_t count, float* dst) {
@@ -351,6 +382,7 @@ HWY_EXPORT(WeighRowsF32);
 HWY_EXPORT(WeighRowsF64);
 HWY_EXPORT(RunBackwardF32);
 HWY_EXPORT(DropoutFactorsF32);
+HWY_EXPORT(MultiplyF32);
 HWY_EXPORT(RoundToBf16F32);
 HWY_EXPORT(RunBackwardF64);
 HWY_EXPORT(RunBackwardBf16);
@@ -383,6 +415,9 @@ void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::i
 }
 void round_to_bf16_f32(const float* src, std::int64_t count, float* dst) noexcept {
   HWY_DYNAMIC_DISPATCH(RoundToBf16F32)(src, count, dst);
+}
+void multiply_f32(const float* a, const float* b, std::int64_t count, float* dst) noexcept {
+  HWY_DYNAMIC_DISPATCH(MultiplyF32)(a, b, count, dst);
 }
 }  // namespace bwd
 

@@ -63,6 +63,9 @@ void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::i
 void round_to_bf16_f32(const float* src, std::int64_t count, float* dst) noexcept {
   for (std::int64_t e = 0; e < count; ++e) dst[e] = round_float_to_bf16(src[e]);
 }
+void multiply_f32(const float* a, const float* b, std::int64_t count, float* dst) noexcept {
+  for (std::int64_t e = 0; e < count; ++e) dst[e] = a[e] * b[e];
+}
 }  // namespace bwd
 #endif
 

@@ -50,6 +50,7 @@
 #include <limits>
 #include <new>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -80,6 +81,17 @@ void dropout_factors_portable(const core::Dropout& d, std::uint32_t head_word, s
 void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
                          std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
                          float* z) noexcept;
+// dst[e] = a[e]·b[e] for e < count (dst may be a): in SIMD where the build has it, since this
+// header's own loops are compiled for the baseline ISA (dropout's P∘Z and dP∘Z, a tile each).
+void multiply_f32(const float* a, const float* b, std::int64_t count, float* dst) noexcept;
+template <class T>
+void multiply(const T* a, const T* b, std::int64_t count, T* dst) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    multiply_f32(a, b, count, dst);
+  } else {
+    for (std::int64_t e = 0; e < count; ++e) dst[e] = a[e] * b[e];
+  }
+}
 
 struct TilePlan {
   std::int64_t query_tile = 64;  // Br
@@ -387,7 +399,7 @@ void dropout_tile(const core::AttentionParams& p, std::int64_t b, std::int64_t h
                   std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
                   std::int64_t ld, const T* pt, T* z, T* pd) noexcept {
   dropout_factors(p, b, h, i0, rows, j0, cols, ld, z);
-  for (std::int64_t x = 0; x < rows * ld; ++x) pd[x] = pt[x] * z[x];
+  multiply(pt, z, rows * ld, pd);
 }
 
 }  // namespace qkv::kernels::bwd
@@ -538,7 +550,7 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                 products.dp(ds);      // dP = dO_i·V_jᵀ
                 if (p.dropout.active()) {
                   const T* z = t.zd.data();
-                  for (std::int64_t x = 0; x < br * t.bcp; ++x) ds[x] *= z[x];
+                  multiply(ds, z, br * t.bcp, ds);
                 }
                 // The softcap's factor is finite everywhere (1 - tanh², or the zeros it was
                 // allocated with), so P = 0 gives dS = 0 without a test.

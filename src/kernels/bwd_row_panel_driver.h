@@ -204,7 +204,7 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
                 if (dropout) {
                   T* const z = zs + kt * slot;
                   dropout_factors(p, b, h, i0, br, j0, bc, bcp, z);
-                  for (std::int64_t e = 0; e < br * bcp; ++e) dpt[e] *= z[e];
+                  multiply(dpt, z, br * bcp, dpt);
                 }
                 // The panel keeps x: exp(x - M) goes into the worker's P tile.
                 add_tile_to_row_stats<Ops, T>(x, t.p.data(), dpt, br, bcp, m, l, u, tile_stats);
@@ -230,7 +230,7 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
                 if (dropout) {  // dV takes P∘Z (dropout_tile's product, Z as kept)
                   const T* z = zs + kt * slot;
                   T* const pd = t.pd.data();
-                  for (std::int64_t e = 0; e < br * bcp; ++e) pd[e] = pt[e] * z[e];
+                  multiply(pt, z, br * bcp, pd);
                   pv = pd;
                 }
                 // The products accumulate into t.dk and t.dv: this key tile's rows of the

@@ -352,7 +352,7 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
           // draws the gradient pass's Z).
           T* const z = t.zd.data();
           dropout_factors(p, b, h, i0, br, j0, bc, t.bcp, z);
-          for (std::int64_t e = 0; e < br * t.bcp; ++e) dp[e] *= z[e];
+          multiply(dp, z, br * t.bcp, dp);
         }
         add_tile_to_row_stats<Ops, T>(x, x, dp, br, t.bcp, m, l, u, tile_stats);
       }

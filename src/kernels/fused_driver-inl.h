@@ -293,10 +293,6 @@ class FusedWorker {
     return Micro::row_max(s);
   }
 
-  // Float32 rows whose dropout draws run side by side: 4 ran slower than 2 (1.21x against
-  // 1.13x the forward without dropout, n = 2048, d = 64, the Xeon; register pressure).
-  static constexpr int kDropRows = 2;
-
   // Dropout on the rows [r0, r0 + nr) of the tile at key j0, after their exponentials entered
   // the running sums (l is the softmax's, before dropout) and before P·V: kept weights times
   // 1/(1 - p), dropped ones 0, drawn for (b, h, i, j) whatever the tile plan
@@ -307,28 +303,24 @@ class FusedWorker {
     const auto head_word = [&](std::int64_t r) {
       return core::dropout_head_word(p_.dropout, t.b, t.hk * plan_.g + r / per_head);
     };
-    std::int64_t r = r0;
-    // kDropRows rows at a time where the micro-kernel draws several at once (their Philox
-    // chains hide each other's latency: the forward's cost of dropout fell from ~1.25x to
-    // ~1.13x).
-    if constexpr (std::is_same_v<F, float> &&
-                  requires { &Micro::template dropout_rows<kDropRows>; }) {
+    // The group's float32 rows in one call where the micro-kernel has it: it sets up the
+    // draws once for the group and runs two rows' Philox chains side by side
+    // (dropout_hwy::rows64).
+    if constexpr (std::is_same_v<F, float> && requires { &Micro::dropout_rows; }) {
       static_assert(fused::kKeyTile == core::kDropoutKeys);
-      for (; r + kDropRows <= r0 + nr; r += kDropRows) {
-        std::uint32_t words[kDropRows];
-        std::int64_t rows[kDropRows];
-        F* weights[kDropRows];
-        for (int u = 0; u < kDropRows; ++u) {
-          words[u] = head_word(r + u);
-          rows[u] = t.i0 + (r + u) % per_head;
-          weights[u] = s_.get() + (r + u) * fused::kKeyTile;
-        }
-        Micro::template dropout_rows<kDropRows>(p_.dropout, words, rows, j0, weights);
+      std::uint32_t words[static_cast<std::size_t>(kGroupRows)];
+      std::int64_t rows[static_cast<std::size_t>(kGroupRows)];
+      for (std::int64_t u = 0; u < nr; ++u) {
+        words[u] = head_word(r0 + u);
+        rows[u] = t.i0 + (r0 + u) % per_head;
       }
-    }
-    for (; r < r0 + nr; ++r) {
-      Micro::dropout(p_.dropout, head_word(r), t.i0 + r % per_head, j0, fused::kKeyTile,
-                     s_.get() + r * fused::kKeyTile);
+      Micro::dropout_rows(p_.dropout, nr, words, rows, j0, s_.get() + r0 * fused::kKeyTile,
+                          fused::kKeyTile);
+    } else {
+      for (std::int64_t r = r0; r < r0 + nr; ++r) {
+        Micro::dropout(p_.dropout, head_word(r), t.i0 + r % per_head, j0, fused::kKeyTile,
+                       s_.get() + r * fused::kKeyTile);
+      }
     }
   }
 
