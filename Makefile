@@ -88,14 +88,16 @@ fuzz: fuzz-build
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh
 
 # The build without SIMD kernels, and the suites whose results the kernels decide: kernels,
-# core, layer, cache, threads, hardening, train, dist (MPI) and the oracle cases through the CLI.
-# The suites of file formats, messages, explain and bindings run in the release build only.
+# core, layer, cache, threads, hardening, train, dist (the ring's steps in one process) and the
+# oracle cases through the CLI. The suites of file formats, messages, explain and bindings, and
+# the ring over mpirun (label mpi: ~80 s, much of it serial, calling the same kernel entry
+# points the suites above check), run in the release build only.
 PORTABLE_SUITES = kernels core layer cache threads hardening train dist
 portable: deps
 	@cmake --preset portable >/dev/null
 	@cmake --build build/portable -j $(JOBS) --target qkv_cli $(addprefix test_,$(PORTABLE_SUITES))
 	ctest --test-dir build/portable --output-on-failure -j $(JOBS) \
-	  -L '^($(subst $(eval) ,|,$(PORTABLE_SUITES))|oracle|mpi)$$'
+	  -L '^($(subst $(eval) ,|,$(PORTABLE_SUITES))|oracle)$$'
 
 # The README's pictures of the explain page (docs/explain.png, explain-mobile.png,
 # explain-large.png), taken by the browser test in headless Chromium.
