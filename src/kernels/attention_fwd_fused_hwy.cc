@@ -267,9 +267,9 @@ struct HwyMicro {
                       std::int64_t j0, std::int64_t count, F* s) noexcept {
     dropout_hwy::span<F>(d, head_word, i, j0, count, s);
   }
-  // The same on count rows of 64 float32 keys at once (dropout_hwy::rows64: set up once, two
-  // rows' Philox chains side by side), row k at s + k·ld; the driver calls it for float32
-  // tiles only.
+  // The same on count rows of 64 float32 keys at once (dropout_hwy::rows64: set up once,
+  // kDropRows rows' Philox chains side by side), row k at s + k·ld; the driver calls it for
+  // float32 tiles only.
   static void dropout_rows(const core::Dropout& d, std::int64_t count,
                            const std::uint32_t* head_word, const std::int64_t* i,
                            std::int64_t j0, float* s, std::int64_t ld) noexcept {

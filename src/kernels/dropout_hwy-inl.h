@@ -58,10 +58,10 @@ inline PhiloxRowWords philox_row_words(const core::Dropout& d, std::uint32_t hea
 
 // Rows whose Philox chains run side by side in rows64: a row's rounds are one chain of
 // dependent products (a multiply, a shuffle and a three-way xor a round), and several chains
-// hide each other's latency. With the round keys in memory, four rows fit the registers; on
-// the Xeon four and two were level within the host's noise (forward 1.09x against 1.13x
-// the time without dropout, medians of 12 interleaved rounds; the draws alone, 64 rows of 64
-// factors, 16.3 against 20.1 ns a row, medians of 12).
+// hide each other's latency. With the round keys in memory, four rows fit the registers. On
+// the Xeon four and two were level within the host's noise: the forward with dropout 1.09x
+// against 1.13x the time without (per-round medians of 12 interleaved rounds); the draws
+// alone, 64 rows of 64 factors, 16.3 against 20.1 ns a row (medians of 12).
 inline constexpr int kDropRows = 4;
 
 // What rows64 does to a kept weight: scale it in place (the forward's weights, the default),

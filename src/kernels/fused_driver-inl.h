@@ -304,8 +304,8 @@ class FusedWorker {
       return core::dropout_head_word(p_.dropout, t.b, t.hk * plan_.g + r / per_head);
     };
     // The group's float32 rows in one call where the micro-kernel has it: it sets up the
-    // draws once for the group and runs two rows' Philox chains side by side
-    // (dropout_hwy::rows64).
+    // draws once for the group and runs dropout_hwy::kDropRows rows' Philox chains side by
+    // side (dropout_hwy::rows64).
     if constexpr (std::is_same_v<F, float> && requires { &Micro::dropout_rows; }) {
       static_assert(fused::kKeyTile == core::kDropoutKeys);
       std::uint32_t words[static_cast<std::size_t>(kGroupRows)];
