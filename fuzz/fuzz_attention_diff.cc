@@ -385,8 +385,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       got = qkv::attention(q.view(), k.view(), v.view(), options);
     } catch (const qkv::Error& e) {
       qkv::fuzz::check_one_line(e.what());
-      if (kernel == "reference")
-        qkv::fuzz::fail("the reference declined: " + std::string(e.what()));
+      if (kernel == "reference") {
+        // A float16 output refuses a value past its range (the lse of scores above 65504, say)
+        // rather than write inf: the reference's refusal is then the contract, not a finding
+        // (its float64 run above had no such limit). Kernels that ran before it were compared.
+        const std::string message = e.what();
+        if (options.out_dtype == qkv::DType::kF16 &&
+            message.starts_with("out_dtype: float16 cannot hold")) {
+          return 0;
+        }
+        qkv::fuzz::fail("the reference declined: " + message);
+      }
       continue;
     }
     compare(got.out, want.out, out_tolerance, kernel + " out", out_rounding);
