@@ -6,8 +6,11 @@
 // flops (2·(d + dv) per allowed pair and head) for the backward; the layer's add its
 // projections' products (twice them for its backward). bwd_bf16_fused_hwy and forward_bf16
 // time the bf16 backward and forward (Q, K, V and dO stored in bf16), for the ratio to
-// bwd_fused_hwy's float32 backward on the same values.
+// bwd_fused_hwy's float32 backward on the same values. forward_dropout and
+// bwd_dropout_fused_hwy time both with attention dropout (p = 0.1, seed 3), for the ratio to
+// forward and bwd_fused_hwy: the cost of dropout.
 //   qkv_bench_backward --benchmark_filter='bwd_fused_hwy/.*' --benchmark_min_time=1
+//   qkv_bench_backward --benchmark_filter='^(forward(_dropout)?|bwd(_dropout)?_fused_hwy)/n:2048/'
 //   qkv_bench_backward --benchmark_filter='bwd(_bf16)?_fused_hwy/n:2048/.*'
 //   qkv_bench_backward --benchmark_filter='layer_.*'
 #include <benchmark/benchmark.h>
@@ -27,8 +30,9 @@ namespace {
 using qkv::bench::pattern;
 
 // kernel empty: the forward (the default kernel), else that backward kernel; inputs stored in
-// `storage` (kF32, or kBF16: the bf16 forward and backward).
-void backward_benchmark(benchmark::State& state, const std::string& kernel, qkv::DType storage) {
+// `storage` (kF32, or kBF16: the bf16 forward and backward); dropout_p > 0: with dropout.
+void backward_benchmark(benchmark::State& state, const std::string& kernel, qkv::DType storage,
+                        double dropout_p) {
   const std::int64_t n = state.range(0);
   const std::int64_t d = state.range(1);
   const bool causal = state.range(2) != 0;
@@ -41,6 +45,8 @@ void backward_benchmark(benchmark::State& state, const std::string& kernel, qkv:
   options.causal = causal;
   options.threads = static_cast<int>(state.range(3));
   options.return_lse = true;
+  options.dropout_p = dropout_p;
+  options.seed = 3;
   const qkv::AttentionResult forward = qkv::attention(q.view(), k.view(), v.view(), options);
   options.kernel = kernel;
   const auto run = [&] {
@@ -153,16 +159,22 @@ void layer_grid(benchmark::internal::Benchmark* b) {
 
 const bool kRegistered = [] {
   constexpr qkv::DType kF32 = qkv::DType::kF32, kBF16 = qkv::DType::kBF16;
-  benchmark::RegisterBenchmark("forward", backward_benchmark, std::string(), kF32)->Apply(grid);
+  benchmark::RegisterBenchmark("forward", backward_benchmark, std::string(), kF32, 0.0)
+      ->Apply(grid);
   for (const std::string& name : qkv::attention_backward_kernel_names()) {
     const bool slow = name == "reference" || name == "fused_scalar";
-    benchmark::RegisterBenchmark(("bwd_" + name).c_str(), backward_benchmark, name, kF32)
+    benchmark::RegisterBenchmark(("bwd_" + name).c_str(), backward_benchmark, name, kF32, 0.0)
         ->Apply(slow ? small_grid : grid);
   }
-  benchmark::RegisterBenchmark("forward_bf16", backward_benchmark, std::string(), kBF16)
+  benchmark::RegisterBenchmark("forward_bf16", backward_benchmark, std::string(), kBF16, 0.0)
       ->Apply(grid);
   benchmark::RegisterBenchmark("bwd_bf16_fused_hwy", backward_benchmark, std::string("fused_hwy"),
-                               kBF16)
+                               kBF16, 0.0)
+      ->Apply(grid);
+  benchmark::RegisterBenchmark("forward_dropout", backward_benchmark, std::string(), kF32, 0.1)
+      ->Apply(grid);
+  benchmark::RegisterBenchmark("bwd_dropout_fused_hwy", backward_benchmark,
+                               std::string("fused_hwy"), kF32, 0.1)
       ->Apply(grid);
   benchmark::RegisterBenchmark("layer_forward", layer_benchmark, false)->Apply(layer_grid);
   benchmark::RegisterBenchmark("layer_backward", layer_benchmark, true)->Apply(layer_grid);
