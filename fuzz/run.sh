@@ -44,8 +44,8 @@ fuzz_one() {
     for artifact in "$artifacts"/*; do
       [ -f "$artifact" ] || continue
       cp "$artifact" "fuzz/regressions/$name/"
-      echo "fuzz: kept $(basename "$artifact") in fuzz/regressions/$name/ (replayed by ctest -L fuzz)" \
-        >>"$results/$name.failed"
+      echo "fuzz: kept $(basename "$artifact") in fuzz/regressions/$name/" \
+        "(replayed by ctest -L fuzz)" >>"$results/$name.failed"
     done
   fi
   echo "$line" >"$results/$name.line"
