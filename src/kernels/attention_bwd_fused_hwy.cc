@@ -271,46 +271,71 @@ struct HwyOps {
   }
 };
 
-void DropoutFactorsF32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
-                       std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
-                       float* z) {
-  // Whole aligned blocks of 64 keys for all the rows at once (dropout_hwy::rows64 writes the
-  // factors themselves); a ragged block row by row; the padding [cols, ld) 0.
+void DropoutKeepBits(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                     std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                     std::uint64_t* bits) {
+  // Whole aligned blocks of 64 keys that start a word, for all the rows at once
+  // (dropout_hwy::rows64); any other block row by row, the portable way.
+  const std::int64_t words = bwd::keep_words(ld);
+  std::fill_n(bits, rows * words, std::uint64_t{0});
   constexpr std::int64_t kChunk = 64;  // rows a call of rows64 takes
-  std::uint32_t words[kChunk];
+  std::uint32_t head_words[kChunk];
   std::int64_t row_index[kChunk];
-  std::fill_n(words, kChunk, head_word);
+  std::fill_n(head_words, kChunk, head_word);
   std::int64_t c = 0;
   while (c < cols) {
     const std::int64_t j = j0 + c;
     const std::int64_t n = std::min(cols - c, core::kDropoutKeys - j % core::kDropoutKeys);
-    if (n == core::kDropoutKeys) {
+    if (n == core::kDropoutKeys && c % 64 == 0) {
       for (std::int64_t r0 = 0; r0 < rows; r0 += kChunk) {
         const std::int64_t count = std::min(kChunk, rows - r0);
         for (std::int64_t r = 0; r < count; ++r) row_index[r] = i0 + r0 + r;
-        dropout_hwy::rows64<dropout_hwy::DropWrite::kFactors>(d, count, words, row_index, j,
-                                                              z + r0 * ld + c, ld);
+        dropout_hwy::rows64(d, count, head_words, row_index, j,
+                            dropout_hwy::KeepBits{bits + r0 * words + c / 64, words});
       }
     } else {
       for (std::int64_t r = 0; r < rows; ++r) {
-        float* zr = z + r * ld + c;
-        std::fill_n(zr, n, 1.0f);
-        dropout_hwy::span<float>(d, head_word, i0 + r, j, n, zr);
+        bwd::keep_bits_portable(d, head_word, i0 + r, j, n, bits + r * words, c);
       }
     }
     c += n;
   }
-  for (std::int64_t r = 0; r < rows; ++r) std::fill(z + r * ld + cols, z + (r + 1) * ld, 0.0f);
 }
 
-void MultiplyF32(const float* a, const float* b, std::int64_t count, float* dst) {
-  const hn::ScalableTag<float> d;
-  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
-  std::int64_t e = 0;
-  for (; e + lanes <= count; e += lanes) {
-    hn::StoreU(hn::Mul(hn::LoadU(d, a + e), hn::LoadU(d, b + e)), d, dst + e);
+// dst := src·(kept ? scale : 0), the factor built in a register from the mask's bits: vector v
+// of a row tests its lanes' bits (1, 2, 4, ...) against the row's word shifted to it.
+void ApplyKeepBitsF32(const float* src, const std::uint64_t* bits, std::int64_t rows,
+                      std::int64_t ld, float scale, float* dst) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t words = bwd::keep_words(ld);
+  alignas(64) static constexpr std::uint32_t kLaneBits[32] = {
+      1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+      1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+      1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+      1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
+  if (lanes > 32 || 64 % lanes != 0) {
+    bwd::apply_keep_bits_portable(src, bits, rows, ld, scale, dst);
+    return;
   }
-  for (; e < count; ++e) dst[e] = a[e] * b[e];
+  const auto lane_bits = hn::Load(du, kLaneBits);
+  const auto factor = hn::Set(df, scale);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint64_t* w = bits + r * words;
+    const float* a = src + r * ld;
+    float* out = dst + r * ld;
+    std::int64_t c = 0;
+    for (; c + lanes <= ld; c += lanes) {
+      const auto part = static_cast<std::uint32_t>(w[c / 64] >> (c % 64));
+      const auto kept = hn::RebindMask(df, hn::TestBit(hn::Set(du, part), lane_bits));
+      hn::StoreU(hn::Mul(hn::LoadU(df, a + c), hn::IfThenElseZero(kept, factor)), df, out + c);
+    }
+    for (; c < ld; ++c) {
+      const bool kept = ((w[c / 64] >> (c % 64)) & 1u) != 0;
+      out[c] = a[c] * (kept ? scale : 0.0f);
+    }
+  }
 }
 
 void RoundToBf16F32(const float* src, std::int64_t count, float* dst) {
@@ -381,8 +406,8 @@ HWY_EXPORT(ExpSumRowsF64);
 HWY_EXPORT(WeighRowsF32);
 HWY_EXPORT(WeighRowsF64);
 HWY_EXPORT(RunBackwardF32);
-HWY_EXPORT(DropoutFactorsF32);
-HWY_EXPORT(MultiplyF32);
+HWY_EXPORT(DropoutKeepBits);
+HWY_EXPORT(ApplyKeepBitsF32);
 HWY_EXPORT(RoundToBf16F32);
 HWY_EXPORT(RunBackwardF64);
 HWY_EXPORT(RunBackwardBf16);
@@ -408,16 +433,17 @@ namespace bwd {
 QKV_ROWS_DISPATCH(float, F32)
 QKV_ROWS_DISPATCH(double, F64)
 #undef QKV_ROWS_DISPATCH
-void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
-                         std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
-                         float* z) noexcept {
-  HWY_DYNAMIC_DISPATCH(DropoutFactorsF32)(d, head_word, i0, rows, j0, cols, ld, z);
+void dropout_keep_bits(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                       std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                       std::uint64_t* bits) noexcept {
+  HWY_DYNAMIC_DISPATCH(DropoutKeepBits)(d, head_word, i0, rows, j0, cols, ld, bits);
+}
+void apply_keep_bits_f32(const float* src, const std::uint64_t* bits, std::int64_t rows,
+                         std::int64_t ld, float scale, float* dst) noexcept {
+  HWY_DYNAMIC_DISPATCH(ApplyKeepBitsF32)(src, bits, rows, ld, scale, dst);
 }
 void round_to_bf16_f32(const float* src, std::int64_t count, float* dst) noexcept {
   HWY_DYNAMIC_DISPATCH(RoundToBf16F32)(src, count, dst);
-}
-void multiply_f32(const float* a, const float* b, std::int64_t count, float* dst) noexcept {
-  HWY_DYNAMIC_DISPATCH(MultiplyF32)(a, b, count, dst);
 }
 }  // namespace bwd
 

@@ -273,7 +273,8 @@ struct HwyMicro {
   static void dropout_rows(const core::Dropout& d, std::int64_t count,
                            const std::uint32_t* head_word, const std::int64_t* i,
                            std::int64_t j0, float* s, std::int64_t ld) noexcept {
-    dropout_hwy::rows64(d, count, head_word, i, j0, s, ld);
+    dropout_hwy::rows64(d, count, head_word, i, j0,
+                        dropout_hwy::ScaleWeights{s, ld, static_cast<float>(d.keep_scale)});
   }
 
   static void accumulate_pv(const F* p, std::int64_t rows, std::int64_t bk, const F* v,

@@ -55,16 +55,17 @@ namespace bwd {
 QKV_SCALAR_ROWS(float)
 QKV_SCALAR_ROWS(double)
 #undef QKV_SCALAR_ROWS
-void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
-                         std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
-                         float* z) noexcept {
-  dropout_factors_portable(d, head_word, i0, rows, j0, cols, ld, z);
+void dropout_keep_bits(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                       std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                       std::uint64_t* bits) noexcept {
+  dropout_keep_bits_portable(d, head_word, i0, rows, j0, cols, ld, bits);
+}
+void apply_keep_bits_f32(const float* src, const std::uint64_t* bits, std::int64_t rows,
+                         std::int64_t ld, float scale, float* dst) noexcept {
+  apply_keep_bits_portable(src, bits, rows, ld, scale, dst);
 }
 void round_to_bf16_f32(const float* src, std::int64_t count, float* dst) noexcept {
   for (std::int64_t e = 0; e < count; ++e) dst[e] = round_float_to_bf16(src[e]);
-}
-void multiply_f32(const float* a, const float* b, std::int64_t count, float* dst) noexcept {
-  for (std::int64_t e = 0; e < count; ++e) dst[e] = a[e] * b[e];
 }
 }  // namespace bwd
 #endif

@@ -16,7 +16,7 @@
 //       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed (tile_logits)
 //       P    = exp(min(x - M_i, 0)) / l_i               Ops::weigh_rows (x - M_i is exact
 //                                                        near the max: no lse cancellation)
-//       with dropout: Z drawn for the tile (dropout_tile), P∘Z in place of P for dV, dP∘Z
+//       with dropout: Z drawn for the tile as bits (dropout_tile), P∘Z in place of P for dV, dP∘Z
 //       in place of dP, and D = Σ P∘Z∘dP in the stats pass (core/dropout.h)
 //       dV_j += Pᵀ·dO_i
 //       dP   = dO_i·V_jᵀ
@@ -63,33 +63,77 @@
 
 namespace qkv::kernels::bwd {
 
-// Dropout's factors Z for query rows [i0, i0 + rows) and keys [j0, j0 + cols) of one head:
-// z[r·ld + c] = 1/(1 - p) where kept, 0 where dropped (core/dropout.h), 0 for c in [cols, ld).
-template <class T>
-void dropout_factors_portable(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
-                              std::int64_t rows, std::int64_t j0, std::int64_t cols,
-                              std::int64_t ld, T* z) noexcept {
+// Dropout's keep mask of a tile of rows x ld weights (query rows [i0, i0 + rows) of one head,
+// keys [j0, j0 + cols)), the backward's Z = 1/(1 - p) where kept, 0 where dropped: bit c % 64
+// of word r·keep_words(ld) + c / 64 is set when column c of row r is kept; the padding's
+// columns [cols, ld) are clear. Bits rather than a float tile of factors: the row-panel driver
+// keeps a tile's mask from its first sweep to its second, and at n = 2048 a 128-row panel of
+// float factors was another 1 MiB beside the scores and dP (in L2's way; 32 KiB as bits).
+inline std::int64_t keep_words(std::int64_t ld) noexcept { return (ld + 63) / 64; }
+
+// Row i's bits for keys [j0, j0 + count) into row_words from bit `at` on (or'd in): the
+// portable draws (core/dropout.h), any j0, count and at.
+inline void keep_bits_portable(const core::Dropout& d, std::uint32_t head_word, std::int64_t i,
+                               std::int64_t j0, std::int64_t count, std::uint64_t* row_words,
+                               std::int64_t at) noexcept {
+  std::uint32_t draws[core::kDropoutKeys];
+  std::int64_t k = 0;
+  while (k < count) {
+    const std::int64_t j = j0 + k;
+    const std::int64_t block0 = j - j % core::kDropoutKeys;
+    const std::int64_t n = std::min(count - k, block0 + core::kDropoutKeys - j);
+    core::dropout_draws_row(d, head_word, i, block0, draws);
+    for (std::int64_t x = 0; x < n; ++x) {
+      if (draws[j - block0 + x] < d.threshold) continue;
+      const std::int64_t bit = at + k + x;
+      row_words[bit / 64] |= std::uint64_t{1} << (bit % 64);
+    }
+    k += n;
+  }
+}
+
+inline void dropout_keep_bits_portable(const core::Dropout& d, std::uint32_t head_word,
+                                       std::int64_t i0, std::int64_t rows, std::int64_t j0,
+                                       std::int64_t cols, std::int64_t ld,
+                                       std::uint64_t* bits) noexcept {
+  const std::int64_t words = keep_words(ld);
+  std::fill_n(bits, rows * words, std::uint64_t{0});
   for (std::int64_t r = 0; r < rows; ++r) {
-    T* zr = z + r * ld;
-    std::fill_n(zr, cols, T(1));
-    std::fill(zr + cols, zr + ld, T(0));
-    core::dropout_span_scalar(d, head_word, i0 + r, j0, cols, zr);
+    keep_bits_portable(d, head_word, i0 + r, j0, cols, bits + r * words, 0);
   }
 }
 // The same in SIMD where the build has it, one dispatch per tile (attention_bwd_fused_hwy.cc;
 // backward_kernel_list.cc in a portable build).
-void dropout_factors_f32(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
-                         std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
-                         float* z) noexcept;
-// dst[e] = a[e]·b[e] for e < count (dst may be a): in SIMD where the build has it, since this
-// header's own loops are compiled for the baseline ISA (dropout's P∘Z and dP∘Z, a tile each).
-void multiply_f32(const float* a, const float* b, std::int64_t count, float* dst) noexcept;
+void dropout_keep_bits(const core::Dropout& d, std::uint32_t head_word, std::int64_t i0,
+                       std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t ld,
+                       std::uint64_t* bits) noexcept;
+
+// dst := src∘Z over rows x ld (dst may be src): src·scale where the mask keeps, src·0 where
+// not (the product with the factor, not a select, so that the bits are those of P∘Z and dP∘Z
+// with Z as a float tile: an infinite or NaN dP stays NaN).
 template <class T>
-void multiply(const T* a, const T* b, std::int64_t count, T* dst) noexcept {
+void apply_keep_bits_portable(const T* src, const std::uint64_t* bits, std::int64_t rows,
+                              std::int64_t ld, T scale, T* dst) noexcept {
+  const std::int64_t words = keep_words(ld);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint64_t* w = bits + r * words;
+    for (std::int64_t c = 0; c < ld; ++c) {
+      const bool kept = ((w[c / 64] >> (c % 64)) & 1u) != 0;
+      dst[r * ld + c] = src[r * ld + c] * (kept ? scale : T(0));
+    }
+  }
+}
+// In SIMD where the build has it: this header's own loops are compiled for the baseline ISA.
+void apply_keep_bits_f32(const float* src, const std::uint64_t* bits, std::int64_t rows,
+                         std::int64_t ld, float scale, float* dst) noexcept;
+template <class T>
+void apply_keep_bits(const core::Dropout& d, const T* src, const std::uint64_t* bits,
+                     std::int64_t rows, std::int64_t ld, T* dst) noexcept {
+  const auto scale = static_cast<T>(d.keep_scale);
   if constexpr (std::is_same_v<T, float>) {
-    multiply_f32(a, b, count, dst);
+    apply_keep_bits_f32(src, bits, rows, ld, scale, dst);
   } else {
-    for (std::int64_t e = 0; e < count; ++e) dst[e] = a[e] * b[e];
+    apply_keep_bits_portable(src, bits, rows, ld, scale, dst);
   }
 }
 
@@ -157,7 +201,8 @@ template <class T>
 struct Tiles {
   std::int64_t dp = 0, dvp = 0, bcp = 0;  // padded widths of d, dv and the key tile
   std::span<T> k, kt, vt, q, dout, p, ds, factor, dk, dv, dq;
-  std::span<T> zd, pd;  // dropout's factors and P∘Z (empty without dropout)
+  std::span<T> pd;                 // P∘Z (dropout), P rounded to bf16 (bf16 calls)
+  std::vector<std::uint64_t> keep;  // dropout's keep mask of a tile (keep_words)
   std::vector<T> own;  // the tiles' memory when too large to keep (zeroed_tile_memory)
   void allocate(const core::AttentionShape& s, const TilePlan& plan, bool dropout = false) {
     dp = padded<T>(s.d);
@@ -175,8 +220,8 @@ struct Tiles {
                                                             {&dk, z(plan.key_tile, dp)},
                                                             {&dv, z(plan.key_tile, dvp)},
                                                             {&dq, z(plan.query_tile, dp)},
-                                                            {&zd, z(dropout ? plan.query_tile : 0, bcp)},
                                                             {&pd, z(dropout ? plan.query_tile : 0, bcp)}};
+    keep.assign(dropout ? z(plan.query_tile, keep_words(bcp)) : 0, 0);
     std::size_t total = 0;
     for (const auto& entry : layout) total += entry.second;
     T* at = zeroed_tile_memory<T>(total, own);
@@ -378,28 +423,23 @@ inline bool tile_masked(const core::AttentionParams& p, std::int64_t i0, std::in
 }
 
 // Dropout (core/dropout.h) on a tile of weights P (rows x ld, keys [j0, j0 + cols) of query
-// rows [i0, i0 + rows) of head h): z := Z (1/(1 - p) where kept, 0 where dropped, 0 in the
-// padding), pd := P∘Z, the weights dV takes and O was made of. The same draws as the forward's,
-// made again rather than stored. dP∘Z then gives dS = P∘(dP∘Z - D), D = Σ P∘Z∘dP (= dO·O, O
-// made of the dropped weights) from the stats pass, which draws Z too (dropout_factors).
-template <class T>
-void dropout_factors(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
-                     std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
-                     std::int64_t ld, T* z) noexcept {
-  const std::uint32_t head_word = core::dropout_head_word(p.dropout, b, h);
-  if constexpr (std::is_same_v<T, float>) {
-    dropout_factors_f32(p.dropout, head_word, i0, rows, j0, cols, ld, z);
-  } else {
-    dropout_factors_portable(p.dropout, head_word, i0, rows, j0, cols, ld, z);
-  }
+// rows [i0, i0 + rows) of head h): keep := the tile's keep mask (keep_words), pd := P∘Z, the
+// weights dV takes and O was made of. The same draws as the forward's, made again rather than
+// stored. dP∘Z then gives dS = P∘(dP∘Z - D), D = Σ P∘Z∘dP (= dO·O, O made of the dropped
+// weights) from the stats pass, which draws the mask too (dropout_mask).
+inline void dropout_mask(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
+                         std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
+                         std::int64_t ld, std::uint64_t* keep) noexcept {
+  dropout_keep_bits(p.dropout, core::dropout_head_word(p.dropout, b, h), i0, rows, j0, cols, ld,
+                    keep);
 }
 
 template <class T>
 void dropout_tile(const core::AttentionParams& p, std::int64_t b, std::int64_t h,
                   std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
-                  std::int64_t ld, const T* pt, T* z, T* pd) noexcept {
-  dropout_factors(p, b, h, i0, rows, j0, cols, ld, z);
-  multiply(pt, z, rows * ld, pd);
+                  std::int64_t ld, const T* pt, std::uint64_t* keep, T* pd) noexcept {
+  dropout_mask(p, b, h, i0, rows, j0, cols, ld, keep);
+  apply_keep_bits(p.dropout, pt, keep, rows, ld, pd);
 }
 
 }  // namespace qkv::kernels::bwd
@@ -543,14 +583,13 @@ core::KernelStatus run_backward(const core::BackwardParams& bp, const TilePlan& 
                 // With dropout, dV takes P∘Z and dP becomes dP∘Z (dropout_tile).
                 const T* pv = pt;
                 if (p.dropout.active()) {
-                  dropout_tile(p, b, h, i0, br, j0, bc, t.bcp, pt, t.zd.data(), t.pd.data());
+                  dropout_tile(p, b, h, i0, br, j0, bc, t.bcp, pt, t.keep.data(), t.pd.data());
                   pv = t.pd.data();
                 }
                 products.add_dv(pv);  // dV_j += Pᵀ·dO_i
                 products.dp(ds);      // dP = dO_i·V_jᵀ
                 if (p.dropout.active()) {
-                  const T* z = t.zd.data();
-                  multiply(ds, z, br * t.bcp, ds);
+                  apply_keep_bits(p.dropout, ds, t.keep.data(), br, t.bcp, ds);
                 }
                 // The softcap's factor is finite everywhere (1 - tanh², or the zeros it was
                 // allocated with), so P = 0 gives dS = 0 without a test.

@@ -10,8 +10,9 @@
 // tile's keys twice in a row:
 //
 //   sweep 1, per key tile j:   x_j = tile_logits(Q_i, K_j), dP_j = dO_i·V_jᵀ (∘ Z with
-//                              dropout), both kept in the panel; M, l, u updated exactly as
-//                              the stats pass does (the same calls in the same order)
+//                              dropout, its mask kept as bits), both kept in the panel;
+//                              M, l, u updated exactly as the stats pass does (the same
+//                              calls in the same order)
 //   then M, 1/l and D = u/l of the tile's rows
 //   sweep 2, per key tile j:   P from the kept x_j (weigh_rows), dS from the kept dP_j,
 //                              dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i, dQ_i += dS·K_j
@@ -25,8 +26,8 @@
 // one key chunk. The number of chunks depends on the shape alone, so no bit depends on the
 // thread count.
 //
-// Memory per thread: the panel, (2, plus 1 with a softcap, plus 1 with dropout)·Br·Nk'
-// elements (Nk' = Nk rounded up to whole key tiles; dropout's factors are drawn once, in
+// Memory per thread: the panel, (2, plus 1 with a softcap)·Br·Nk' elements (Nk' = Nk
+// rounded up to whole key tiles), with dropout Br·Nk'/8 bytes of keep masks (drawn once, in
 // sweep 1), every key tile of one kv head packed (FloatProducts: Nk'·(dp + d +
 // dv) elements; bf16's products are packed for the call already), and with one chunk a dK/dV
 // buffer of Nk'·(dp + dvp) elements; with more chunks, chunks·B·Hkv such buffers in all.
@@ -76,9 +77,12 @@ inline RowPanelPlan row_panel_plan(const core::BackwardParams& bp, const TilePla
     return std::ceil(static_cast<double>(n) / lanes) * lanes;
   };
   const double bcp = padded_width(plan.key_tile);
-  const double panels = 2.0 + (bp.forward.modifiers.softcap > 0.0 ? 1.0 : 0.0) +
-                        (bp.forward.dropout.active() ? 1.0 : 0.0);
-  const double panel = panels * static_cast<double>(plan.query_tile) * bcp *
+  const double panels = 2.0 + (bp.forward.modifiers.softcap > 0.0 ? 1.0 : 0.0);
+  // Dropout's masks: 8-byte words of 64 keys, counted in elements.
+  const double masks = bp.forward.dropout.active()
+                           ? std::ceil(bcp / 64.0) * 8.0 / static_cast<double>(element)
+                           : 0.0;
+  const double panel = (panels * bcp + masks) * static_cast<double>(plan.query_tile) *
                        static_cast<double>(key_tiles);
   const double packed_keys =
       keys * padded_width(s.d) + static_cast<double>(key_tiles) * bcp *
@@ -154,13 +158,15 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
         Products products(shared, bp, plan, t);
         const std::int64_t slot = plan.query_tile * bcp;  // one tile of the panel
         const bool dropout = p.dropout.active();
-        std::vector<T> panel(static_cast<std::size_t>(std::max<std::int64_t>(
-            key_tiles * slot * (2 + (softcap ? 1 : 0) + (dropout ? 1 : 0)), 1)));
+        std::vector<T> panel(static_cast<std::size_t>(
+            std::max<std::int64_t>(key_tiles * slot * (2 + (softcap ? 1 : 0)), 1)));
         T* const xs = panel.data();
         T* const dps = xs + key_tiles * slot;
         T* const factors = softcap ? dps + key_tiles * slot : t.factor.data();
-        // Dropout's factors Z, drawn once in sweep 1 and kept for sweep 2's P∘Z.
-        T* const zs = dropout ? dps + key_tiles * slot * (softcap ? 2 : 1) : nullptr;
+        // Dropout's keep masks (keep_words), drawn once in sweep 1 and kept for sweep 2's P∘Z.
+        const std::int64_t keep_slot = plan.query_tile * keep_words(bcp);
+        std::vector<std::uint64_t> keeps(
+            static_cast<std::size_t>(dropout ? key_tiles * keep_slot : 0));
         std::vector<T> own_buffer(
             chunks == 1 ? static_cast<std::size_t>(std::max<std::int64_t>(buffer, 1)) : 0);
         const auto tile_rows = static_cast<std::size_t>(plan.query_tile);
@@ -202,9 +208,9 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
                                     factor);
                 products.dp(dpt);
                 if (dropout) {
-                  T* const z = zs + kt * slot;
-                  dropout_factors(p, b, h, i0, br, j0, bc, bcp, z);
-                  multiply(dpt, z, br * bcp, dpt);
+                  std::uint64_t* const keep = keeps.data() + kt * keep_slot;
+                  dropout_mask(p, b, h, i0, br, j0, bc, bcp, keep);
+                  apply_keep_bits(p.dropout, dpt, keep, br, bcp, dpt);
                 }
                 // The panel keeps x: exp(x - M) goes into the worker's P tile.
                 add_tile_to_row_stats<Ops, T>(x, t.p.data(), dpt, br, bcp, m, l, u, tile_stats);
@@ -227,10 +233,9 @@ core::KernelStatus run_backward_by_query_rows(const core::BackwardParams& bp,
                 T* const ds = dps + kt * slot;
                 Ops::weigh_rows(pt, br, bcp, shift.data(), inv.data());
                 const T* pv = pt;
-                if (dropout) {  // dV takes P∘Z (dropout_tile's product, Z as kept)
-                  const T* z = zs + kt * slot;
+                if (dropout) {  // dV takes P∘Z (dropout_tile's product, the mask as kept)
                   T* const pd = t.pd.data();
-                  multiply(pt, z, br * bcp, pd);
+                  apply_keep_bits(p.dropout, pt, keeps.data() + kt * keep_slot, br, bcp, pd);
                   pv = pd;
                 }
                 // The products accumulate into t.dk and t.dv: this key tile's rows of the

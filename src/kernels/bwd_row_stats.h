@@ -348,11 +348,10 @@ void compute_row_stats(const core::BackwardParams& bp, const TilePlan& plan, boo
         tile_logits<Ops, T>(p, plain, b, h, i0, br, j0, bc, products, t.bcp, x, t.factor.data());
         products.dp(dp);
         if (p.dropout.active()) {
-          // D = dO·O, and O is made of the dropped weights: D = Σ P∘Z∘dP (dropout_factors
+          // D = dO·O, and O is made of the dropped weights: D = Σ P∘Z∘dP (dropout_mask
           // draws the gradient pass's Z).
-          T* const z = t.zd.data();
-          dropout_factors(p, b, h, i0, br, j0, bc, t.bcp, z);
-          multiply(dp, z, br * t.bcp, dp);
+          dropout_mask(p, b, h, i0, br, j0, bc, t.bcp, t.keep.data());
+          apply_keep_bits(p.dropout, dp, t.keep.data(), br, t.bcp, dp);
         }
         add_tile_to_row_stats<Ops, T>(x, x, dp, br, t.bcp, m, l, u, tile_stats);
       }

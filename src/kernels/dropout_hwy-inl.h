@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/dropout.h"
@@ -64,32 +65,72 @@ inline PhiloxRowWords philox_row_words(const core::Dropout& d, std::uint32_t hea
 // alone, 64 rows of 64 factors, 16.3 against 20.1 ns a row (medians of 12).
 inline constexpr int kDropRows = 4;
 
-// What rows64 does to a kept weight: scale it in place (the forward's weights, the default),
-// or write dropout's factor itself, ignoring what was there (the backward's Z).
-enum class DropWrite { kScaleWeights, kFactors };
+// What rows64 does with a row's decisions, one vector of n32 keys at a time: the sink's
+// operator() takes row k's keys [j0 + at, j0 + at + n32) as a mask of the dropped ones, its
+// portable() row k's whole block where the target has no vectors of 64-bit lanes that fit.
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The forward's weights, in place: s := keep ? s·scale : 0 (row k at s + k·ld).
+struct ScaleWeights {
+  float* HWY_RESTRICT s;
+  std::int64_t ld;
+  float scale;
+  template <class D32, class M>
+  HWY_INLINE void operator()(D32, std::int64_t k, std::int64_t at, M dropped) const {
+    const hn::Repartition<float, D32> df;
+    float* row = s + k * ld + at;
+    hn::StoreU(hn::IfThenZeroElse(hn::RebindMask(df, dropped),
+                                  hn::Mul(hn::LoadU(df, row), hn::Set(df, scale))),
+               df, row);
+  }
+  void portable(const core::Dropout& d, std::uint32_t head_word, std::int64_t i,
+                std::int64_t j0, std::int64_t k) const {
+    core::dropout_span_scalar(d, head_word, i, j0, core::kDropoutKeys, s + k * ld);
+  }
+};
+
+// The backward's keep mask (bwd_fused_driver.h's KeepMask): bit c of word k·stride is set
+// when key j0 + c of row k is kept. The words must be 0 on entry: the sink ors its bits in.
+struct KeepBits {
+  std::uint64_t* HWY_RESTRICT words;
+  std::int64_t stride;
+  template <class D32, class M>
+  HWY_INLINE void operator()(D32 d32, std::int64_t k, std::int64_t at, M dropped) const {
+    // StoreMaskBits writes ceil(lanes / 8) bytes; reading back exactly those lets the store
+    // forward to the load.
+    constexpr std::size_t kBytes = (hn::MaxLanes(D32()) + 7) / 8;
+    std::uint8_t bytes[8] = {};
+    hn::StoreMaskBits(d32, hn::Not(dropped), bytes);
+    std::uint64_t kept = 0;
+    std::memcpy(&kept, bytes, kBytes);
+    words[k * stride] |= kept << at;
+  }
+  void portable(const core::Dropout& d, std::uint32_t head_word, std::int64_t i,
+                std::int64_t j0, std::int64_t k) const {
+    std::uint32_t draws[core::kDropoutKeys];
+    core::dropout_draws_row(d, head_word, i, j0, draws);
+    std::uint64_t kept = 0;
+    for (std::int64_t c = 0; c < core::kDropoutKeys; ++c) {
+      if (draws[c] >= d.threshold) kept |= std::uint64_t{1} << c;
+    }
+    words[k * stride] = kept;
+  }
+};
 
 // For the keys [j0, j0 + 64) of rows k < count, row k being row i[k] of the head head_word[k]
-// with its 64 floats at s + k·ld (j0 a multiple of 64; all 64 written, whatever the row's
-// count of keys):
-//   kScaleWeights: s := keep ? s·scale : 0;   kFactors: s := keep ? scale : 0.
-// The constants, the lane-wise words of rounds 1 and 2 and the round keys are set up once for
-// all the rows, which then run kDropRows at a time.
-template <DropWrite kWrite = DropWrite::kScaleWeights>
+// (j0 a multiple of 64), the sink takes every key's decision (all 64, whatever the row's count
+// of keys). The constants, the lane-wise words of rounds 1 and 2 and the round keys are set
+// up once for all the rows, which then run kDropRows at a time.
+template <class Sink>
 HWY_INLINE void rows64(const core::Dropout& d, std::int64_t count,
                        const std::uint32_t* head_word, const std::int64_t* i, std::int64_t j0,
-                       float* HWY_RESTRICT s, std::int64_t ld) {
-  const auto portable = [&](std::int64_t k) {
-    float* row = s + k * ld;
-    if constexpr (kWrite == DropWrite::kFactors) std::fill_n(row, core::kDropoutKeys, 1.0f);
-    core::dropout_span_scalar(d, head_word[k], i[k], j0, core::kDropoutKeys, row);
-  };
+                       const Sink& sink) {
+  const auto portable = [&](std::int64_t k) { sink.portable(d, head_word[k], i[k], j0, k); };
 #if HWY_TARGET == HWY_SCALAR
   for (std::int64_t k = 0; k < count; ++k) portable(k);
 #else
-  namespace hn = hwy::HWY_NAMESPACE;
   const hn::ScalableTag<std::uint64_t> d64;
   const hn::Repartition<std::uint32_t, decltype(d64)> d32;
-  const hn::Repartition<float, decltype(d64)> df;
   const std::int64_t n64 = static_cast<std::int64_t>(hn::Lanes(d64));
   const std::int64_t n32 = 2 * n64;
   if (n64 > core::kDropoutCalls || core::kDropoutCalls % n64 != 0) {
@@ -104,18 +145,7 @@ HWY_INLINE void rows64(const core::Dropout& d, std::int64_t count,
   // t·65536 (its low 16 bits cannot lift it past), which spares a shift.
   const auto threshold = hn::Set(d32, d.threshold);
   const auto threshold_high = hn::Set(d32, d.threshold << 16);
-  const auto scale = hn::Set(df, static_cast<float>(d.keep_scale));
   const auto block = static_cast<std::uint64_t>(j0 / core::kDropoutKeys);
-  const auto apply = [&](float* HWY_RESTRICT row, std::int64_t at,
-                         hn::Mask<decltype(d32)> dropped) {
-    const auto drop = hn::RebindMask(df, dropped);
-    if constexpr (kWrite == DropWrite::kFactors) {
-      hn::StoreU(hn::IfThenZeroElse(drop, scale), df, row + at);
-    } else {
-      hn::StoreU(hn::IfThenZeroElse(drop, hn::Mul(hn::LoadU(df, row + at), scale)), df,
-                 row + at);
-    }
-  };
   // The high 32-bit word of each 64-bit lane moved to the low one, where MulEven and the xors
   // read it: a shuffle, which runs beside the multiplies (a shift by 32 would share their port
   // on AVX-512). The high word then holds the old low one, which nothing reads.
@@ -173,11 +203,10 @@ HWY_INLINE void rows64(const core::Dropout& d, std::int64_t count,
             hn::OddEven(hn::Shuffle2301(hn::BitCast(d32, c1[r])), hn::BitCast(d32, c0[r]));
         const auto w23 =
             hn::OddEven(hn::Shuffle2301(hn::BitCast(d32, c3[r])), hn::BitCast(d32, c2[r]));
-        float* row = s + (k + r) * ld;
-        apply(row, g * n32, hn::Lt(hn::And(w01, half), threshold));
-        apply(row, 16 + g * n32, hn::Lt(w01, threshold_high));
-        apply(row, 32 + g * n32, hn::Lt(hn::And(w23, half), threshold));
-        apply(row, 48 + g * n32, hn::Lt(w23, threshold_high));
+        sink(d32, k + r, g * n32, hn::Lt(hn::And(w01, half), threshold));
+        sink(d32, k + r, 16 + g * n32, hn::Lt(w01, threshold_high));
+        sink(d32, k + r, 32 + g * n32, hn::Lt(hn::And(w23, half), threshold));
+        sink(d32, k + r, 48 + g * n32, hn::Lt(w23, threshold_high));
       }
     };
     std::int64_t k = 0;
@@ -189,7 +218,8 @@ HWY_INLINE void rows64(const core::Dropout& d, std::int64_t count,
 
 HWY_INLINE void row64(const core::Dropout& d, std::uint32_t head_word, std::int64_t i,
                       std::int64_t j0, float* HWY_RESTRICT s) {
-  rows64(d, 1, &head_word, &i, j0, s, core::kDropoutKeys);
+  rows64(d, 1, &head_word, &i, j0,
+         ScaleWeights{s, core::kDropoutKeys, static_cast<float>(d.keep_scale)});
 }
 
 // Any span of a row: whole aligned blocks of 64 in SIMD, the ragged ends the portable way.
