@@ -267,14 +267,14 @@ struct HwyMicro {
                       std::int64_t j0, std::int64_t count, F* s) noexcept {
     dropout_hwy::span<F>(d, head_word, i, j0, count, s);
   }
-  // The same on count rows of 64 float32 keys at once (dropout_hwy::rows64: set up once,
-  // kDropRows rows' Philox chains side by side), row k at s + k·ld; the driver calls it for
-  // float32 tiles only.
-  static void dropout_rows(const core::Dropout& d, std::int64_t count,
-                           const std::uint32_t* head_word, const std::int64_t* i,
-                           std::int64_t j0, float* s, std::int64_t ld) noexcept {
-    dropout_hwy::rows64(d, count, head_word, i, j0,
-                        dropout_hwy::ScaleWeights{s, ld, static_cast<float>(d.keep_scale)});
+  // The same mask on count rows of 64 float32 keys at once, the kept weights left unscaled
+  // (the driver folds 1/(1 - p) into the output's 1/l): dropout_hwy::rows64 sets up once and
+  // runs kDropRows rows' Philox chains side by side; row k at s + k·ld. The driver calls it
+  // for float32 tiles only.
+  static void zero_dropped_rows(const core::Dropout& d, std::int64_t count,
+                                const std::uint32_t* head_word, const std::int64_t* i,
+                                std::int64_t j0, float* s, std::int64_t ld) noexcept {
+    dropout_hwy::rows64(d, count, head_word, i, j0, dropout_hwy::ZeroDropped{s, ld});
   }
 
   static void accumulate_pv(const F* p, std::int64_t rows, std::int64_t bk, const F* v,

@@ -3,13 +3,14 @@
 // AVX-512, two vectors of 4 on AVX2), each 32-bit word of the state in the low half of its lane.
 // Rounds 1 and 2 are mostly shared by the rows of a tile (philox_row_words); each of rounds 3-10 is
 // two MulEven (32 x 32 -> 64, the low halves) per vector, two shuffles and two three-way xors;
-// the high halves carry garbage that MulEven ignores. The four output words then pack as
-// (w0 | w1 << 32) and (w2 | w3 << 32): read as 32-bit lanes, their low and high 16 bits are
-// the draws of keys 0-15, 16-31, 32-47, 48-63 in order (that is the order dropout.h's
-// definition chose), so each is compared with the threshold and selects s·scale or 0 for one
-// vector of 16 weights. About 60 vector ops per row of 64 weights on AVX-512, beside the ~600
-// of the row's q·K^T, exp and P·V at d = 64; rows64 takes a tile's rows in one call, kDropRows
-// at a time (the forward's drop_rows, the backward's dropout factors).
+// the high halves carry garbage that MulEven ignores. The last round leaves its four output
+// words packed as (w0 | w1 << 32) and (w2 | w3 << 32) (last_round_words): read as 32-bit
+// lanes, their low and high 16 bits are the draws of keys 0-15, 16-31, 32-47, 48-63 in order
+// (that is the order dropout.h's definition chose), so each is compared with the threshold
+// once for one vector of 16 weights, and a sink takes the mask: the forward's weights scaled
+// (ScaleWeights) or zeroed (ZeroDropped), or the backward's bits (KeepBits). About 55 vector
+// ops per row of 64 weights on AVX-512, beside the ~600 of the row's q·K^T, exp and P·V at
+// d = 64; rows64 takes a tile's rows in one call, kDropRows at a time.
 //
 // Included by a Highway source after hwy/foreach_target.h; the toggling guard is Highway's
 // per-target re-inclusion.
@@ -89,6 +90,27 @@ struct ScaleWeights {
   }
 };
 
+// The forward's weights with the scale left to the output's normalization (fused_driver-inl.h
+// multiplies 1/l by 1/(1 - p)): s := keep ? s : 0, one masked store of zeros a vector.
+struct ZeroDropped {
+  float* HWY_RESTRICT s;
+  std::int64_t ld;
+  template <class D32, class M>
+  HWY_INLINE void operator()(D32, std::int64_t k, std::int64_t at, M dropped) const {
+    const hn::Repartition<float, D32> df;
+    hn::BlendedStore(hn::Zero(df), hn::RebindMask(df, dropped), df, s + k * ld + at);
+  }
+  void portable(const core::Dropout& d, std::uint32_t head_word, std::int64_t i,
+                std::int64_t j0, std::int64_t k) const {
+    std::uint32_t draws[core::kDropoutKeys];
+    core::dropout_draws_row(d, head_word, i, j0, draws);
+    float* row = s + k * ld;
+    for (std::int64_t c = 0; c < core::kDropoutKeys; ++c) {
+      if (draws[c] < d.threshold) row[c] = 0.0f;
+    }
+  }
+};
+
 // The backward's keep mask (bwd_fused_driver.h's KeepMask): bit c of word k·stride is set
 // when key j0 + c of row k is kept. The words must be 0 on entry: the sink ors its bits in.
 struct KeepBits {
@@ -116,6 +138,23 @@ struct KeepBits {
     words[k * stride] = kept;
   }
 };
+
+// Philox's last round for one pair of output words: c0 = hi(p1) ^ c1 ^ key0 in the low 32 bits
+// of each 64-bit lane, and c1 = lo(p1) in the high ones, which is where the swapped product
+// `swapped` (hi(p1) low, lo(p1) high) already holds it. So the xor goes to the even 32-bit
+// lanes only, and the pair comes out packed (w0 | w1 << 32) with no blend: on AVX-512 one
+// merge-masked vpternlogd (Highway 1.0 has no masked Xor3), elsewhere the xor and a blend.
+template <class D32, class V64>
+HWY_INLINE hn::Vec<D32> last_round_words(D32 d32, V64 swapped, V64 c1, V64 key0) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return hn::Vec<D32>{_mm512_mask_ternarylogic_epi32(hn::BitCast(d32, swapped).raw, 0x5555,
+                                                     hn::BitCast(d32, c1).raw,
+                                                     hn::BitCast(d32, key0).raw, 0x96)};
+#else
+  const auto s = hn::BitCast(d32, swapped);
+  return hn::OddEven(s, hn::Xor3(s, hn::BitCast(d32, c1), hn::BitCast(d32, key0)));
+#endif
+}
 
 // For the keys [j0, j0 + 64) of rows k < count, row k being row i[k] of the head head_word[k]
 // (j0 a multiple of 64), the sink takes every key's decision (all 64, whatever the row's count
@@ -163,55 +202,71 @@ HWY_INLINE void rows64(const core::Dropout& d, std::int64_t count,
     keys[1][round] = static_cast<std::uint32_t>(seed1 + static_cast<std::uint32_t>(round) *
                                                             core::kPhiloxW1);
   }
-  for (std::int64_t g = 0; g < core::kDropoutCalls / n64; ++g) {
-    const V64 calls = hn::Add(
-        hn::Iota(d64, 0),
-        hn::Set(d64, (block * core::kDropoutCalls + static_cast<std::uint64_t>(g * n64)) &
-                         0xFFFFFFFFull));
-    // Round 1's lane-wise words (c2 = hi(M0·call) ^ offset ^ key 1, c3 = lo(M0·call)), then
-    // round 2's (hi and lo of M1·c2); the high halves of the lanes are garbage MulEven ignores.
-    const V64 r1p0 = hn::MulEven(hn::BitCast(d32, calls), m0);
-    const V64 r1c2 = hn::Xor(hn::ShiftRight<32>(r1p0), hn::Set(d64, d.offset ^ seed1));
-    const V64 r2p1 = hn::MulEven(hn::BitCast(d32, r1c2), m1);
-    const V64 r2p1_hi = hn::ShiftRight<32>(r2p1);
-    // RR rows from row k on: their rounds 3-10 interleaved, then their weights.
-    const auto run = [&]<int RR>(std::int64_t k) {
-      V64 c0[RR], c1[RR], c2[RR], c3[RR];
-      for (int r = 0; r < RR; ++r) {
-        const PhiloxRowWords own = philox_row_words(d, head_word[k + r], i[k + r]);
-        c0[r] = hn::Xor(r2p1_hi, hn::Set(d64, own.c0_xor));
-        c1[r] = r2p1;
-        c2[r] = hn::Xor(r1p0, hn::Set(d64, own.c2_xor));
-        c3[r] = hn::Set(d64, own.c3);
-      }
-      for (int round = 2; round < core::kPhiloxRounds; ++round) {
-        const V64 key0 = hn::Set(d64, keys[0][round]), key1 = hn::Set(d64, keys[1][round]);
+  // Each row's own words of rounds 1 and 2 (philox_row_words), for up to kWordRows rows at a
+  // time, computed once for all the calls' lane groups.
+  constexpr std::int64_t kWordRows = 64;
+  std::uint64_t row_c0[kWordRows], row_c2[kWordRows], row_c3[kWordRows];
+  for (std::int64_t k0 = 0; k0 < count; k0 += kWordRows) {
+    const std::int64_t k1 = std::min(count, k0 + kWordRows);
+    for (std::int64_t k = k0; k < k1; ++k) {
+      const PhiloxRowWords own = philox_row_words(d, head_word[k], i[k]);
+      row_c0[k - k0] = own.c0_xor;
+      row_c2[k - k0] = own.c2_xor;
+      row_c3[k - k0] = own.c3;
+    }
+    for (std::int64_t g = 0; g < core::kDropoutCalls / n64; ++g) {
+      const V64 calls = hn::Add(
+          hn::Iota(d64, 0),
+          hn::Set(d64, (block * core::kDropoutCalls + static_cast<std::uint64_t>(g * n64)) &
+                           0xFFFFFFFFull));
+      // Round 1's lane-wise words (c2 = hi(M0·call) ^ offset ^ key 1, c3 = lo(M0·call)), then
+      // round 2's (hi and lo of M1·c2); the high halves of the lanes are garbage MulEven ignores.
+      const V64 r1p0 = hn::MulEven(hn::BitCast(d32, calls), m0);
+      const V64 r1c2 = hn::Xor(hn::ShiftRight<32>(r1p0), hn::Set(d64, d.offset ^ seed1));
+      const V64 r2p1 = hn::MulEven(hn::BitCast(d32, r1c2), m1);
+      const V64 r2p1_hi = hn::ShiftRight<32>(r2p1);
+      // RR rows from row k on: their rounds 3-10 interleaved, then their weights.
+      const auto run = [&]<int RR>(std::int64_t k) {
+        V64 c0[RR], c1[RR], c2[RR], c3[RR];
         for (int r = 0; r < RR; ++r) {
+          // Broadcast from memory: a load, where a broadcast from a general register takes the
+          // vector shuffle port.
+          c0[r] = hn::Xor(r2p1_hi, hn::Set(d64, row_c0[k - k0 + r]));
+          c1[r] = r2p1;
+          c2[r] = hn::Xor(r1p0, hn::Set(d64, row_c2[k - k0 + r]));
+          c3[r] = hn::Set(d64, row_c3[k - k0 + r]);
+        }
+        for (int round = 2; round + 1 < core::kPhiloxRounds; ++round) {
+          const V64 key0 = hn::Set(d64, keys[0][round]), key1 = hn::Set(d64, keys[1][round]);
+          for (int r = 0; r < RR; ++r) {
+            const V64 p0 = hn::MulEven(hn::BitCast(d32, c0[r]), m0);
+            const V64 p1 = hn::MulEven(hn::BitCast(d32, c2[r]), m1);
+            // Xor3: one vpternlog on AVX-512.
+            c0[r] = hn::Xor3(swap_halves(p1), c1[r], key0);
+            c1[r] = p1;
+            c2[r] = hn::Xor3(swap_halves(p0), c3[r], key1);
+            c3[r] = p0;
+          }
+        }
+        const V64 key0 = hn::Set(d64, keys[0][core::kPhiloxRounds - 1]);
+        const V64 key1 = hn::Set(d64, keys[1][core::kPhiloxRounds - 1]);
+        for (int r = 0; r < RR; ++r) {
+          // The last round, its output words packed as it goes: (w0 | w1 << 32) and
+          // (w2 | w3 << 32).
           const V64 p0 = hn::MulEven(hn::BitCast(d32, c0[r]), m0);
           const V64 p1 = hn::MulEven(hn::BitCast(d32, c2[r]), m1);
-          // Xor3: one vpternlog on AVX-512.
-          c0[r] = hn::Xor3(swap_halves(p1), c1[r], key0);
-          c1[r] = p1;
-          c2[r] = hn::Xor3(swap_halves(p0), c3[r], key1);
-          c3[r] = p0;
+          const auto w01 = last_round_words(d32, swap_halves(p1), c1[r], key0);
+          const auto w23 = last_round_words(d32, swap_halves(p0), c3[r], key1);
+          sink(d32, k + r, g * n32, hn::Lt(hn::And(w01, half), threshold));
+          sink(d32, k + r, 16 + g * n32, hn::Lt(w01, threshold_high));
+          sink(d32, k + r, 32 + g * n32, hn::Lt(hn::And(w23, half), threshold));
+          sink(d32, k + r, 48 + g * n32, hn::Lt(w23, threshold_high));
         }
-      }
-      for (int r = 0; r < RR; ++r) {
-        // (w0 | w1 << 32) and (w2 | w3 << 32): the low words of c0 (c2) in the even 32-bit
-        // lanes, those of c1 (c3) moved up into the odd ones.
-        const auto w01 =
-            hn::OddEven(hn::Shuffle2301(hn::BitCast(d32, c1[r])), hn::BitCast(d32, c0[r]));
-        const auto w23 =
-            hn::OddEven(hn::Shuffle2301(hn::BitCast(d32, c3[r])), hn::BitCast(d32, c2[r]));
-        sink(d32, k + r, g * n32, hn::Lt(hn::And(w01, half), threshold));
-        sink(d32, k + r, 16 + g * n32, hn::Lt(w01, threshold_high));
-        sink(d32, k + r, 32 + g * n32, hn::Lt(hn::And(w23, half), threshold));
-        sink(d32, k + r, 48 + g * n32, hn::Lt(w23, threshold_high));
-      }
-    };
-    std::int64_t k = 0;
-    for (; k + kDropRows <= count; k += kDropRows) run.template operator()<kDropRows>(k);
-    for (; k < count; ++k) run.template operator()<1>(k);
+      };
+      std::int64_t k = k0;
+      for (; k + kDropRows <= k1; k += kDropRows) run.template operator()<kDropRows>(k);
+      for (; k < k1; ++k) run.template operator()<1>(k);
+    }
   }
 #endif
 }

@@ -39,7 +39,8 @@
 //            (the group's scores stay in L1; the K^T and V tiles, 16 KiB each at d = dv = 64,
 //            are reused by 4 register blocks while in L1)
 //            with dropout: P_j := P_j·z_ij after l has taken P (core/dropout.h), so that
-//            o sums the dropped weights and l stays the softmax's denominator
+//            o sums the dropped weights and l stays the softmax's denominator; float32
+//            tiles zero the dropped weights only and O takes 1/(1 - p) with 1/l (kFoldsScale)
 //            O = o / l, lse = m + log l; a row with no allowed key stays m = -inf, l = 0, o = 0
 //            and is written as zeros with lse = -inf.
 //   order    without causal/window, head by head (a kv head's K^T and V stay in L2 from one
@@ -75,7 +76,9 @@
 //   exp_accumulate per row); exp_scale(s, m, f) (s := exp(s - m) · f);
 //   accumulate_pv(p, rows, bk, v, ldv, dvp, alpha, o) (V rows ldv apart, o rows dvp apart);
 //   dropout(dropout, head_word, i, j0, count, s) (core/dropout.h's mask on keys j0 + k, k <
-//   count, of row i: s_k·1/(1 - p) or 0).
+//   count, of row i: s_k·1/(1 - p) or 0); optionally zero_dropped_rows(dropout, count,
+//   head_words, rows, j0, s, ld) (the mask on `count` rows of 64 keys, the kept weights left
+//   as they are: the driver then folds 1/(1 - p) into the output's 1/l).
 
 #if defined(QKV_KERNELS_FUSED_DRIVER_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef QKV_KERNELS_FUSED_DRIVER_INL_H_
@@ -209,7 +212,9 @@ class FusedWorker {
       const BasicSoftmaxState<F> st{m_.get()[r], sum};
       const std::int64_t h = t.hk * plan_.g + r / per_head;
       const std::int64_t i = t.i0 + r % per_head;
-      fused::store_row(p_.out, t.b, h, i, 0, o_.get() + r * dvp_, sh.dv, inverse_sum(st));
+      F factor = inverse_sum(st);
+      if (kFoldsScale && p_.dropout.active()) factor *= static_cast<F>(p_.dropout.keep_scale);
+      fused::store_row(p_.out, t.b, h, i, 0, o_.get() + r * dvp_, sh.dv, factor);
       if (p_.lse.data != nullptr) {
         core::store_real(p_.lse.data, p_.lse.dtype, p_.lse.strides.at(t.b, h, i, 0),
                          log_sum_exp(st));
@@ -220,6 +225,13 @@ class FusedWorker {
 
  private:
   static constexpr std::int64_t kGroupRows = 4 * Micro::kRows;
+  // Whether the forward sweep's dropout zeroes the dropped weights and leaves the kept ones
+  // unscaled (Micro::zero_dropped_rows, float32 tiles), 1/(1 - p) then multiplying 1/l once
+  // per row: the scale's load, multiply and select a vector, ~2 % of the forward at d = 64 on
+  // a Xeon, become one masked store of zeros. Else the weights take 1/(1 - p) themselves
+  // (Micro::dropout).
+  static constexpr bool kFoldsScale =
+      std::is_same_v<F, float> && requires { &Micro::zero_dropped_rows; };
 
   F scale() const noexcept { return static_cast<F>(p_.scale); }
 
@@ -294,9 +306,10 @@ class FusedWorker {
   }
 
   // Dropout on the rows [r0, r0 + nr) of the tile at key j0, after their exponentials entered
-  // the running sums (l is the softmax's, before dropout) and before P·V: kept weights times
-  // 1/(1 - p), dropped ones 0, drawn for (b, h, i, j) whatever the tile plan
-  // (core/dropout.h). All 64 columns: those past the tile's keys are never read.
+  // the running sums (l is the softmax's, before dropout) and before P·V: dropped weights 0,
+  // kept ones times 1/(1 - p) (or left as they are when kFoldsScale), drawn for (b, h, i, j)
+  // whatever the tile plan (core/dropout.h). All 64 columns: those past the tile's keys are
+  // never read.
   void drop_rows(const fused::Task& t, std::int64_t r0, std::int64_t nr,
                  std::int64_t j0) noexcept {
     const std::int64_t per_head = t.i1 - t.i0;
@@ -305,8 +318,8 @@ class FusedWorker {
     };
     // The group's float32 rows in one call where the micro-kernel has it: it sets up the
     // draws once for the group and runs dropout_hwy::kDropRows rows' Philox chains side by
-    // side (dropout_hwy::rows64).
-    if constexpr (std::is_same_v<F, float> && requires { &Micro::dropout_rows; }) {
+    // side (dropout_hwy::rows64), and leaves the scale to the output (kFoldsScale).
+    if constexpr (kFoldsScale) {
       static_assert(fused::kKeyTile == core::kDropoutKeys);
       std::uint32_t words[static_cast<std::size_t>(kGroupRows)];
       std::int64_t rows[static_cast<std::size_t>(kGroupRows)];
@@ -321,8 +334,8 @@ class FusedWorker {
           ++head;
         }
       }
-      Micro::dropout_rows(p_.dropout, nr, words, rows, j0, s_.get() + r0 * fused::kKeyTile,
-                          fused::kKeyTile);
+      Micro::zero_dropped_rows(p_.dropout, nr, words, rows, j0,
+                               s_.get() + r0 * fused::kKeyTile, fused::kKeyTile);
     } else {
       for (std::int64_t r = r0; r < r0 + nr; ++r) {
         Micro::dropout(p_.dropout, head_word(r), t.i0 + r % per_head, j0, fused::kKeyTile,
