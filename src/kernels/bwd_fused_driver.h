@@ -16,8 +16,8 @@
 //       x    = softcap(scale·S) + alibi + mask, -inf where a key is not allowed (tile_logits)
 //       P    = exp(min(x - M_i, 0)) / l_i               Ops::weigh_rows (x - M_i is exact
 //                                                        near the max: no lse cancellation)
-//       with dropout: Z drawn for the tile as bits (dropout_tile), P∘Z in place of P for dV, dP∘Z
-//       in place of dP, and D = Σ P∘Z∘dP in the stats pass (core/dropout.h)
+//       with dropout: Z drawn for the tile as bits (dropout_tile), P∘Z in place of P for
+//       dV, dP∘Z in place of dP, and D = Σ P∘Z∘dP in the stats pass (core/dropout.h)
 //       dV_j += Pᵀ·dO_i
 //       dP   = dO_i·V_jᵀ
 //       dS   = scale · P∘(dP - D_i) ∘ (1 - tanh²)        element-wise

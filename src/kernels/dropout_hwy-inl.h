@@ -111,7 +111,7 @@ struct ZeroDropped {
   }
 };
 
-// The backward's keep mask (bwd_fused_driver.h's KeepMask): bit c of word k·stride is set
+// The backward's keep mask (bwd_fused_driver.h, keep_words): bit c of word k·stride is set
 // when key j0 + c of row k is kept. The words must be 0 on entry: the sink ors its bits in.
 struct KeepBits {
   std::uint64_t* HWY_RESTRICT words;
