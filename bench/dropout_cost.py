@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """What attention dropout costs: the time of a call with dropout over the same call without.
 
-Issue 35's bar: the forward and the backward with dropout at most 1.15x their time without.
+The bar: the forward and the backward with dropout at most 1.15x their time without.
 
 On a shared machine the time of one call moves by up to 2x from one second to the next, and
 two benchmarks run seconds apart (Google Benchmark's repetitions, `qkv bench` processes) see
