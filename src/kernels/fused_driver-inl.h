@@ -323,8 +323,9 @@ class FusedWorker {
       static_assert(fused::kKeyTile == core::kDropoutKeys);
       std::uint32_t words[static_cast<std::size_t>(kGroupRows)];
       std::int64_t rows[static_cast<std::size_t>(kGroupRows)];
-      // Row r0 + u's head and row, stepped from r0's: one division a group, not one a row
-      // (a 64-bit idiv a row was ~2 % of the forward's time on a Xeon, beside the draws' ~10 %).
+      // Row r0 + u's head and row, stepped from r0's: one division a group, not one a row (a
+      // profile on a Xeon put ~2 % of the forward's samples after a row's 64-bit idiv; no
+      // timing separated that from the host's noise).
       std::int64_t head = r0 / per_head, row = r0 % per_head;
       for (std::int64_t u = 0; u < nr; ++u) {
         words[u] = core::dropout_head_word(p_.dropout, t.b, t.hk * plan_.g + head);
